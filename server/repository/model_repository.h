@@ -1,0 +1,26 @@
+// A model repository: one folder per model holding config.pbtxt (Triton's
+// ModelConfig in protobuf text format) and, for linear layers, model.safetensors.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model_config.pb.h"
+
+namespace flashq::server {
+
+struct ModelEntry {
+  std::string dir;                 // absolute path of the model's folder
+  inference::ModelConfig config;   // parsed and checked; name defaults to the folder name
+};
+
+// Reads every sub-folder that holds a config.pbtxt. A malformed config is an error that
+// names the file and the line (the server refuses to start on it).
+absl::StatusOr<std::vector<ModelEntry>> ScanModelRepository(const std::string& root);
+
+// String parameter of a model config, with a default.
+std::string ConfigParam(const inference::ModelConfig& config, const std::string& key, const std::string& def);
+absl::StatusOr<int64_t> ConfigIntParam(const inference::ModelConfig& config, const std::string& key, int64_t def);
+
+}  // namespace flashq::server
