@@ -1,0 +1,143 @@
+// GPU quantized linear layers: Y[M][N] = X[M][K] · Wᵀ with W resident on the GPU.
+//
+// Weights are prepared once at load (Create: upload + repack into the layout the
+// kernels read fastest); the run_* entry points never allocate: scratch comes from the
+// caller's workspace (size from *WorkspaceBytes). All entry points return a Status;
+// without CUDA they exist and return Unimplemented.
+//
+// batch_invariant (the server's default): row i of Y is bitwise identical whatever M is.
+// Our kernels choose split-K and the K-order of accumulation from K and N only; the
+// cuBLASLt paths pin one algorithm per (N, K, types) with split-K off. With it off,
+// W4A16 may dequantize to 16-bit and call cuBLASLt for large M.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/common/status.h"
+#include "kernels/gemm/quant_formats.h"
+
+#ifdef FLASHQ_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#else
+typedef struct CUstream_st* cudaStream_t;
+#endif
+
+namespace flashq::gemm {
+
+enum class ActType { kF16, kBF16 };  // 16-bit activation / output type
+
+// cuBLASLt handle, a preallocated cuBLASLt workspace and a plan cache keyed by shape.
+// Thread-safe. Plans are made on first use of a shape; call Warm() at load for the
+// shapes you serve so that no heuristic query happens on the request path.
+class BlasLt {
+ public:
+  static Status Create(size_t workspace_bytes, std::unique_ptr<BlasLt>* out);
+  ~BlasLt();
+  BlasLt(const BlasLt&) = delete;
+  BlasLt& operator=(const BlasLt&) = delete;
+  struct Impl;
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  BlasLt();
+  std::unique_ptr<Impl> impl_;
+};
+
+// Common arguments of one linear call. x: [M][K], y: [M][N], both row-major, 16-bit `act`.
+struct LinearArgs {
+  const void* x = nullptr;
+  void* y = nullptr;
+  int M = 0;
+  ActType act = ActType::kBF16;
+  bool batch_invariant = true;
+  void* workspace = nullptr;  // device scratch (see *WorkspaceBytes); 256-byte aligned
+  size_t workspace_bytes = 0;
+};
+
+// ---- W4A16: group-wise int4 weights (GPTQ / AWQ / RTN), 16-bit activations ----
+// Kernel limits (errors name them): K % 8 == 0 (16-byte activation rows); group_size a
+// multiple of 32 or == K (channelwise); act-order g_idx must give each group at most
+// group_size channels and groups in order after sorting. N and K need not be multiples
+// of the tile or of the group size (padded at load).
+class W4A16Weights {
+ public:
+  static Status Create(const Int4Weights& w, std::unique_ptr<W4A16Weights>* out);
+  ~W4A16Weights();
+  int K() const { return K_; }
+  int N() const { return N_; }
+  bool act_order() const { return perm_ != nullptr; }
+  size_t device_bytes() const { return bytes_; }
+  struct View;  // device pointers (defined in the CUDA sources)
+  const View& view() const { return *view_; }
+
+ private:
+  W4A16Weights() = default;
+  int K_ = 0, N_ = 0;
+  size_t bytes_ = 0;
+  int32_t* perm_ = nullptr;
+  std::unique_ptr<View> view_;
+};
+// Scratch for run_w4a16 with M up to max_m rows (split-K partials, act-order gather,
+// and the 16-bit dequantized copy of W for the non-invariant large-M path).
+size_t W4A16WorkspaceBytes(const W4A16Weights& w, int max_m, bool batch_invariant);
+// M at or above which the non-invariant mode dequantizes W and calls cuBLASLt.
+constexpr int kW4A16DequantMinM = 256;
+// blas may be null when batch_invariant or M < kW4A16DequantMinM.
+// The workspace must be zero-filled once before first use (kernels leave it zeroed).
+Status run_w4a16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaStream_t stream);
+
+// ---- FP8 E4M3 weights: W8A16 (our kernel) and W8A8 (cuBLASLt) ----
+class Fp8DeviceWeights {
+ public:
+  // Uploads the [N][K] E4M3 matrix (W8A8) and the repacked layout (W8A16).
+  static Status Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWeights>* out);
+  ~Fp8DeviceWeights();
+  int K() const { return K_; }
+  int N() const { return N_; }
+  bool per_channel() const { return per_channel_; }
+  struct View;
+  const View& view() const { return *view_; }
+
+ private:
+  Fp8DeviceWeights() = default;
+  int K_ = 0, N_ = 0;
+  bool per_channel_ = false;
+  std::unique_ptr<View> view_;
+};
+size_t W8A16WorkspaceBytes(const Fp8DeviceWeights& w, int max_m);
+Status run_w8a16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t stream);
+
+// W8A8: x_fp8 [M][K] E4M3 with x_scale (device, M floats; all equal for per-tensor).
+// Tensor-wise mode (weights per-tensor and !per_row_act): scalar scales. Otherwise
+// outer-vector scales (weights per channel, activations per row). Needs K % 16 == 0, N % 16 == 0.
+// Per-tensor activation scales depend on the whole batch: only per_row_act is batch-invariant.
+struct W8A8Args {
+  const uint8_t* x_fp8 = nullptr;
+  const float* x_scale = nullptr;
+  bool per_row_act = true;
+  void* y = nullptr;
+  int M = 0;
+  ActType out = ActType::kBF16;
+  bool batch_invariant = true;
+};
+Status run_w8a8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream);
+// Dynamic activation quantization: the same bits as QuantizeActFp8 on the host.
+// scale: M floats (per-tensor: every entry holds the tensor scale).
+Status run_quantize_act_fp8(const void* x, ActType act, int M, int K, bool per_row, uint8_t* xq, float* scale,
+                            cudaStream_t stream);
+
+// ---- 16-bit baseline through cuBLASLt ----
+// w: device [N][K] in a.act's type. Plans are cached per (M, N, K, type, mode).
+Status run_bf16(BlasLt* blas, const void* w, int N, int K, const LinearArgs& a, cudaStream_t stream);
+// Resolves (and caches) the plan for a shape ahead of time: cold start, not request path.
+Status WarmBf16(BlasLt* blas, int M, int N, int K, ActType act, bool batch_invariant);
+
+// Describes the split-K plan our kernels use for (K, N) (for logs and benchmarks).
+struct SplitPlan {
+  int splits = 1, steps_per_warp = 0, n_blocks = 0;
+};
+SplitPlan PlanFor(int K, int N);
+
+}  // namespace flashq::gemm
