@@ -19,6 +19,10 @@ struct ModelEntry {
 // names the file and the line (the server refuses to start on it).
 absl::StatusOr<std::vector<ModelEntry>> ScanModelRepository(const std::string& root);
 
+// Parses and checks one config.pbtxt; `folder` is the model folder's name (the default
+// model name). Errors read "<path>:<line>:<column>: <message>".
+absl::StatusOr<inference::ModelConfig> ParseModelConfigFile(const std::string& path, const std::string& folder);
+
 // String parameter of a model config, with a default.
 std::string ConfigParam(const inference::ModelConfig& config, const std::string& key, const std::string& def);
 absl::StatusOr<int64_t> ConfigIntParam(const inference::ModelConfig& config, const std::string& key, int64_t def);

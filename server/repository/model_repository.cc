@@ -1,0 +1,151 @@
+// Scans a model repository: every sub-folder holding a config.pbtxt is a model.
+// Checks here are the ones every model shares (name, kind, tensor names, dims);
+// each model kind checks its own shapes and weights when it is loaded.
+#include "server/repository/model_repository.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <system_error>
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace flashq::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kKinds[] = {"attention", "kv_attention", "linear"};
+
+class CollectErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  explicit CollectErrors(std::string path) : path_(std::move(path)) {}
+  void AddError(int line, google::protobuf::io::ColumnNumber column, const std::string& message) override {
+    // protobuf counts from 0; editors count from 1. line -1 means "no position".
+    if (line < 0) errors_.push_back(absl::StrCat(path_, ": ", message));
+    else errors_.push_back(absl::StrCat(path_, ":", line + 1, ":", column + 1, ": ", message));
+  }
+  void AddWarning(int line, google::protobuf::io::ColumnNumber column, const std::string& message) override {}
+  const std::vector<std::string>& errors() const { return errors_; }
+
+ private:
+  std::string path_;
+  std::vector<std::string> errors_;
+};
+
+absl::Status CheckConfig(const std::string& path, const std::string& folder, inference::ModelConfig* config) {
+  auto bad = [&](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat(path, ": ", what)); };
+  if (config->name().empty()) config->set_name(folder);
+  if (config->name() != folder)
+    return bad(absl::StrCat("name '", config->name(), "' differs from the folder name '", folder, "'"));
+  if (config->max_batch_size() != 0)
+    return bad(absl::StrCat("max_batch_size is ", config->max_batch_size(),
+                            "; it must be 0 (requests are batched inside ragged tensors, not along a batch dimension)"));
+  auto kind = config->parameters().find("kind");
+  if (kind == config->parameters().end())
+    return bad("parameters has no \"kind\" (one of attention, kv_attention, linear)");
+  const std::string& k = kind->second.string_value();
+  if (std::find(std::begin(kKinds), std::end(kKinds), k) == std::end(kKinds))
+    return bad(absl::StrCat("parameter kind is '", k, "'; expected one of attention, kv_attention, linear"));
+
+  std::set<std::string> names;
+  auto check_tensor = [&](const std::string& io, const std::string& name, inference::DataType dtype,
+                          const google::protobuf::RepeatedField<int64_t>& dims) -> absl::Status {
+    if (name.empty()) return bad(absl::StrCat("an ", io, " has no name"));
+    if (!names.insert(name).second) return bad(absl::StrCat("tensor name '", name, "' is used twice"));
+    if (dtype == inference::TYPE_INVALID) return bad(absl::StrCat(io, " '", name, "' has no data_type"));
+    if (dims.empty()) return bad(absl::StrCat(io, " '", name, "' has no dims"));
+    for (int64_t d : dims)
+      if (d < -1 || d == 0)
+        return bad(absl::StrCat(io, " '", name, "' has dimension ", d, "; use a positive size or -1 (variable)"));
+    return absl::OkStatus();
+  };
+  if (config->input().empty()) return bad("no input");
+  if (config->output().empty()) return bad("no output");
+  for (const auto& in : config->input()) {
+    absl::Status s = check_tensor("input", in.name(), in.data_type(), in.dims());
+    if (!s.ok()) return s;
+  }
+  for (const auto& out : config->output()) {
+    absl::Status s = check_tensor("output", out.name(), out.data_type(), out.dims());
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<inference::ModelConfig> ParseModelConfigFile(const std::string& path, const std::string& folder) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream text;
+  text << f.rdbuf();
+  inference::ModelConfig config;
+  CollectErrors errors(path);
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text.str(), &config)) {
+    if (errors.errors().empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot parse"));
+    return absl::InvalidArgumentError(absl::StrJoin(errors.errors(), "; "));
+  }
+  absl::Status s = CheckConfig(path, folder, &config);
+  if (!s.ok()) return s;
+  return config;
+}
+
+absl::StatusOr<std::vector<ModelEntry>> ScanModelRepository(const std::string& root) {
+  std::error_code ec;
+  fs::path dir = fs::absolute(root, ec);
+  if (ec || !fs::is_directory(dir, ec))
+    return absl::NotFoundError(absl::StrCat("model repository '", root, "' is not a directory"));
+  std::vector<fs::path> folders;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name[0] == '.') continue;  // hidden folders: editors, our own temp folders
+    if (it->is_directory(ec) && fs::is_regular_file(it->path() / "config.pbtxt", ec)) folders.push_back(it->path());
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list model repository '", dir.string(), "': ", ec.message()));
+  std::sort(folders.begin(), folders.end());
+  if (folders.empty())
+    return absl::NotFoundError(
+        absl::StrCat("model repository '", dir.string(), "' holds no model folder with a config.pbtxt"));
+
+  std::vector<ModelEntry> models;
+  std::set<std::string> names;
+  for (const fs::path& folder : folders) {
+    ModelEntry entry;
+    entry.dir = folder.string();
+    auto config = ParseModelConfigFile((folder / "config.pbtxt").string(), folder.filename().string());
+    if (!config.ok()) return config.status();
+    entry.config = *std::move(config);
+    if (!names.insert(entry.config.name()).second)
+      return absl::AlreadyExistsError(absl::StrCat("model '", entry.config.name(), "' is defined twice in '",
+                                                   dir.string(), "' (second in ", entry.dir, ")"));
+    models.push_back(std::move(entry));
+  }
+  return models;
+}
+
+std::string ConfigParam(const inference::ModelConfig& config, const std::string& key, const std::string& def) {
+  auto it = config.parameters().find(key);
+  return it == config.parameters().end() ? def : it->second.string_value();
+}
+
+absl::StatusOr<int64_t> ConfigIntParam(const inference::ModelConfig& config, const std::string& key, int64_t def) {
+  auto it = config.parameters().find(key);
+  if (it == config.parameters().end()) return def;
+  int64_t v;
+  if (!absl::SimpleAtoi(it->second.string_value(), &v))
+    return absl::InvalidArgumentError(absl::StrCat("model '", config.name(), "': parameter ", key, " is '",
+                                                   it->second.string_value(), "', not an integer"));
+  return v;
+}
+
+}  // namespace flashq::server
