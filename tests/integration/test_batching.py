@@ -1,0 +1,90 @@
+"""Ragged dynamic batching and batch invariance: 32 concurrent clients each send one
+sequence to `attention`; the server merges them (more than one request per batch on
+average) and every output is bitwise equal to that of the same request sent alone."""
+import threading
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from helpers import attention_ref, assert_close, metric, round_to, scrape
+
+N_CLIENTS = 32
+
+
+@pytest.fixture(scope="module")
+def batching_server(start_server):
+    # A queue delay long enough that 32 clients starting together land in shared batches
+    # even on a loaded 2-core machine; the token budget holds all of them.
+    return start_server("--max-queue-delay-us=50000", "--max-batch-tokens=8192", name="batching")
+
+
+def request(seed):
+    rng = np.random.default_rng(1000 + seed)
+    n = int(rng.integers(1, 65))
+    q = round_to(rng.standard_normal((n, 32, 128)), "FP16").astype(np.float16)
+    k = round_to(rng.standard_normal((n, 8, 128)), "FP16").astype(np.float16)
+    v = round_to(rng.standard_normal((n, 8, 128)), "FP16").astype(np.float16)
+    return q, k, v
+
+
+def infer(client, q, k, v):
+    ins = []
+    for name, a in (("Q", q), ("K", k), ("V", v)):
+        i = grpcclient.InferInput(name, list(a.shape), "FP16")
+        i.set_data_from_numpy(a)
+        ins.append(i)
+    res = client.infer("attention", ins, outputs=[grpcclient.InferRequestedOutput("O")],
+                       parameters={"causal": True})
+    return res.get_response().raw_output_contents[0], res.as_numpy("O")
+
+
+@pytest.mark.parametrize("round_", [0, 1])
+def test_concurrent_requests_batch_and_match_alone(batching_server, round_):
+    s = batching_server
+    reqs = [request(i + 100 * round_) for i in range(N_CLIENTS)]
+    clients = [grpcclient.InferenceServerClient(s.url) for _ in range(N_CLIENTS)]
+    before, _ = scrape(s.metrics_url)
+    barrier = threading.Barrier(N_CLIENTS)
+    batched, errors = [None] * N_CLIENTS, []
+
+    def worker(i):
+        try:
+            barrier.wait(timeout=30)
+            batched[i] = infer(clients[i], *reqs[i])
+        except Exception as e:  # reported below
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(N_CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not errors, errors
+    after, _ = scrape(s.metrics_url)
+
+    d_sum = metric(after, "flashq_batch_requests_sum", model="attention") - \
+        metric(before, "flashq_batch_requests_sum", model="attention")
+    d_cnt = metric(after, "flashq_batch_requests_count", model="attention") - \
+        metric(before, "flashq_batch_requests_count", model="attention")
+    assert d_sum == N_CLIENTS, f"flashq_batch_requests_sum grew by {d_sum}, expected {N_CLIENTS}"
+    assert d_cnt >= 1 and d_sum / d_cnt > 1, f"{d_sum} requests in {d_cnt} batches: no batching"
+    print(f"{N_CLIENTS} requests ran in {int(d_cnt)} batches ({d_sum / d_cnt:.1f} requests per batch)")
+
+    # The same requests alone, one at a time: bitwise identical outputs.
+    solo = grpcclient.InferenceServerClient(s.url)
+    mismatched = []
+    for i, (q, k, v) in enumerate(reqs):
+        raw_alone, _ = infer(solo, q, k, v)
+        if raw_alone != batched[i][0]:
+            a = np.frombuffer(raw_alone, np.float16).astype(np.float32)
+            b = np.frombuffer(batched[i][0], np.float16).astype(np.float32)
+            mismatched.append((i, q.shape[0], float(np.abs(a - b).max()) if a.size == b.size else "size"))
+    assert not mismatched, f"batched != alone (request, tokens, max |diff|): {mismatched}"
+    # And the outputs are right.
+    for i in (0, N_CLIENTS - 1):
+        q, k, v = reqs[i]
+        o_ref, _ = attention_ref(q, k, v, causal=True)
+        assert_close(batched[i][1].reshape(o_ref.shape), o_ref, "FP16", f"request {i}")
+    for c in clients + [solo]:
+        c.close()
