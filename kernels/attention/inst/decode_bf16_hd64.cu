@@ -1,0 +1,6 @@
+// Instantiation: paged split-KV decode (+ combine), bf16, head dim 64 (causal is a runtime flag).
+#include "kernels/attention/paged_decode_kernel.cuh"
+
+namespace flashq::attention::detail {
+template Status LaunchPagedDecode<__nv_bfloat16, 64>(const PagedDecodeParams&, int, cudaStream_t);
+}  // namespace flashq::attention::detail

@@ -1,0 +1,6 @@
+// Instantiation: varlen prefill, bf16, head dim 64, non-causal.
+#include "kernels/attention/prefill_kernel.cuh"
+
+namespace flashq::attention::detail {
+template Status LaunchPrefill<__nv_bfloat16, 64, false>(const VarlenAttentionParams&, cudaStream_t);
+}  // namespace flashq::attention::detail

@@ -1,0 +1,6 @@
+// Instantiation: varlen prefill, fp16, head dim 256, non-causal.
+#include "kernels/attention/prefill_kernel.cuh"
+
+namespace flashq::attention::detail {
+template Status LaunchPrefill<__half, 256, false>(const VarlenAttentionParams&, cudaStream_t);
+}  // namespace flashq::attention::detail

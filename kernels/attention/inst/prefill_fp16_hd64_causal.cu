@@ -1,0 +1,6 @@
+// Instantiation: varlen prefill, fp16, head dim 64, causal.
+#include "kernels/attention/prefill_kernel.cuh"
+
+namespace flashq::attention::detail {
+template Status LaunchPrefill<__half, 64, true>(const VarlenAttentionParams&, cudaStream_t);
+}  // namespace flashq::attention::detail

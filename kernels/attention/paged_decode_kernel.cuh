@@ -1,0 +1,324 @@
+// Paged split-KV decode attention with GQA packing, mma.sync (sm_80+; runs on sm_90a too).
+//
+// Algorithm: one CTA per (split of split_tokens keys, kv head x 16-row query tile, sequence).
+// The query rows of a CTA are the (new token, query head) pairs of one kv head packed together
+// (row = token * group + head_in_group), so each K/V byte of a split is read once for all
+// Hq / Hkv heads. K/V tiles of 64 keys are gathered through the block table into shared memory
+// by a kStages-deep cp.async pipeline; each of the 4 warps takes 16 keys of a tile (split-K inside
+// the CTA) with its own online softmax, and the warps merge in a fixed order at the end. With one
+// split the CTA writes O and LSE; with several it writes fp32 (O, LSE) partials that
+// CombineKernel merges with a log-sum-exp in split order. Causal masking over the new tokens is
+// bottom-right aligned (runtime flag).
+// Layouts: q/o [tokens, Hq, D]; caches [num_blocks, page_size, Hkv, D] via strides; block_table
+// [batch, max_blocks]; workspace: O partials [total_q, Hq, max_splits, D] fp32 then LSE partials
+// [total_q, Hq, max_splits] fp32.
+// Limits: D in {64, 128, 256}; split_tokens a multiple of 64; any page size >= 1. Splits are a
+// function of the sequence's own length only (batch invariant, deterministic). Many new tokens
+// per sequence work but re-read K/V once per 16 packed rows (the prefill kernel is the fast path).
+// Measured: see bench/results/attention-*.md (H100, 2026-11-22).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "kernels/attention/attention.h"
+#include "kernels/attention/mma_utils.cuh"
+#include "kernels/common/cuda_check.h"
+
+namespace flashq::attention::detail {
+
+template <int D>
+struct DecodeTraits {
+  static constexpr int kRows = 16;    // packed query rows per CTA
+  static constexpr int kBN = 64;      // keys per tile
+  static constexpr int kWarps = 4;    // 16 keys of each tile per warp
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kStages = D == 256 ? 2 : 3;
+  static constexpr int kChunks = D / 8;
+  static constexpr int kOStride = D + 8;  // fp32 merge buffer row stride (conflict-free float2 stores)
+  static constexpr int kStageElems = 2 * kBN * D;  // K and V
+  static constexpr int kSmemBytes = (kRows * D + kStages * kStageElems) * 2;
+  static_assert(kWarps * 16 == kBN, "each warp takes 16 keys of a tile");
+  static_assert(kWarps * kRows * kOStride * 4 + 2 * kWarps * kRows * 4 <= kStages * kStageElems * 2,
+                "merge buffers must fit in the K/V stages");
+};
+
+__host__ __device__ inline int NumSplits(int lk, int split) { return (lk + split - 1) / split; }
+
+template <typename T, int D>
+__global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
+    PagedDecodeKernel(const PagedDecodeParams p, int split_tokens, int max_splits, int m_tiles) {
+  using Tr = DecodeTraits<D>;
+  constexpr int kBN = Tr::kBN, kThreads = Tr::kThreads, kStages = Tr::kStages, kChunks = Tr::kChunks;
+  constexpr int kDB = D / 8, kKD = D / 16;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);  // (16, D)
+  T* sKV = sQ + Tr::kRows * D;             // kStages x [(kBN, D) K, (kBN, D) V]
+
+  const int b = blockIdx.z, split = blockIdx.x;
+  const int hk = blockIdx.y / m_tiles, mt = blockIdx.y % m_tiles;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int q_start = p.cu_seqlens_q[b];
+  const int lq = p.cu_seqlens_q[b + 1] - q_start, lk = p.seqlens_k[b];
+  const int rows_total = lq * group, row0 = mt * Tr::kRows;
+  if (row0 >= rows_total) return;
+  const int n_splits = NumSplits(lk, split_tokens);
+  if (split >= n_splits) return;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+
+  const int kb = split * split_tokens;
+  int ke = min(lk, kb + split_tokens);
+  if (p.causal) {  // the tile's last packed row belongs to its latest token
+    const int last_tok = (min(rows_total, row0 + Tr::kRows) - 1) / group;
+    ke = min(ke, last_tok + lk - lq + 1);
+  }
+  const int n_tiles = ke > kb ? (ke - kb + kBN - 1) / kBN : 0;
+
+  // Q tile: packed row r -> token r / group, head hk * group + r % group.
+  const T* q = static_cast<const T*>(p.q);
+#pragma unroll
+  for (int i = 0; i < Tr::kRows * kChunks / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = idx / kChunks, chunk = idx % kChunks;
+    const int pr = row0 + r;
+    const bool ok = pr < rows_total;
+    const T* src = ok ? q + (int64_t(q_start) + pr / group) * p.q_row_stride +
+                            int64_t(hk * group + pr % group) * p.q_head_stride + chunk * 8
+                      : q;
+    CpAsync16(SmemAddr(sQ + Swz<D>(r, chunk)), src, ok);
+  }
+
+  const int32_t* table = p.block_table + int64_t(b) * p.max_blocks_per_seq;
+  const T* kc = static_cast<const T*>(p.k_cache) + int64_t(hk) * p.kv_head_stride;
+  const T* vc = static_cast<const T*>(p.v_cache) + int64_t(hk) * p.kv_head_stride;
+  auto load_tile = [&](int tile, int stage) {
+    T* sK = sKV + stage * Tr::kStageElems;
+    T* sV = sK + kBN * D;
+    constexpr int kPer = kBN * kChunks / kThreads;
+    static_assert(kThreads % kChunks == 0 || kChunks % kThreads == 0, "chunk mapping");
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int idx = tid + i * kThreads;
+      const int r = idx / kChunks, chunk = idx % kChunks;
+      const int key = kb + tile * kBN + r;
+      const bool ok = key < ke;
+      int64_t off = 0;
+      if (ok) off = int64_t(table[key / p.page_size]) * p.kv_block_stride + int64_t(key % p.page_size) * p.kv_row_stride;
+      CpAsync16(SmemAddr(sK + Swz<D>(r, chunk)), ok ? kc + off + chunk * 8 : kc, ok);
+      CpAsync16(SmemAddr(sV + Swz<D>(r, chunk)), ok ? vc + off + chunk * 8 : vc, ok);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) load_tile(s, s);
+    CpAsyncCommit();  // group s (the first one also holds Q)
+  }
+
+  float acc_o[kDB][4];
+#pragma unroll
+  for (int j = 0; j < kDB; ++j) acc_o[j][0] = acc_o[j][1] = acc_o[j][2] = acc_o[j][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  uint32_t q_frag[kKD][4];
+  // Causal limits of this thread's two rows (token index + lk - lq).
+  int limit[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int pr = row0 + g + 8 * r;
+    limit[r] = p.causal ? pr / group + lk - lq : lk - 1;
+  }
+
+  for (int it = 0; it < n_tiles; ++it) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    if (it == 0) {
+#pragma unroll
+      for (int kk = 0; kk < kKD; ++kk)
+        LdMatrixX4(SmemAddr(sQ + Swz<D>(lane % 16, 2 * kk + lane / 16)), q_frag[kk][0], q_frag[kk][1],
+                   q_frag[kk][2], q_frag[kk][3]);
+    }
+    if (it + kStages - 1 < n_tiles) load_tile(it + kStages - 1, (it + kStages - 1) % kStages);
+    CpAsyncCommit();
+
+    const T* sK = sKV + (it % kStages) * Tr::kStageElems + warp * 16 * D;  // this warp's 16 keys
+    const T* sV = sKV + (it % kStages) * Tr::kStageElems + kBN * D + warp * 16 * D;
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < kKD; ++kk) {
+      uint32_t b0, b1, b2, b3;
+      // Swizzle uses the row within the stage; warp * 16 is a multiple of 8, so row & 7 is unchanged.
+      LdMatrixX4(SmemAddr(sK + Swz<D>((lane % 8) + (lane / 16) * 8, 2 * kk + (lane / 8) % 2)), b0, b1, b2, b3);
+      Mma16816<T>(s[0], q_frag[kk], b0, b1);
+      Mma16816<T>(s[1], q_frag[kk], b2, b3);
+    }
+    const int key0 = kb + it * kBN + warp * 16;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + j * 8 + 2 * t + (e & 1);
+        if (key >= ke || key > limit[e >> 1]) s[j][e] = -INFINITY;
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = fmaxf(row_max[r], fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
+      mx = QuadMax(mx);
+      const float m_use = mx == -INFINITY ? 0.0f : mx * scale_log2;
+      const float alpha = exp2f(row_max[r] * scale_log2 - m_use);
+      row_max[r] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        s[j][2 * r] = exp2f(fmaf(s[j][2 * r], scale_log2, -m_use));
+        s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], scale_log2, -m_use));
+        sum += s[j][2 * r] + s[j][2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * alpha + sum;
+#pragma unroll
+      for (int j = 0; j < kDB; ++j) {
+        acc_o[j][2 * r] *= alpha;
+        acc_o[j][2 * r + 1] *= alpha;
+      }
+    }
+    uint32_t a[4];
+    a[0] = Pack2<T>(s[0][0], s[0][1]);
+    a[1] = Pack2<T>(s[0][2], s[0][3]);
+    a[2] = Pack2<T>(s[1][0], s[1][1]);
+    a[3] = Pack2<T>(s[1][2], s[1][3]);
+#pragma unroll
+    for (int dp = 0; dp < kDB / 2; ++dp) {
+      uint32_t b0, b1, b2, b3;
+      LdMatrixX4Trans(SmemAddr(sV + Swz<D>((lane % 8) + ((lane / 8) % 2) * 8, 2 * dp + lane / 16)), b0, b1, b2, b3);
+      Mma16816<T>(acc_o[2 * dp], a, b0, b1);
+      Mma16816<T>(acc_o[2 * dp + 1], a, b2, b3);
+    }
+  }
+  CpAsyncWait<0>();
+  __syncthreads();  // all warps done with the stages: reuse them for the merge
+
+  // Merge the 4 warps (fixed order). Per warp: m (scaled, log2 domain), l, unnormalised O.
+  float* sO = reinterpret_cast<float*>(sKV);                      // (kWarps, 16, kOStride)
+  float* sM = sO + Tr::kWarps * Tr::kRows * Tr::kOStride;          // (kWarps, 16)
+  float* sL = sM + Tr::kWarps * Tr::kRows;                          // (kWarps, 16)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = QuadSum(row_sum[r]);
+    if (t == 0) {
+      sM[warp * 16 + g + 8 * r] = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * scale_log2;
+      sL[warp * 16 + g + 8 * r] = sum;
+    }
+  }
+  float* myO = sO + warp * Tr::kRows * Tr::kOStride;
+#pragma unroll
+  for (int j = 0; j < kDB; ++j) {
+    *reinterpret_cast<float2*>(myO + g * Tr::kOStride + j * 8 + 2 * t) = make_float2(acc_o[j][0], acc_o[j][1]);
+    *reinterpret_cast<float2*>(myO + (g + 8) * Tr::kOStride + j * 8 + 2 * t) = make_float2(acc_o[j][2], acc_o[j][3]);
+  }
+  __syncthreads();
+
+  const bool single = n_splits == 1;
+  float* ws_o = static_cast<float*>(p.workspace);
+  float* ws_lse = ws_o + int64_t(p.total_q) * p.num_heads_q * max_splits * D;
+  const int64_t lse_stride = p.lse_head_stride ? p.lse_head_stride : int64_t(p.total_q);
+  constexpr int kVec = 4;
+  for (int idx = tid; idx < Tr::kRows * (D / kVec); idx += kThreads) {
+    const int r = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
+    const int pr = row0 + r;
+    if (pr >= rows_total) continue;
+    float mw[Tr::kWarps], m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) {
+      mw[w] = sM[w * 16 + r];
+      m = fmaxf(m, mw[w]);
+    }
+    float l = 0.0f, o[kVec] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) {
+      const float f = mw[w] == -INFINITY ? 0.0f : exp2f(mw[w] - m);
+      l += f * sL[w * 16 + r];
+      const float4 ow = *reinterpret_cast<const float4*>(sO + (w * Tr::kRows + r) * Tr::kOStride + c);
+      o[0] += f * ow.x; o[1] += f * ow.y; o[2] += f * ow.z; o[3] += f * ow.w;
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float lse = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+    const int tok = q_start + pr / group, h = hk * group + pr % group;
+    if (single) {
+      T* out = static_cast<T*>(p.o) + int64_t(tok) * p.o_row_stride + int64_t(h) * p.o_head_stride + c;
+      uint2 packed;
+      packed.x = Pack2<T>(o[0] * inv, o[1] * inv);
+      packed.y = Pack2<T>(o[2] * inv, o[3] * inv);
+      *reinterpret_cast<uint2*>(out) = packed;
+      if (p.lse != nullptr && c == 0) p.lse[int64_t(h) * lse_stride + tok] = lse;
+    } else {
+      const int64_t slot = (int64_t(tok) * p.num_heads_q + h) * max_splits + split;
+      *reinterpret_cast<float4*>(ws_o + slot * D + c) = make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+      if (c == 0) ws_lse[slot] = lse;
+    }
+  }
+}
+
+// Merge split partials: one CTA per (sequence, query head), one warp per new token.
+template <typename T, int D>
+__global__ void __launch_bounds__(128) CombineKernel(const PagedDecodeParams p, int split_tokens, int max_splits) {
+  const int b = blockIdx.x, h = blockIdx.y;
+  const int q_start = p.cu_seqlens_q[b];
+  const int lq = p.cu_seqlens_q[b + 1] - q_start, lk = p.seqlens_k[b];
+  const int n_splits = NumSplits(lk, split_tokens);
+  if (n_splits <= 1) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int kPer = D / 32;
+  const float* ws_o = static_cast<const float*>(p.workspace);
+  const float* ws_lse = ws_o + int64_t(p.total_q) * p.num_heads_q * max_splits * D;
+  const int64_t lse_stride = p.lse_head_stride ? p.lse_head_stride : int64_t(p.total_q);
+  for (int i = warp; i < lq; i += 4) {
+    const int tok = q_start + i;
+    const int64_t slot0 = (int64_t(tok) * p.num_heads_q + h) * max_splits;
+    float m = -INFINITY;
+    for (int s = 0; s < n_splits; ++s) m = fmaxf(m, ws_lse[slot0 + s]);
+    float l = 0.0f, o[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) o[j] = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float ls = ws_lse[slot0 + s];
+      const float f = ls == -INFINITY ? 0.0f : __expf(ls - m);
+      l += f;
+      const float* src = ws_o + (slot0 + s) * D + lane * kPer;
+#pragma unroll
+      for (int j = 0; j < kPer; j += 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src + j);
+        o[j] += f * v.x;
+        o[j + 1] += f * v.y;
+      }
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    T* out = static_cast<T*>(p.o) + int64_t(tok) * p.o_row_stride + int64_t(h) * p.o_head_stride + lane * kPer;
+#pragma unroll
+    for (int j = 0; j < kPer; j += 2) *reinterpret_cast<uint32_t*>(out + j) = Pack2<T>(o[j] * inv, o[j + 1] * inv);
+    if (p.lse != nullptr && lane == 0) p.lse[int64_t(h) * lse_stride + tok] = l > 0.0f ? m + logf(l) : -INFINITY;
+  }
+}
+
+template <typename T, int D>
+Status LaunchPagedDecode(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream) {
+  using Tr = DecodeTraits<D>;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int max_splits = NumSplits(p.max_seqlen_k, split_tokens);
+  const int m_tiles = (p.max_seqlen_q * group + Tr::kRows - 1) / Tr::kRows;
+  if (p.batch == 0 || max_splits == 0 || m_tiles == 0) return Status::Ok();
+  auto kernel = PagedDecodeKernel<T, D>;
+  FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  const dim3 grid(max_splits, p.num_heads_kv * m_tiles, p.batch);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, split_tokens, max_splits, m_tiles);
+  FQ_CUDA_RETURN_LAUNCH();
+  if (max_splits > 1) {
+    CombineKernel<T, D><<<dim3(p.batch, p.num_heads_q), 128, 0, stream>>>(p, split_tokens, max_splits);
+    FQ_CUDA_RETURN_LAUNCH();
+  }
+  return Status::Ok();
+}
+
+}  // namespace flashq::attention::detail

@@ -1,0 +1,259 @@
+// Varlen prefill attention, FlashAttention-2 style, mma.sync (sm_80+; runs on sm_90a too).
+//
+// Algorithm: one CTA per (query tile of kBM rows, query head, sequence). Each warp owns 16 query
+// rows. K and V tiles of kBN keys stream through shared memory with cp.async (K[n+1] loads while
+// softmax and P*V of tile n run; V[n] loads while Q*K^T of tile n runs). Scores stay in registers:
+// online softmax in the exp2 domain (running max and per-thread partial sums), P is re-packed from
+// the S accumulators into A fragments for P*V without touching shared memory. FP32 accumulation.
+// Causal is bottom-right aligned; tiles past the diagonal are never loaded; rows that see no key
+// give O = 0, LSE = -inf. GQA: head h reads kv head h / (Hq / Hkv).
+// Layouts: Q/K/V/O [tokens, heads, D] with element strides; shared tiles [rows, D] swizzled
+// (Swz). Output staged through shared memory for 16-byte coalesced stores. LSE fp32 [Hq, total_q].
+// Limits: D in {64, 128, 256}; 16-byte aligned rows. Tiles are a function of D only, so results
+// are batch invariant and deterministic.
+// Measured: see bench/results/attention-*.md (H100, 2026-11-22).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "kernels/attention/attention.h"
+#include "kernels/attention/mma_utils.cuh"
+#include "kernels/common/cuda_check.h"
+
+namespace flashq::attention::detail {
+
+template <int D>
+struct PrefillTraits {
+  static constexpr int kBM = D == 64 ? 128 : 64;   // query rows per CTA
+  static constexpr int kBN = D == 256 ? 32 : 64;   // keys per tile
+  static constexpr int kWarps = kBM / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr bool kQInRegs = D <= 128;       // D = 256 re-reads Q fragments from shared memory
+  static constexpr int kChunks = D / 8;            // 16-byte chunks per row
+  static constexpr int kSmemElems = (kBM + 2 * kBN) * D;
+  static_assert(D % 64 == 0, "head dim must be a multiple of 64");
+  static_assert(kBN % 16 == 0, "key tile must be a multiple of 16");
+};
+
+// rows x D tile from global (row r at base + r * row_stride) into swizzled shared memory;
+// rows >= valid are zero-filled (so masked keys never inject NaN/Inf through P*V).
+template <int D, int kThreads, int kRows, typename T>
+__device__ __forceinline__ void LoadTile(T* smem, const T* base, int64_t row_stride, int valid, int tid) {
+  constexpr int kChunks = D / 8;
+  constexpr int kTotal = kRows * kChunks;
+  static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly over the threads");
+#pragma unroll
+  for (int i = 0; i < kTotal / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int row = idx / kChunks, chunk = idx % kChunks;
+    const bool ok = row < valid;
+    const T* src = ok ? base + row * row_stride + chunk * 8 : base;
+    CpAsync16(SmemAddr(smem + Swz<D>(row, chunk)), src, ok);
+  }
+}
+
+template <typename T, int D, bool kCausal>
+__global__ void __launch_bounds__(PrefillTraits<D>::kThreads)
+    PrefillKernel(const VarlenAttentionParams p) {
+  using Tr = PrefillTraits<D>;
+  constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kThreads = Tr::kThreads;
+  constexpr int kNB = kBN / 8;   // 8-wide score blocks per warp row
+  constexpr int kDB = D / 8;     // 8-wide output blocks
+  constexpr int kKD = D / 16;    // 16-deep k-steps of Q*K^T
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);  // (kBM, D)
+  T* sK = sQ + kBM * D;                    // (kBN, D)
+  T* sV = sK + kBN * D;                    // (kBN, D)
+
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal tiles first
+  const int q_start = p.cu_seqlens_q[b], k_start = p.cu_seqlens_k[b];
+  const int lq = p.cu_seqlens_q[b + 1] - q_start, lk = p.cu_seqlens_k[b + 1] - k_start;
+  const int m0 = m_block * kBM;
+  if (m0 >= lq) return;
+  const int hk = h / (p.num_heads_q / p.num_heads_kv);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+
+  int n_blocks = (lk + kBN - 1) / kBN;
+  if constexpr (kCausal) {
+    const int last_key = m0 + kBM - 1 + lk - lq;  // the tile's last row sees keys <= last_key
+    n_blocks = min(n_blocks, last_key < 0 ? 0 : last_key / kBN + 1);
+  }
+
+  const T* q = static_cast<const T*>(p.q) + (int64_t(q_start) + m0) * p.q_row_stride + int64_t(h) * p.q_head_stride;
+  const T* k = static_cast<const T*>(p.k) + int64_t(k_start) * p.k_row_stride + int64_t(hk) * p.k_head_stride;
+  const T* v = static_cast<const T*>(p.v) + int64_t(k_start) * p.v_row_stride + int64_t(hk) * p.v_head_stride;
+
+  float acc_o[kDB][4];
+#pragma unroll
+  for (int j = 0; j < kDB; ++j) acc_o[j][0] = acc_o[j][1] = acc_o[j][2] = acc_o[j][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const int warp_row0 = warp * 16;
+
+  if (n_blocks > 0) {
+    LoadTile<D, kThreads, kBM>(sQ, q, p.q_row_stride, lq - m0, tid);
+    LoadTile<D, kThreads, kBN>(sK, k, p.k_row_stride, lk, tid);
+    CpAsyncCommit();
+  }
+  uint32_t q_frag[Tr::kQInRegs ? kKD : 1][4];
+
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int n0 = nb * kBN;
+    LoadTile<D, kThreads, kBN>(sV, v + int64_t(n0) * p.v_row_stride, p.v_row_stride, lk - n0, tid);
+    CpAsyncCommit();
+    CpAsyncWait<1>();  // Q and K[nb] have landed
+    __syncthreads();
+
+    if constexpr (Tr::kQInRegs) {
+      if (nb == 0) {
+#pragma unroll
+        for (int kk = 0; kk < kKD; ++kk)
+          LdMatrixX4(SmemAddr(sQ + Swz<D>(warp_row0 + (lane % 16), 2 * kk + lane / 16)), q_frag[kk][0],
+                     q_frag[kk][1], q_frag[kk][2], q_frag[kk][3]);
+      }
+    }
+
+    // S = Q K^T  (16 rows x kBN keys per warp)
+    float s[kNB][4];
+#pragma unroll
+    for (int j = 0; j < kNB; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kKD; ++kk) {
+      uint32_t a[4];
+      if constexpr (Tr::kQInRegs) {
+        a[0] = q_frag[kk][0]; a[1] = q_frag[kk][1]; a[2] = q_frag[kk][2]; a[3] = q_frag[kk][3];
+      } else {
+        LdMatrixX4(SmemAddr(sQ + Swz<D>(warp_row0 + (lane % 16), 2 * kk + lane / 16)), a[0], a[1], a[2], a[3]);
+      }
+#pragma unroll
+      for (int np = 0; np < kNB / 2; ++np) {
+        uint32_t b0, b1, b2, b3;
+        LdMatrixX4(SmemAddr(sK + Swz<D>(np * 16 + (lane % 8) + (lane / 16) * 8, 2 * kk + (lane / 8) % 2)), b0, b1,
+                   b2, b3);
+        Mma16816<T>(s[2 * np], a, b0, b1);
+        Mma16816<T>(s[2 * np + 1], a, b2, b3);
+      }
+    }
+    __syncthreads();  // every warp is done with sK
+    if (nb + 1 < n_blocks) {
+      LoadTile<D, kThreads, kBN>(sK, k + int64_t(n0 + kBN) * p.k_row_stride, p.k_row_stride, lk - n0 - kBN, tid);
+      CpAsyncCommit();
+    }
+
+    // Mask the tail tile and the causal diagonal.
+    const bool tail = n0 + kBN > lk;
+    const bool diag = kCausal && (n0 + kBN - 1 > m0 + lk - lq);
+    if (tail || diag) {
+#pragma unroll
+      for (int j = 0; j < kNB; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = n0 + j * 8 + 2 * t + (e & 1);
+          const int row = m0 + warp_row0 + g + (e >= 2 ? 8 : 0);
+          bool masked = col >= lk;
+          if constexpr (kCausal) masked = masked || (col > row + lk - lq);
+          if (masked) s[j][e] = -INFINITY;
+        }
+    }
+
+    // Online softmax (exp2 domain), two rows per thread: g and g + 8.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = row_max[r];
+#pragma unroll
+      for (int j = 0; j < kNB; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      mx = QuadMax(mx);
+      const float m_use = mx == -INFINITY ? 0.0f : mx * scale_log2;
+      const float alpha = exp2f(row_max[r] * scale_log2 - m_use);
+      row_max[r] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kNB; ++j) {
+        s[j][2 * r] = exp2f(fmaf(s[j][2 * r], scale_log2, -m_use));
+        s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], scale_log2, -m_use));
+        sum += s[j][2 * r] + s[j][2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * alpha + sum;
+#pragma unroll
+      for (int j = 0; j < kDB; ++j) {
+        acc_o[j][2 * r] *= alpha;
+        acc_o[j][2 * r + 1] *= alpha;
+      }
+    }
+
+    if (nb + 1 < n_blocks) CpAsyncWait<1>(); else CpAsyncWait<0>();  // V[nb] has landed
+    __syncthreads();
+
+    // O += P V
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = Pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = Pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = Pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = Pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < kDB / 2; ++dp) {
+        uint32_t b0, b1, b2, b3;
+        LdMatrixX4Trans(SmemAddr(sV + Swz<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, 2 * dp + lane / 16)), b0,
+                        b1, b2, b3);
+        Mma16816<T>(acc_o[2 * dp], a, b0, b1);
+        Mma16816<T>(acc_o[2 * dp + 1], a, b2, b3);
+      }
+    }
+    __syncthreads();  // every warp is done with sV
+  }
+
+  // Epilogue: normalise, stage the warp's 16 rows in its own rows of sQ, store 16-byte chunks.
+  float inv[2], lse[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = QuadSum(row_sum[r]);
+    inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    lse[r] = sum > 0.0f ? (row_max[r] * scale_log2 + log2f(sum)) * kLn2 : -INFINITY;
+  }
+  T* sO = sQ;
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < kDB; ++j) {
+    *reinterpret_cast<uint32_t*>(sO + Swz<D>(warp_row0 + g, j) + 2 * t) =
+        Pack2<T>(acc_o[j][0] * inv[0], acc_o[j][1] * inv[0]);
+    *reinterpret_cast<uint32_t*>(sO + Swz<D>(warp_row0 + g + 8, j) + 2 * t) =
+        Pack2<T>(acc_o[j][2] * inv[1], acc_o[j][3] * inv[1]);
+  }
+  __syncwarp();
+  T* o = static_cast<T*>(p.o) + (int64_t(q_start) + m0) * p.o_row_stride + int64_t(h) * p.o_head_stride;
+#pragma unroll
+  for (int i = 0; i < 16 * Tr::kChunks / 32; ++i) {
+    const int idx = lane + i * 32;
+    const int row = warp_row0 + idx / Tr::kChunks, chunk = idx % Tr::kChunks;
+    if (m0 + row < lq)
+      *reinterpret_cast<uint4*>(o + row * p.o_row_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(sO + Swz<D>(row, chunk));
+  }
+  if (p.lse != nullptr && t == 0) {
+    const int64_t lse_stride = p.lse_head_stride ? p.lse_head_stride : int64_t(p.cu_seqlens_q[p.batch]);
+    float* l = p.lse + int64_t(h) * lse_stride + q_start + m0 + warp_row0;
+    if (m0 + warp_row0 + g < lq) l[g] = lse[0];
+    if (m0 + warp_row0 + g + 8 < lq) l[g + 8] = lse[1];
+  }
+}
+
+template <typename T, int D, bool kCausal>
+Status LaunchPrefill(const VarlenAttentionParams& p, cudaStream_t stream) {
+  using Tr = PrefillTraits<D>;
+  constexpr int kSmem = Tr::kSmemElems * int(sizeof(T));
+  auto kernel = PrefillKernel<T, D, kCausal>;
+  FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const dim3 grid((p.max_seqlen_q + Tr::kBM - 1) / Tr::kBM, p.num_heads_q, p.batch);
+  kernel<<<grid, Tr::kThreads, kSmem, stream>>>(p);
+  FQ_CUDA_RETURN_LAUNCH();
+  return Status::Ok();
+}
+
+}  // namespace flashq::attention::detail
