@@ -237,3 +237,51 @@ def linear_weight_bf16(model_dir, k, n):
             w = from_bf16_bits(np.frombuffer(raw, np.uint16)).reshape(shape).astype(np.float64)
             return w.T if shape == [n, k] else w
     raise AssertionError(f"no BF16 [{n},{k}] or [{k},{n}] tensor in {files[0]}")
+
+
+def config_param(model_dir, key, default=None):
+    """A string parameter of a config.pbtxt (parameters { key: "k" value { string_value: "v" } })."""
+    import os
+    text = open(os.path.join(model_dir, "config.pbtxt")).read()
+    m = re.search(r'key\s*:\s*"' + re.escape(key) + r'"\s*value\s*\{\s*string_value\s*:\s*"([^"]*)"', text)
+    return m.group(1) if m else default
+
+
+def _fp8_e4m3_table():
+    b = np.arange(256)
+    s = np.where(b >> 7, -1.0, 1.0)
+    e = (b >> 3) & 0xF
+    m = b & 7
+    v = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1 + m / 8.0) * 2.0 ** (e.astype(np.float64) - 7))
+    v = np.where((e == 15) & (m == 7), np.nan, v)
+    return s * v
+
+
+def linear_weight_dequant(model_dir, k, n):
+    """The dequantized weight of a linear layer as float64 [K, N], from its safetensors
+    file and config: bf16, gptq (W[k,n] = (q - z) * s), fp8 (W = fp8 * scale)."""
+    import glob
+    import os
+    fmt = config_param(model_dir, "weight_format", "bf16")
+    if fmt == "bf16":
+        return linear_weight_bf16(model_dir, k, n)
+    t = read_safetensors(glob.glob(os.path.join(model_dir, "*.safetensors"))[0])
+    if fmt == "fp8":
+        dt, shape, raw = t["weight"]
+        assert dt == "F8_E4M3" and shape == [n, k], (dt, shape)
+        w = _fp8_e4m3_table()[np.frombuffer(raw, np.uint8)].reshape(n, k)
+        scale = np.frombuffer(t["weight_scale"][2], np.float32).astype(np.float64)
+        w = w * (scale.reshape(-1, 1) if scale.size == n else scale.reshape(1, 1))
+        return w.T
+    if fmt == "gptq":
+        group = int(config_param(model_dir, "group_size", "128"))
+        v1 = config_param(model_dir, "gptq_version", "1") == "1"
+        qw = np.frombuffer(t["qweight"][2], np.int32).reshape(k // 8, n).view(np.uint32)
+        qz = np.frombuffer(t["qzeros"][2], np.int32).reshape(-1, n // 8).view(np.uint32)
+        sc = np.frombuffer(t["scales"][2], np.float16).reshape(-1, n).astype(np.float64)
+        shifts = (4 * np.arange(8)).astype(np.uint32)
+        q = ((qw[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(k, n).astype(np.float64)
+        z = ((qz[:, :, None] >> shifts[None, None, :]) & 0xF).reshape(-1, n).astype(np.float64) + (1 if v1 else 0)
+        g = (np.frombuffer(t["g_idx"][2], np.int32) if "g_idx" in t else np.arange(k) // group)
+        return (q - z[g]) * sc[g]
+    raise AssertionError(f"{model_dir}: weight_format {fmt} has no reference here")

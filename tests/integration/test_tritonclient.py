@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import DEMO_CACHE
-from helpers import assert_close, attention_ref, linear_weight_bf16, round_to
+from helpers import assert_close, attention_ref, config_param, linear_weight_bf16, linear_weight_dequant, round_to
 
 LINEAR = {  # model -> (K, N)
     "up_proj_bf16": (4096, 14336), "down_proj_bf16": (14336, 4096),
@@ -170,6 +170,26 @@ def test_bf16_linear_matches_float64(client, model, dtype):
     scale = np.sqrt(np.mean(ref ** 2))
     tol = {"FP16": 2e-3, "BF16": 1.6e-2}[dtype]
     assert_close(y, ref, dtype, f"{model} {dtype}", atol=tol * scale, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["FP16", "BF16"])
+@pytest.mark.parametrize("model", ["up_proj_int4", "down_proj_int4", "up_proj_fp8", "down_proj_fp8"])
+def test_quantized_linear_matches_dequantized_reference(client, model, dtype):
+    """Quantized layers against "dequantize, then plain GEMM" in float64 (the rule of
+    CUTLASS example 55). W8A8 (fp8_activation: fp8) also quantizes X, so it gets a
+    relative-norm bound instead of an elementwise one."""
+    k, n = LINEAR[model]
+    d = model_dir(model)
+    rng = np.random.default_rng(14)
+    x = round_to(rng.standard_normal((3, k)), dtype)
+    y = linear(client, model, x, dtype)
+    ref = x.astype(np.float64) @ linear_weight_dequant(d, k, n)
+    if config_param(d, "fp8_activation", "bf16") == "fp8":
+        rel = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+        assert rel < 0.06, f"{model} W8A8 {dtype}: relative error {rel:.3g}"
+    else:
+        tol = 1.6e-2   # the dequantized weight may pass through the activation dtype
+        assert_close(y, ref, dtype, f"{model} {dtype}", atol=tol * np.sqrt(np.mean(ref ** 2)), rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", ["FP16", "BF16"])
