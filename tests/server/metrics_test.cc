@@ -1,0 +1,121 @@
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "server/metrics/http_exposer.h"
+#include "server/metrics/metrics.h"
+
+namespace flashq::server {
+namespace {
+
+// One HTTP exchange over loopback; returns the whole response ("" on failure).
+std::string HttpRequest(int port, const std::string& request) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == ssize_t(request.size())) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, size_t(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+std::string Get(int port, const std::string& path) {
+  return HttpRequest(port, "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n");
+}
+
+bool Has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(MetricsTest, ExposerServesRegistry) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  ServerMetrics metrics(registry);
+  ServerMetrics::Model& m = metrics.ForModel("attention");
+  m.total_seconds->Observe(0.003);
+  m.queue_seconds->Observe(0.0001);
+  m.batch_requests->Observe(4);
+  m.batch_tokens->Observe(300);
+  m.inflight->Increment();
+  m.kv_blocks_total->Set(512);
+  metrics.CountRequest("attention", "OK");
+  metrics.CountRequest("attention", "INVALID_ARGUMENT");
+  metrics.KernelHistogram("prefill_fp16_d128").Observe(2e-4);
+  metrics.BackendGauge("flashq_gpu_memory_used_bytes", "GPU memory in use", {{"gpu", "0"}}).Set(1234);
+  EXPECT_EQ(&metrics.ForModel("attention"), &m) << "same series on the second call";
+
+  auto server = MetricsHttpServer::Start("127.0.0.1", 0, registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  ASSERT_GT(port, 0);
+
+  for (int i = 0; i < 3; ++i) {  // several sequential scrapes
+    const std::string r = Get(port, "/metrics");
+    ASSERT_TRUE(Has(r, "HTTP/1.1 200 OK\r\n")) << r.substr(0, 200);
+    EXPECT_TRUE(Has(r, "Content-Type: text/plain; version=0.0.4")) << r.substr(0, 200);
+    EXPECT_TRUE(Has(r, "# TYPE flashq_request_duration_seconds histogram"));
+    EXPECT_TRUE(Has(r, "flashq_request_duration_seconds_bucket{model=\"attention\",stage=\"total\",le=\"0.0032\"} 1"))
+        << r;
+    EXPECT_TRUE(Has(r, "flashq_request_duration_seconds_count{model=\"attention\",stage=\"queue\"} 1"));
+    EXPECT_TRUE(Has(r, "flashq_request_duration_seconds_count{model=\"attention\",stage=\"compute\"} 0"));
+    EXPECT_TRUE(Has(r, "flashq_batch_requests_bucket{model=\"attention\",le=\"4\"} 1"));
+    EXPECT_TRUE(Has(r, "flashq_batch_tokens_bucket{model=\"attention\",le=\"512\"} 1"));
+    EXPECT_TRUE(Has(r, "flashq_requests_total{code=\"INVALID_ARGUMENT\",model=\"attention\"} 1") ||
+                Has(r, "flashq_requests_total{model=\"attention\",code=\"INVALID_ARGUMENT\"} 1"));
+    EXPECT_TRUE(Has(r, "flashq_inflight_requests{model=\"attention\"} 1"));
+    EXPECT_TRUE(Has(r, "flashq_kv_cache_blocks_total{model=\"attention\"} 512"));
+    EXPECT_TRUE(Has(r, "flashq_queue_depth{model=\"attention\"} 0"));
+    EXPECT_TRUE(Has(r, "flashq_kernel_seconds_count{kernel=\"prefill_fp16_d128\"} 1"));
+    EXPECT_TRUE(Has(r, "flashq_gpu_memory_used_bytes{gpu=\"0\"} 1234"));
+    const size_t body = r.find("\r\n\r\n");
+    ASSERT_NE(body, std::string::npos);
+    const std::string len = "Content-Length: " + std::to_string(r.size() - body - 4) + "\r\n";
+    EXPECT_TRUE(Has(r, len)) << "Content-Length matches the body";
+  }
+
+  const std::string health = Get(port, "/healthz");
+  EXPECT_TRUE(Has(health, "HTTP/1.1 200 OK")) << health;
+  EXPECT_EQ(health.substr(health.size() - 2), "ok");
+  EXPECT_TRUE(Has(Get(port, "/nope"), "HTTP/1.1 404")) << "unknown path";
+  EXPECT_TRUE(Has(HttpRequest(port, "POST /metrics HTTP/1.1\r\n\r\n"), "HTTP/1.1 405"));
+
+  // A client that connects and sends nothing must not block shutdown.
+  int idle = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(idle, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  usleep(50 * 1000);
+  const auto t0 = std::chrono::steady_clock::now();
+  server->reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  ::close(idle);
+}
+
+TEST(MetricsTest, BindFailureNamesHostAndPort) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto first = MetricsHttpServer::Start("127.0.0.1", 0, registry);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int port = (*first)->port();
+  auto second = MetricsHttpServer::Start("127.0.0.1", port, registry);
+  ASSERT_FALSE(second.ok());
+  EXPECT_TRUE(Has(std::string(second.status().message()), "127.0.0.1:" + std::to_string(port)))
+      << second.status();
+  auto bad_host = MetricsHttpServer::Start("no-such-host.invalid", 0, registry);
+  EXPECT_FALSE(bad_host.ok());
+  EXPECT_TRUE(Has(std::string(bad_host.status().message()), "no-such-host.invalid:0")) << bad_host.status();
+}
+
+}  // namespace
+}  // namespace flashq::server
