@@ -23,7 +23,7 @@ APT_PACKAGES=(
   prometheus-cpp-dev libgtest-dev googletest libbenchmark-dev
   prometheus libb64-0d python3-venv python3-pip curl
 )
-PY_PACKAGES=(numpy pytest matplotlib "tritonclient[grpc]==2.50.0" nvidia-cuda-runtime-cu12 grpcio-health-checking grpcio-reflection)
+PY_PACKAGES=(numpy pytest matplotlib "tritonclient[grpc]==2.50.0" nvidia-cuda-runtime-cu12 grpcio-health-checking grpcio-reflection kubernetes-validate)
 
 log() { echo "setup: $*"; }
 
@@ -61,7 +61,7 @@ fi
 if "$VENV/bin/python" - <<'PY' 2>/dev/null
 import importlib.metadata as md, sys
 need = {"numpy": None, "pytest": None, "matplotlib": None, "tritonclient": "2.50.0",
-        "nvidia-cuda-runtime-cu12": None, "grpcio-health-checking": None, "grpcio-reflection": None}
+        "nvidia-cuda-runtime-cu12": None, "grpcio-health-checking": None, "grpcio-reflection": None, "kubernetes-validate": None}
 for name, ver in need.items():
     v = md.version(name)
     if ver and v != ver:
