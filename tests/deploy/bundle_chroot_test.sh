@@ -126,4 +126,21 @@ rc=0; wait "$SERVER_PID" || rc=$?
 SERVER_PID=
 log "server stopped on SIGTERM in $(elapsed "$t") s, exit code $rc"
 [ "$rc" = 0 ] || [ "$rc" = 143 ] || { tail -n 20 "$WORK/server.log"; fail "server exit code $rc after SIGTERM"; }
+
+# 7. The launcher's cuBLASLt search, in the clean root (no CUDA, empty ldconfig cache):
+# pretend the bundle needs cuBLASLt and check it refuses clearly, then finds a stand-in
+# in the default CUDA folder and through FLASHQ_CUBLASLT_DIR.
+sed -i 's/^FLASHQ_BUNDLE_NEEDS_CUBLASLT=.*/FLASHQ_BUNDLE_NEEDS_CUBLASLT=1/' "$ROOTFS/opt/flashq/share/flashq/bundle.env"
+inroot() { chroot "$ROOTFS" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+rm -rf "$ROOTFS/usr/local/cuda"
+set +e; msg=$(inroot /opt/flashq/bin/flashq --help 2>&1); rc=$?; set -e
+[ "$rc" = 127 ] && grep -q 'needs libcublasLt.so.13' <<<"$msg" || fail "launcher without cuBLASLt: exit $rc, '$msg'"
+mkdir -p "$ROOTFS/usr/local/cuda/lib64" "$ROOTFS/srv/cublas"
+touch "$ROOTFS/usr/local/cuda/lib64/libcublasLt.so.13" "$ROOTFS/srv/cublas/libcublasLt.so.13"
+inroot /opt/flashq/bin/flashq env | grep -q 'found in: /usr/local/cuda/lib64' || fail "launcher did not find /usr/local/cuda/lib64"
+inroot FLASHQ_CUBLASLT_DIR=/srv/cublas /opt/flashq/bin/flashq env | grep -q 'found in: /srv/cublas' ||
+  fail "launcher ignored FLASHQ_CUBLASLT_DIR"
+inroot LD_LIBRARY_PATH=/srv/cublas /opt/flashq/bin/flashq env | grep -q 'LD_LIBRARY_PATH: /opt/flashq/lib:/srv/cublas:/srv/cublas' ||
+  fail "launcher did not search LD_LIBRARY_PATH"
+log "launcher: refuses clearly without cuBLASLt (exit 127); finds it in /usr/local/cuda/lib64, FLASHQ_CUBLASLT_DIR, LD_LIBRARY_PATH"
 log "PASSED in $(elapsed "$t0") s"
