@@ -11,7 +11,9 @@
 #   FLASHQ_DEMO_SECONDS=5 ...         # measurement window per point (perf_analyzer path)
 #   FLASHQ_GRPC_PORT=8001 FLASHQ_METRICS_PORT=8002 ...
 #   FLASHQ_DEMO_LOADER=perf_analyzer  # force the perf_analyzer path
-#   scripts/demo.sh -- --backend=cpu  # extra arguments go to flashq-server / flashq-bench
+#   scripts/demo.sh -- ARGS           # extra arguments go to flashq-bench (e.g. --scenarios=kv_decode,
+#                                     # --server-arg=--backend=cpu), or to flashq-server on the
+#                                     # perf_analyzer path
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -27,7 +29,8 @@ mkdir -p "$CACHE"
 
 if [ -x "$BIN/flashq-bench" ] && [ "${FLASHQ_DEMO_LOADER:-}" != perf_analyzer ]; then
   echo "demo: load from flashq-bench (it starts its own server)"
-  exec "$BIN/flashq-bench" --spawn-server="$BIN/flashq-server" --demo-cache-dir="$CACHE" "$@"
+  exec "$BIN/flashq-bench" --spawn-server --server-binary="$BIN/flashq-server" \
+    --server-arg=--demo-cache-dir="$CACHE" "$@"
 fi
 
 # ---- perf_analyzer path -----------------------------------------------------------
