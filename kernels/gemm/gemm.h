@@ -64,6 +64,8 @@ struct LinearArgs {
 class W4A16Weights {
  public:
   static Status Create(const Int4Weights& w, std::unique_ptr<W4A16Weights>* out);
+  // Device-to-device copy (another replica on the current device; benchmarks rotate copies).
+  Status Clone(std::unique_ptr<W4A16Weights>* out) const;
   ~W4A16Weights();
   int K() const { return K_; }
   int N() const { return N_; }
@@ -93,6 +95,7 @@ class Fp8DeviceWeights {
  public:
   // Uploads the [N][K] E4M3 matrix (W8A8) and the repacked layout (W8A16).
   static Status Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWeights>* out);
+  Status Clone(std::unique_ptr<Fp8DeviceWeights>* out) const;
   ~Fp8DeviceWeights();
   int K() const { return K_; }
   int N() const { return N_; }
@@ -104,6 +107,7 @@ class Fp8DeviceWeights {
   Fp8DeviceWeights() = default;
   int K_ = 0, N_ = 0;
   bool per_channel_ = false;
+  size_t bytes_ = 0;
   std::unique_ptr<View> view_;
 };
 size_t W8A16WorkspaceBytes(const Fp8DeviceWeights& w, int max_m);

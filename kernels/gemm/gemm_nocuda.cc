@@ -14,12 +14,14 @@ Status BlasLt::Create(size_t, std::unique_ptr<BlasLt>*) { return NoCuda(); }
 struct W4A16Weights::View {};
 W4A16Weights::~W4A16Weights() = default;
 Status W4A16Weights::Create(const Int4Weights&, std::unique_ptr<W4A16Weights>*) { return NoCuda(); }
+Status W4A16Weights::Clone(std::unique_ptr<W4A16Weights>*) const { return NoCuda(); }
 size_t W4A16WorkspaceBytes(const W4A16Weights&, int, bool) { return 0; }
 Status run_w4a16(const W4A16Weights&, const LinearArgs&, BlasLt*, cudaStream_t) { return NoCuda(); }
 
 struct Fp8DeviceWeights::View {};
 Fp8DeviceWeights::~Fp8DeviceWeights() = default;
 Status Fp8DeviceWeights::Create(const Fp8Weights&, std::unique_ptr<Fp8DeviceWeights>*) { return NoCuda(); }
+Status Fp8DeviceWeights::Clone(std::unique_ptr<Fp8DeviceWeights>*) const { return NoCuda(); }
 size_t W8A16WorkspaceBytes(const Fp8DeviceWeights&, int) { return 0; }
 Status run_w8a16(const Fp8DeviceWeights&, const LinearArgs&, cudaStream_t) { return NoCuda(); }
 Status run_w8a8(BlasLt*, const Fp8DeviceWeights&, const W8A8Args&, cudaStream_t) { return NoCuda(); }

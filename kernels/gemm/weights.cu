@@ -1,0 +1,354 @@
+// Load-time preparation (repack + upload) of int4 and FP8 weights, and the host side of
+// run_w4a16 / run_w8a16: workspace carving, act-order gather, row chunking, and the
+// non-invariant large-M path (dequantize to 16-bit, then cuBLASLt). Layouts: see
+// qlinear_kernel.cuh.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/dtype.h"
+#include "kernels/gemm/gemm_internal.h"
+
+namespace flashq::gemm {
+namespace {
+
+size_t Align256(size_t v) { return (v + 255) & ~size_t(255); }
+
+// Host staging of several arrays into one device allocation.
+struct Blob {
+  std::vector<uint8_t> bytes;
+  size_t Add(const void* src, size_t n) {
+    size_t off = Align256(bytes.size());
+    bytes.resize(off + n);
+    if (n) std::memcpy(bytes.data() + off, src, n);
+    return off;
+  }
+  Status Upload(void** dev) {
+    FQ_CUDA_RETURN(cudaMalloc(dev, std::max<size_t>(bytes.size(), 256)));
+    Status s = CudaStatus(cudaMemcpy(*dev, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "cudaMemcpy(weights)");
+    if (!s.ok()) {
+      cudaFree(*dev);
+      *dev = nullptr;
+    }
+    return s;
+  }
+};
+
+struct WsLayout {
+  size_t counters = 0, partial = 0, xperm = 0, wdeq = 0, total = 0;
+};
+
+WsLayout KernelWorkspace(int N, int K, const SplitPlan& plan, int max_m, bool act_order, bool dequant_path) {
+  WsLayout l;
+  size_t off = 0;
+  l.counters = off;
+  off = Align256(off + sizeof(int) * size_t(plan.n_blocks) * (kMaxRowsPerLaunch / 16));
+  l.partial = off;
+  if (plan.splits > 1) off = Align256(off + sizeof(float) * size_t(plan.splits) * std::min(max_m, kMaxRowsPerLaunch) * N);
+  l.xperm = off;
+  if (act_order) off = Align256(off + 2 * size_t(std::max(max_m, 1)) * K);
+  l.wdeq = off;
+  if (dequant_path) off = Align256(off + 2 * size_t(N) * K);
+  l.total = off;
+  return l;
+}
+
+Status CheckArgs(const LinearArgs& a, int K, size_t need, const char* who) {
+  if (a.M < 0) return InvalidArgument(std::string(who) + ": M must be >= 0");
+  if (a.M > 0 && (!a.x || !a.y)) return InvalidArgument(std::string(who) + ": x and y must be device pointers");
+  if (a.workspace_bytes < need)
+    return InvalidArgument(std::string(who) + ": workspace too small (" + std::to_string(a.workspace_bytes) + " < " + std::to_string(need) +
+                           " bytes for M=" + std::to_string(a.M) + ")");
+  if (K % 8 != 0) return InvalidArgument(std::string(who) + ": K must be a multiple of 8");
+  return Status::Ok();
+}
+
+cudaError_t LaunchKernel(bool fp8, ActType act, const detail::QLinearParams& p, cudaStream_t s) {
+  if (fp8) return act == ActType::kF16 ? detail::LaunchW8A16F16(p, s) : detail::LaunchW8A16Bf16(p, s);
+  return act == ActType::kF16 ? detail::LaunchW4A16F16(p, s) : detail::LaunchW4A16Bf16(p, s);
+}
+
+// Runs the qlinear kernel over row chunks of at most kMaxRowsPerLaunch rows.
+Status RunChunks(bool fp8, detail::QLinearParams p, const LinearArgs& a, const void* x, uint8_t* ws, const WsLayout& l,
+                 cudaStream_t stream) {
+  p.counters = reinterpret_cast<int*>(ws + l.counters);
+  p.partial = reinterpret_cast<float*>(ws + l.partial);
+  for (int r0 = 0; r0 < a.M; r0 += kMaxRowsPerLaunch) {
+    p.M = std::min(kMaxRowsPerLaunch, a.M - r0);
+    p.x = static_cast<const uint16_t*>(x) + size_t(r0) * p.K;
+    p.y = static_cast<uint16_t*>(a.y) + size_t(r0) * p.N;
+    FQ_CUDA_RETURN(LaunchKernel(fp8, a.act, p, stream));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+// ---------------- int4 ----------------
+
+W4A16Weights::~W4A16Weights() {
+  if (view_ && view_->alloc) cudaFree(view_->alloc);
+}
+
+Status W4A16Weights::Create(const Int4Weights& w, std::unique_ptr<W4A16Weights>* out) {
+  FQ_RETURN_IF_ERROR(w.Validate());
+  const int K = w.K, N = w.N;
+  if (K % 8 != 0) return InvalidArgument("W4A16: K must be a multiple of 8 (16-byte activation rows), got K=" + std::to_string(K));
+  const bool channelwise = w.group_size >= K;
+  if (!channelwise && w.group_size % kStepK != 0)
+    return InvalidArgument("W4A16: group_size must be a multiple of 32 or >= K (channelwise), got " + std::to_string(w.group_size));
+  // Act-order: sort channels by group; each group must then be one aligned run of group_size.
+  std::vector<int32_t> perm;
+  if (!w.g_idx.empty()) {
+    perm.resize(K);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) { return w.g_idx[a] < w.g_idx[b]; });
+    for (int p = 0; p < K; ++p)
+      if (w.g_idx[perm[p]] != p / w.group_size)
+        return InvalidArgument("W4A16: act-order g_idx must give every group exactly group_size channels (the last may have fewer); "
+                               "group " + std::to_string(w.g_idx[perm[p]]) + " breaks this");
+    bool identity = true;
+    for (int p = 0; p < K && identity; ++p) identity = perm[p] == p;
+    if (identity) perm.clear();
+  }
+  const int Gsrc = w.num_groups();
+  for (float z : w.zeros)
+    if (!(z >= 0 && z <= 16 && z == std::nearbyint(z)))
+      return InvalidArgument("W4A16: zero points must be integers in [0, 16], got " + std::to_string(z));
+  for (float s : w.scales)
+    if (!std::isfinite(s) || std::fabs(s) > 65504.0f) return InvalidArgument("W4A16: scales must be finite and fit FP16");
+
+  auto v = std::make_unique<View>();
+  v->K = K;
+  v->N = N;
+  v->nk32 = (K + kStepK - 1) / kStepK;
+  v->plan = PlanFor(K, N);
+  v->strips = v->plan.n_blocks * kWarpsN;
+  v->groups = channelwise ? 1 : (K + w.group_size - 1) / w.group_size;
+  v->gsteps = channelwise ? std::max(1, v->nk32) : w.group_size / kStepK;
+  if (!channelwise && Gsrc != v->groups) return InvalidArgument("W4A16: g_idx names more groups than ceil(K / group_size)");
+  const int strips = v->strips, nk32 = v->nk32, G = v->groups;
+  auto src_k = [&](int p) { return perm.empty() ? p : perm[p]; };
+
+  std::vector<uint32_t> qw(size_t(strips) * nk32 * 32 * 8, 0);
+  for (int strip = 0; strip < strips; ++strip)
+    for (int j = 0; j < nk32; ++j)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int s = 0; s < 8; ++s) {
+          const int n = strip * kWarpN + 8 * s + lane / 4, t = lane % 4;
+          if (n >= N) continue;
+          const uint8_t* qrow = w.q.data() + size_t(n) * K;
+          uint32_t word = 0;
+          for (int jj = 0; jj < 8; ++jj) {
+            const int k = j * kStepK + 8 * t + jj;
+            if (k < K) word |= uint32_t(qrow[src_k(k)] & 0xF) << (4 * (jj / 2) + 16 * (jj % 2));
+          }
+          qw[((size_t(strip) * nk32 + j) * 32 + lane) * 8 + s] = word;
+        }
+  std::vector<uint16_t> sc(size_t(G) * strips * 64, 0);
+  std::vector<uint8_t> zp(size_t(G) * strips * 64, 0);
+  for (int grp = 0; grp < G; ++grp)
+    for (int strip = 0; strip < strips; ++strip)
+      for (int i = 0; i < 64; ++i) {
+        const size_t base = (size_t(grp) * strips + strip) * 64 + i;
+        // scales: i = (t*8 + s)*2 + e  ->  n = 8s + 2t + e
+        const int t = i / 16, s = (i / 2) % 8, e = i % 2;
+        const int ns = strip * kWarpN + 8 * s + 2 * t + e;
+        if (ns < N) sc[base] = FloatToF16(w.scales[size_t(ns) * Gsrc + grp]);
+        // zeros: i = g*8 + s  ->  n = 8s + g
+        const int gz = i / 8, sz = i % 8;
+        const int nz = strip * kWarpN + 8 * sz + gz;
+        if (nz < N) zp[base] = uint8_t(w.zeros[size_t(nz) * Gsrc + grp]);
+      }
+  Blob blob;
+  const size_t oq = blob.Add(qw.data(), qw.size() * 4);
+  const size_t os = blob.Add(sc.data(), sc.size() * 2);
+  const size_t oz = blob.Add(zp.data(), zp.size());
+  const size_t op = perm.empty() ? 0 : blob.Add(perm.data(), perm.size() * 4);
+  FQ_RETURN_IF_ERROR(blob.Upload(&v->alloc));
+  uint8_t* base = static_cast<uint8_t*>(v->alloc);
+  v->qw = base + oq;
+  v->scales = reinterpret_cast<const uint16_t*>(base + os);
+  v->zeros = base + oz;
+  v->perm = perm.empty() ? nullptr : reinterpret_cast<const int32_t*>(base + op);
+  std::unique_ptr<W4A16Weights> r(new W4A16Weights());
+  r->K_ = K;
+  r->N_ = N;
+  r->bytes_ = blob.bytes.size();
+  r->perm_ = const_cast<int32_t*>(v->perm);
+  r->view_ = std::move(v);
+  *out = std::move(r);
+  return Status::Ok();
+}
+
+namespace {
+// Copies a view's single allocation and rebases every pointer into the copy.
+template <typename V>
+Status CloneView(const V& src, size_t bytes, std::unique_ptr<V>* out) {
+  auto v = std::make_unique<V>(src);
+  FQ_CUDA_RETURN(cudaMalloc(&v->alloc, std::max<size_t>(bytes, 256)));
+  FQ_CUDA_RETURN(cudaMemcpy(v->alloc, src.alloc, bytes, cudaMemcpyDeviceToDevice));
+  auto rebase = [&](auto*& p) {
+    using P = std::remove_reference_t<decltype(p)>;
+    if (p) p = reinterpret_cast<P>(static_cast<uint8_t*>(v->alloc) + (reinterpret_cast<const uint8_t*>(p) - static_cast<const uint8_t*>(src.alloc)));
+  };
+  if constexpr (std::is_same_v<V, W4A16Weights::View>) {
+    rebase(v->qw); rebase(v->scales); rebase(v->zeros); rebase(v->perm);
+  } else {
+    rebase(v->w); rebase(v->scale_vec); rebase(v->scale1); rebase(v->qw); rebase(v->fscales);
+  }
+  *out = std::move(v);
+  return Status::Ok();
+}
+}  // namespace
+
+Status W4A16Weights::Clone(std::unique_ptr<W4A16Weights>* out) const {
+  std::unique_ptr<W4A16Weights> r(new W4A16Weights());
+  FQ_RETURN_IF_ERROR(CloneView(*view_, bytes_, &r->view_));
+  r->K_ = K_;
+  r->N_ = N_;
+  r->bytes_ = bytes_;
+  r->perm_ = const_cast<int32_t*>(r->view_->perm);
+  *out = std::move(r);
+  return Status::Ok();
+}
+
+size_t W4A16WorkspaceBytes(const W4A16Weights& w, int max_m, bool batch_invariant) {
+  const auto& v = w.view();
+  return KernelWorkspace(v.N, v.K, v.plan, max_m, w.act_order(), !batch_invariant && max_m >= kW4A16DequantMinM).total;
+}
+
+Status run_w4a16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaStream_t stream) {
+  const auto& v = w.view();
+  const bool dequant_path = !a.batch_invariant && a.M >= kW4A16DequantMinM;
+  const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, w.act_order(), dequant_path);
+  FQ_RETURN_IF_ERROR(CheckArgs(a, v.K, l.total, "run_w4a16"));
+  if (a.M == 0) return Status::Ok();
+  uint8_t* ws = static_cast<uint8_t*>(a.workspace);
+  const void* x = a.x;
+  if (v.perm) {
+    FQ_CUDA_RETURN(detail::LaunchGatherColumns(a.x, a.M, v.K, v.perm, ws + l.xperm, stream));
+    x = ws + l.xperm;
+  }
+  if (dequant_path) {
+    if (!blas) return InvalidArgument("run_w4a16: the non-invariant large-M path needs a BlasLt");
+    FQ_CUDA_RETURN(detail::LaunchDequantInt4(v, a.act, ws + l.wdeq, stream));
+    LinearArgs b = a;
+    b.x = x;
+    b.batch_invariant = false;
+    return run_bf16(blas, ws + l.wdeq, v.N, v.K, b, stream);
+  }
+  detail::QLinearParams p;
+  p.qw = v.qw;
+  p.scales = v.scales;
+  p.zeros = v.zeros;
+  p.N = v.N;
+  p.K = v.K;
+  p.nk32 = v.nk32;
+  p.strips = v.strips;
+  p.gsteps = v.gsteps;
+  p.splits = v.plan.splits;
+  p.steps_per_warp = v.plan.steps_per_warp;
+  return RunChunks(false, p, a, x, ws, l, stream);
+}
+
+// ---------------- fp8 ----------------
+
+Fp8DeviceWeights::~Fp8DeviceWeights() {
+  if (view_ && view_->alloc) cudaFree(view_->alloc);
+}
+
+Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWeights>* out) {
+  FQ_RETURN_IF_ERROR(w.Validate());
+  const int K = w.K, N = w.N;
+  auto v = std::make_unique<View>();
+  v->K = K;
+  v->N = N;
+  v->nk32 = (K + kStepK - 1) / kStepK;
+  v->plan = PlanFor(K, N);
+  v->strips = v->plan.n_blocks * kWarpsN;
+  const int strips = v->strips, nk32 = v->nk32;
+  std::vector<uint8_t> qw(size_t(strips) * nk32 * 32 * 64, 0);
+  for (int strip = 0; strip < strips; ++strip)
+    for (int j = 0; j < nk32; ++j)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int s = 0; s < 8; ++s) {
+          const int n = strip * kWarpN + 8 * s + lane / 4, t = lane % 4;
+          if (n >= N) continue;
+          uint8_t* dst = qw.data() + ((size_t(strip) * nk32 + j) * 32 + lane) * 64 + s * 8;
+          for (int jj = 0; jj < 8; ++jj) {
+            const int k = j * kStepK + 8 * t + jj;
+            if (k < K) dst[jj] = w.w[size_t(n) * K + k];
+          }
+        }
+  std::vector<float> fs(size_t(strips) * 64, 0.0f), svec(N);
+  for (int strip = 0; strip < strips; ++strip)
+    for (int i = 0; i < 64; ++i) {
+      const int t = i / 16, s = (i / 2) % 8, e = i % 2;
+      const int n = strip * kWarpN + 8 * s + 2 * t + e;
+      if (n < N) fs[size_t(strip) * 64 + i] = w.scale_of(n);
+    }
+  for (int n = 0; n < N; ++n) svec[n] = w.scale_of(n);
+  Blob blob;
+  const size_t ow = blob.Add(w.w.data(), w.w.size());
+  const size_t ov = blob.Add(svec.data(), svec.size() * 4);
+  const size_t o1 = blob.Add(w.scale.data(), 4);
+  const size_t oq = blob.Add(qw.data(), qw.size());
+  const size_t of = blob.Add(fs.data(), fs.size() * 4);
+  FQ_RETURN_IF_ERROR(blob.Upload(&v->alloc));
+  uint8_t* base = static_cast<uint8_t*>(v->alloc);
+  v->w = base + ow;
+  v->scale_vec = reinterpret_cast<const float*>(base + ov);
+  v->scale1 = w.scale.size() == 1 ? reinterpret_cast<const float*>(base + o1) : nullptr;
+  v->qw = base + oq;
+  v->fscales = reinterpret_cast<const float*>(base + of);
+  std::unique_ptr<Fp8DeviceWeights> r(new Fp8DeviceWeights());
+  r->K_ = K;
+  r->N_ = N;
+  r->per_channel_ = w.scale.size() != 1;
+  r->bytes_ = blob.bytes.size();
+  r->view_ = std::move(v);
+  *out = std::move(r);
+  return Status::Ok();
+}
+
+Status Fp8DeviceWeights::Clone(std::unique_ptr<Fp8DeviceWeights>* out) const {
+  std::unique_ptr<Fp8DeviceWeights> r(new Fp8DeviceWeights());
+  FQ_RETURN_IF_ERROR(CloneView(*view_, bytes_, &r->view_));
+  r->K_ = K_;
+  r->N_ = N_;
+  r->per_channel_ = per_channel_;
+  r->bytes_ = bytes_;
+  *out = std::move(r);
+  return Status::Ok();
+}
+
+size_t W8A16WorkspaceBytes(const Fp8DeviceWeights& w, int max_m) {
+  const auto& v = w.view();
+  return KernelWorkspace(v.N, v.K, v.plan, max_m, false, false).total;
+}
+
+Status run_w8a16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t stream) {
+  const auto& v = w.view();
+  const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, false, false);
+  FQ_RETURN_IF_ERROR(CheckArgs(a, v.K, l.total, "run_w8a16"));
+  if (a.M == 0) return Status::Ok();
+  detail::QLinearParams p;
+  p.qw = v.qw;
+  p.fscales = v.fscales;
+  p.N = v.N;
+  p.K = v.K;
+  p.nk32 = v.nk32;
+  p.strips = v.strips;
+  p.gsteps = std::max(1, v.nk32);
+  p.splits = v.plan.splits;
+  p.steps_per_warp = v.plan.steps_per_warp;
+  return RunChunks(true, p, a, a.x, static_cast<uint8_t*>(a.workspace), l, stream);
+}
+
+}  // namespace flashq::gemm

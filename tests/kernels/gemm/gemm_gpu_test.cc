@@ -1,0 +1,310 @@
+// GPU tests (label `gpu`): every path against "dequantize W, then a float64 GEMM" on
+// random data, with the output poisoned before each run; determinism; batch invariance
+// (row i bitwise identical for M = 1, 17, 300, 4096); loader errors.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/common/dtype.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/gemm/gemm_ref.h"
+#include "kernels/gemm/quant_formats.h"
+#include "tests/kernels/gemm/gemm_test_util.h"
+
+namespace flashq::gemm {
+namespace {
+
+using testing::GemmF64;
+using testing::RandomGIdx;
+using testing::RandomVec;
+
+#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
+#define OK(x)                                  \
+  do {                                         \
+    Status s_ = (x);                           \
+    ASSERT_TRUE(s_.ok()) << #x << ": " << s_.message(); \
+  } while (0)
+
+struct Dev {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t bytes) : n(bytes) {
+    if (cudaMalloc(&p, std::max<size_t>(bytes, 256)) != cudaSuccess) p = nullptr;
+    if (p) cudaMemset(p, 0, std::max<size_t>(bytes, 256));
+  }
+  ~Dev() { cudaFree(p); }
+};
+
+uint16_t ToAct(float v, ActType a) { return a == ActType::kF16 ? FloatToF16(v) : FloatToBf16(v); }
+float FromAct(uint16_t v, ActType a) { return a == ActType::kF16 ? F16ToFloat(v) : Bf16ToFloat(v); }
+const char* Name(ActType a) { return a == ActType::kF16 ? "f16" : "bf16"; }
+
+// Activations rounded to the 16-bit type (what the GPU sees), as float and as bits.
+struct Acts {
+  std::vector<float> f;
+  std::vector<uint16_t> bits;
+};
+Acts MakeActs(int M, int K, ActType a, uint32_t seed) {
+  Acts r;
+  r.f = RandomVec(size_t(M) * K, seed);
+  r.bits.resize(r.f.size());
+  for (size_t i = 0; i < r.f.size(); ++i) {
+    r.bits[i] = ToAct(r.f[i], a);
+    r.f[i] = FromAct(r.bits[i], a);
+  }
+  return r;
+}
+
+// Runs fn(y_dev) with y poisoned with NaN first; returns y as float.
+template <typename Fn>
+std::vector<float> RunPoisoned(int M, int N, ActType a, Fn fn) {
+  Dev y(size_t(M) * N * 2);
+  cudaMemset(y.p, 0xff, size_t(M) * N * 2);  // 0xffff is NaN in both fp16 and bf16
+  fn(y.p);
+  std::vector<uint16_t> h(size_t(M) * N);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(h.data(), y.p, h.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<float> out(h.size());
+  for (size_t i = 0; i < h.size(); ++i) out[i] = FromAct(h[i], a);
+  return out;
+}
+
+// Norm-wise and element-wise checks against a float64 reference.
+void ExpectClose(const std::vector<float>& y, const std::vector<double>& ref, ActType a, double extra_rel, const std::string& what) {
+  ASSERT_EQ(y.size(), ref.size());
+  double num = 0, den = 0, amax = 0;
+  for (double r : ref) amax = std::max(amax, std::fabs(r));
+  const double rtol = (a == ActType::kF16 ? 1.0 / 1024 : 1.0 / 128) + extra_rel;
+  size_t bad = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    ASSERT_FALSE(std::isnan(y[i])) << what << ": element " << i << " not written (NaN)";
+    const double e = std::fabs(double(y[i]) - ref[i]);
+    num += e * e;
+    den += ref[i] * ref[i];
+    if (e > 1e-3 * amax + rtol * std::fabs(ref[i])) ++bad;
+  }
+  const double rel = std::sqrt(num / std::max(den, 1e-300));
+  EXPECT_LT(rel, (a == ActType::kF16 ? 1e-3 : 5e-3) + extra_rel) << what;
+  EXPECT_EQ(bad, 0u) << what << ": elements outside atol + rtol*|ref| (rel norm " << rel << ")";
+}
+
+std::vector<double> RefInt4(const Acts& x, int M, const Int4Weights& w) { return GemmF64(x.f, M, w.K, DequantizeInt4(w), w.N); }
+
+struct Ctx {
+  std::unique_ptr<BlasLt> blas;
+  Ctx() { EXPECT_TRUE(BlasLt::Create(32 << 20, &blas).ok()); }
+};
+
+std::vector<float> RunW4(const W4A16Weights& w, const Acts& x, int M, ActType a, bool inv, BlasLt* blas) {
+  Dev xd(x.bits.size() * 2), ws(W4A16WorkspaceBytes(w, M, inv));
+  EXPECT_EQ(cudaMemcpy(xd.p, x.bits.data(), x.bits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  return RunPoisoned(M, w.N(), a, [&](void* y) {
+    LinearArgs args{xd.p, y, M, a, inv, ws.p, ws.n};
+    Status s = run_w4a16(w, args, blas, nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+  });
+}
+
+struct W4Case {
+  int K, N, g;
+  bool sym;
+  int format;  // 0 RTN, 1 GPTQ v2 act-order, 2 GPTQ v1, 3 AWQ
+};
+
+class GemmGpuW4 : public ::testing::TestWithParam<std::tuple<W4Case, ActType>> {};
+
+TEST_P(GemmGpuW4, MatchesDequantizedF64AndIsInvariant) {
+  auto [c, act] = GetParam();
+  Ctx ctx;
+  const int g = c.g > 0 ? c.g : c.K;
+  auto wf = RandomVec(size_t(c.N) * c.K, 100 + c.K + c.N);
+  Int4Weights w;
+  std::vector<int32_t> gi;
+  if (c.format == 1) gi = RandomGIdx(c.K, g, 7);
+  Int4Weights q = QuantizeInt4(wf.data(), c.N, c.K, g, c.sym, gi.empty() ? nullptr : gi.data());
+  if (c.format == 0) w = q;
+  if (c.format == 1) OK(UnpackGptq(PackGptq(q, false), &w));
+  if (c.format == 2) OK(UnpackGptq(PackGptq(q, true), &w));
+  if (c.format == 3) OK(UnpackAwq(PackAwq(q), &w));
+  std::unique_ptr<W4A16Weights> dw;
+  OK(W4A16Weights::Create(w, &dw));
+  const int Mmax = 300;
+  Acts x = MakeActs(Mmax, c.K, act, 200 + c.K);
+  std::vector<float> big = RunW4(*dw, x, Mmax, act, true, nullptr);
+  for (int M : {1, 3, 17}) {
+    Acts xs;
+    xs.f.assign(x.f.begin(), x.f.begin() + size_t(M) * c.K);
+    xs.bits.assign(x.bits.begin(), x.bits.begin() + size_t(M) * c.K);
+    auto y = RunW4(*dw, xs, M, act, true, nullptr);
+    ExpectClose(y, RefInt4(xs, M, w), act, 0, std::string("w4a16 ") + Name(act) + " M=" + std::to_string(M));
+    // Batch invariance: the same rows inside the M=300 run are bitwise identical.
+    ASSERT_EQ(0, std::memcmp(y.data(), big.data(), y.size() * sizeof(float))) << "batch invariance M=" << M << " vs " << Mmax;
+    auto y2 = RunW4(*dw, xs, M, act, true, nullptr);
+    ASSERT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * sizeof(float))) << "determinism";
+  }
+  ExpectClose(big, RefInt4(x, Mmax, w), act, 0, "w4a16 M=300");
+  // Non-invariant mode at large M: dequantize + cuBLASLt.
+  auto nv = RunW4(*dw, x, Mmax, act, false, ctx.blas.get());
+  ExpectClose(nv, RefInt4(x, Mmax, w), act, 0, "w4a16 non-invariant M=300");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GemmGpuW4,
+    ::testing::Combine(::testing::Values(W4Case{256, 200, 64, false, 0},    // N not a multiple of the tile
+                                         W4Case{200, 136, 128, true, 0},    // K not a multiple of the group (or of 32)
+                                         W4Case{512, 136, 0, false, 0},     // channelwise
+                                         W4Case{512, 256, 64, false, 1},    // GPTQ act-order
+                                         W4Case{1024, 384, 32, true, 2},    // GPTQ v1, split-K
+                                         W4Case{1024, 520, 128, false, 3},  // AWQ
+                                         W4Case{4096, 512, 128, true, 0}),  // deep K, split-K
+                       ::testing::Values(ActType::kBF16, ActType::kF16)));
+
+TEST(GemmGpu, W4A16InvariantAt4096Rows) {
+  const int K = 256, N = 192, M = 4096;
+  auto wf = RandomVec(size_t(N) * K, 1);
+  Int4Weights w = QuantizeInt4(wf.data(), N, K, 128, false);
+  std::unique_ptr<W4A16Weights> dw;
+  OK(W4A16Weights::Create(w, &dw));
+  Acts x = MakeActs(M, K, ActType::kBF16, 2);
+  auto big = RunW4(*dw, x, M, ActType::kBF16, true, nullptr);
+  ExpectClose(big, RefInt4(x, M, w), ActType::kBF16, 0, "w4a16 M=4096");
+  for (int row : {0, 1234, M - 1}) {
+    Acts r;
+    r.f.assign(x.f.begin() + size_t(row) * K, x.f.begin() + size_t(row + 1) * K);
+    r.bits.assign(x.bits.begin() + size_t(row) * K, x.bits.begin() + size_t(row + 1) * K);
+    auto one = RunW4(*dw, r, 1, ActType::kBF16, true, nullptr);
+    ASSERT_EQ(0, std::memcmp(one.data(), big.data() + size_t(row) * N, N * sizeof(float))) << "row " << row;
+  }
+}
+
+TEST(GemmGpu, W4A16ShapeErrorsNameTheConstraint) {
+  std::unique_ptr<W4A16Weights> dw;
+  Int4Weights a = QuantizeInt4(RandomVec(64 * 100, 1).data(), 64, 100, 32, true);  // K % 8 != 0
+  Status s = W4A16Weights::Create(a, &dw);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("multiple of 8"), std::string::npos) << s.message();
+  Int4Weights b = QuantizeInt4(RandomVec(64 * 96, 1).data(), 64, 96, 48, true);  // group 48
+  s = W4A16Weights::Create(b, &dw);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("multiple of 32"), std::string::npos) << s.message();
+}
+
+class GemmGpuFp8 : public ::testing::TestWithParam<std::tuple<bool, ActType>> {};
+
+TEST_P(GemmGpuFp8, W8A16MatchesAndIsInvariant) {
+  auto [per_channel, act] = GetParam();
+  const int K = 1000, N = 328;  // K not a multiple of 32, N not a multiple of the tile
+  auto wf = RandomVec(size_t(N) * K, 31);
+  Fp8Weights w = QuantizeFp8(wf.data(), N, K, per_channel);
+  std::unique_ptr<Fp8DeviceWeights> dw;
+  OK(Fp8DeviceWeights::Create(w, &dw));
+  const int Mmax = 150;
+  Acts x = MakeActs(Mmax, K, act, 32);
+  auto deq = DequantizeFp8(w);
+  auto run = [&](int M) {
+    Dev xd(size_t(M) * K * 2), ws(W8A16WorkspaceBytes(*dw, M));
+    EXPECT_EQ(cudaMemcpy(xd.p, x.bits.data(), size_t(M) * K * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    return RunPoisoned(M, N, act, [&](void* y) {
+      LinearArgs args{xd.p, y, M, act, true, ws.p, ws.n};
+      Status s = run_w8a16(*dw, args, nullptr);
+      EXPECT_TRUE(s.ok()) << s.message();
+    });
+  };
+  auto big = run(Mmax);
+  Acts all = x;
+  ExpectClose(big, GemmF64(all.f, Mmax, K, deq, N), act, 0, "w8a16 M=150");
+  for (int M : {1, 3, 17}) {
+    auto y = run(M);
+    std::vector<float> xf(x.f.begin(), x.f.begin() + size_t(M) * K);
+    ExpectClose(y, GemmF64(xf, M, K, deq, N), act, 0, "w8a16 M=" + std::to_string(M));
+    ASSERT_EQ(0, std::memcmp(y.data(), big.data(), y.size() * sizeof(float))) << "batch invariance M=" << M;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GemmGpuFp8,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(ActType::kBF16, ActType::kF16)));
+
+class GemmGpuW8A8 : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GemmGpuW8A8, QuantizeAndGemmMatchReference) {
+  const bool rowwise = GetParam();
+  Ctx ctx;
+  const int K = 512, N = 272;
+  auto wf = RandomVec(size_t(N) * K, 41);
+  Fp8Weights w = QuantizeFp8(wf.data(), N, K, /*per_channel=*/rowwise);
+  std::unique_ptr<Fp8DeviceWeights> dw;
+  OK(Fp8DeviceWeights::Create(w, &dw));
+  const int Mmax = 64;
+  Acts x = MakeActs(Mmax, K, ActType::kBF16, 42);
+  std::vector<float> big;
+  for (int M : {Mmax, 1, 3, 17}) {
+    Dev xd(size_t(M) * K * 2), xq(size_t(M) * K), xs(size_t(M) * 4);
+    CK(cudaMemcpy(xd.p, x.bits.data(), size_t(M) * K * 2, cudaMemcpyHostToDevice));
+    OK(run_quantize_act_fp8(xd.p, ActType::kBF16, M, K, rowwise, static_cast<uint8_t*>(xq.p), static_cast<float*>(xs.p), nullptr));
+    // Same bits as the host quantizer.
+    std::vector<uint8_t> hq(size_t(M) * K), rq(size_t(M) * K);
+    std::vector<float> hs(M), rs(M);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(hq.data(), xq.p, hq.size(), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hs.data(), xs.p, M * 4, cudaMemcpyDeviceToHost));
+    QuantizeActFp8(x.f.data(), M, K, rowwise, rq.data(), rs.data());
+    ASSERT_EQ(hq, rq) << "activation fp8 bits";
+    ASSERT_EQ(hs, rs) << "activation scales";
+    auto y = RunPoisoned(M, N, ActType::kBF16, [&](void* yp) {
+      W8A8Args a;
+      a.x_fp8 = static_cast<uint8_t*>(xq.p);
+      a.x_scale = static_cast<float*>(xs.p);
+      a.per_row_act = rowwise;
+      a.y = yp;
+      a.M = M;
+      Status s = run_w8a8(ctx.blas.get(), *dw, a, nullptr);
+      EXPECT_TRUE(s.ok()) << s.message();
+    });
+    std::vector<float> ref(size_t(M) * N);
+    LinearRefFp8W8A8<double>(x.f.data(), M, w, rowwise, ref.data());
+    std::vector<double> refd(ref.begin(), ref.end());
+    ExpectClose(y, refd, ActType::kBF16, 0, std::string("w8a8 ") + (rowwise ? "rowwise" : "tensorwise") + " M=" + std::to_string(M));
+    if (M == Mmax) big = y;
+    else if (rowwise) ASSERT_EQ(0, std::memcmp(y.data(), big.data(), y.size() * sizeof(float))) << "batch invariance M=" << M;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Scales, GemmGpuW8A8, ::testing::Bool());
+
+TEST(GemmGpu, Bf16CublasLtMatchesAndPinnedAlgoIsInvariant) {
+  Ctx ctx;
+  const int K = 512, N = 384, M = 4096;
+  for (ActType act : {ActType::kBF16, ActType::kF16}) {
+    auto wf = RandomVec(size_t(N) * K, 51);
+    std::vector<uint16_t> wb(wf.size());
+    for (size_t i = 0; i < wf.size(); ++i) {
+      wb[i] = ToAct(wf[i], act);
+      wf[i] = FromAct(wb[i], act);
+    }
+    Dev wd(wb.size() * 2);
+    CK(cudaMemcpy(wd.p, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice));
+    Acts x = MakeActs(M, K, act, 52);
+    Dev xd(x.bits.size() * 2);
+    CK(cudaMemcpy(xd.p, x.bits.data(), x.bits.size() * 2, cudaMemcpyHostToDevice));
+    std::vector<float> big;
+    for (int m : {M, 1, 17}) {
+      auto y = RunPoisoned(m, N, act, [&](void* yp) {
+        LinearArgs a{xd.p, yp, m, act, true, nullptr, 0};
+        Status s = run_bf16(ctx.blas.get(), wd.p, N, K, a, nullptr);
+        EXPECT_TRUE(s.ok()) << s.message();
+      });
+      std::vector<float> xf(x.f.begin(), x.f.begin() + size_t(std::min(m, 64)) * K);
+      auto ref = GemmF64(xf, std::min(m, 64), K, wf, N);
+      std::vector<float> yh(y.begin(), y.begin() + ref.size());
+      ExpectClose(yh, ref, act, 0, std::string("cublasLt ") + Name(act) + " M=" + std::to_string(m));
+      if (m == M) big = y;
+      else ASSERT_EQ(0, std::memcmp(y.data(), big.data(), y.size() * sizeof(float))) << "pinned algorithm invariance M=" << m;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flashq::gemm
