@@ -24,9 +24,10 @@
 
 namespace flashq::attention::detail {
 
-template <int D>
+// kBMOverride != 0 replaces the default query tile (bench variants only).
+template <int D, int kBMOverride = 0>
 struct PrefillTraits {
-  static constexpr int kBM = D == 64 ? 128 : 64;   // query rows per CTA
+  static constexpr int kBM = kBMOverride ? kBMOverride : (D == 64 ? 128 : 64);  // query rows per CTA
   static constexpr int kBN = D == 256 ? 32 : 64;   // keys per tile
   static constexpr int kWarps = kBM / 16;
   static constexpr int kThreads = kWarps * 32;
@@ -54,10 +55,10 @@ __device__ __forceinline__ void LoadTile(T* smem, const T* base, int64_t row_str
   }
 }
 
-template <typename T, int D, bool kCausal>
-__global__ void __launch_bounds__(PrefillTraits<D>::kThreads)
+template <typename T, int D, bool kCausal, int kBMOverride = 0>
+__global__ void __launch_bounds__(PrefillTraits<D, kBMOverride>::kThreads)
     PrefillKernel(const VarlenAttentionParams p) {
-  using Tr = PrefillTraits<D>;
+  using Tr = PrefillTraits<D, kBMOverride>;
   constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kThreads = Tr::kThreads;
   constexpr int kNB = kBN / 8;   // 8-wide score blocks per warp row
   constexpr int kDB = D / 8;     // 8-wide output blocks
@@ -244,16 +245,21 @@ __global__ void __launch_bounds__(PrefillTraits<D>::kThreads)
   }
 }
 
-template <typename T, int D, bool kCausal>
-Status LaunchPrefill(const VarlenAttentionParams& p, cudaStream_t stream) {
-  using Tr = PrefillTraits<D>;
+template <typename T, int D, bool kCausal, int kBMOverride = 0>
+Status LaunchPrefillImpl(const VarlenAttentionParams& p, cudaStream_t stream) {
+  using Tr = PrefillTraits<D, kBMOverride>;
   constexpr int kSmem = Tr::kSmemElems * int(sizeof(T));
-  auto kernel = PrefillKernel<T, D, kCausal>;
+  auto kernel = PrefillKernel<T, D, kCausal, kBMOverride>;
   FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid((p.max_seqlen_q + Tr::kBM - 1) / Tr::kBM, p.num_heads_q, p.batch);
   kernel<<<grid, Tr::kThreads, kSmem, stream>>>(p);
   FQ_CUDA_RETURN_LAUNCH();
   return Status::Ok();
+}
+
+template <typename T, int D, bool kCausal>
+Status LaunchPrefill(const VarlenAttentionParams& p, cudaStream_t stream) {
+  return LaunchPrefillImpl<T, D, kCausal>(p, stream);
 }
 
 }  // namespace flashq::attention::detail

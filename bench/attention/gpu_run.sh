@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One GPU-machine call for the attention work: build (kernels only, sm_90a), GPU tests, the
+# benchmark with peers, then compute-sanitizer memcheck and racecheck on the test shapes.
+# Needs .deps (scripts/gpu-prep.sh) carried. Logs and results go to $OUT (default ./out).
+# usage: FLASHQ_COMMIT=<hash> bench/attention/gpu_run.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/attn_env.txt"
+if ! cmake -S . -B build-gpu -G Ninja -DFLASHQ_KERNELS_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real >"$OUT/attn_build.log" 2>&1; then
+  echo "full-tree configure failed; using bench/attention/standalone"; tail -5 "$OUT/attn_build.log"
+  rm -rf build-gpu
+  cmake -S bench/attention/standalone -B build-gpu -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a-real >>"$OUT/attn_build.log" 2>&1
+fi
+cmake --build build-gpu -j16 --target attention_gpu_test attention_ref_test attention_bench >>"$OUT/attn_build.log" 2>&1
+BUILD_RC=$?
+echo "build rc=$BUILD_RC at $(el)s"; grep -E "error|warning: .*spill|bytes spill" "$OUT/attn_build.log" | head -20
+[ $BUILD_RC -eq 0 ] || { tail -40 "$OUT/attn_build.log"; exit 1; }
+timeout 200 build-gpu/bin/attention_ref_test >"$OUT/attn_tests.log" 2>&1; REF_RC=$?
+timeout 200 build-gpu/bin/attention_gpu_test >>"$OUT/attn_tests.log" 2>&1; GPU_RC=$?
+echo "tests: ref rc=$REF_RC gpu rc=$GPU_RC at $(el)s"
+grep -E "^\[  (FAILED|PASSED) |tests ran" "$OUT/attn_tests.log" | sort | uniq -c | head -40
+grep -B2 -A6 "Failure" "$OUT/attn_tests.log" | head -60
+FLASHQ_COMMIT=${FLASHQ_COMMIT:-unknown} timeout 300 bench/attention/run.sh build-gpu "$OUT" >"$OUT/attn_bench.log" 2>&1
+echo "bench rc=$? at $(el)s"; cat "$OUT/attn_bench.log" | tail -45
+SAN_FILTER='*bf16_hd128_causal_gqa4*:*bf16_hd64_full_gqa1*:*fp16_hd256_causal_gqa8*:PagedGpuTest*bf16_hd128_gqa4_page16_q3*:PagedGpuTest*fp16_hd64*:PagedGpuTest*bf16_hd256_gqa8*'
+LEFT=$(( 560 - $(el) ))
+if [ $LEFT -gt 40 ]; then
+  timeout $(( LEFT / 2 )) compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/bin/attention_gpu_test \
+    --gtest_filter="$SAN_FILTER" >"$OUT/attn_sanitizer.log" 2>&1
+  echo "memcheck rc=$? at $(el)s"
+  LEFT=$(( 580 - $(el) ))
+  timeout $LEFT compute-sanitizer --tool racecheck --error-exitcode 9 build-gpu/bin/attention_gpu_test \
+    --gtest_filter="$SAN_FILTER" >>"$OUT/attn_sanitizer.log" 2>&1
+  echo "racecheck rc=$? at $(el)s"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/attn_sanitizer.log" | head
+else
+  echo "no time left for compute-sanitizer"
+fi

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Attention benchmark, ours and PyTorch peers in one run (GPU machine).
+# usage: bench/attention/run.sh [BUILD_DIR] [OUT_DIR]   (FLASHQ_COMMIT names the commit in the results)
+# Writes OUT_DIR/attention_ours.json and OUT_DIR/attention-<device>-<date>.{json,md}.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${1:-build-gpu}
+OUT_DIR=${2:-bench/results}
+mkdir -p "$OUT_DIR"
+"$BUILD/bin/attention_bench" --json "$OUT_DIR/attention_ours.json" ${FLASHQ_BENCH_QUICK:+--quick}
+python3 bench/attention/peers.py --ours "$OUT_DIR/attention_ours.json" --out-dir "$OUT_DIR" \
+  --commit "${FLASHQ_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
