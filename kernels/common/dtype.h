@@ -24,8 +24,8 @@ constexpr int DTypeSize(DType t) {
   return 0;
 }
 
-// KServe v2 datatype strings.
-constexpr std::string_view DTypeName(DType t) {
+// KServe v2 datatype strings (const char*: Debian's Abseil has its own string_view).
+constexpr const char* DTypeName(DType t) {
   switch (t) {
     case DType::kF32: return "FP32";
     case DType::kF16: return "FP16";

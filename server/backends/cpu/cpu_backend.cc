@@ -1,0 +1,140 @@
+#include "server/backends/cpu/cpu_backend.h"
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention/attention_ref.h"
+#include "kernels/gemm/gemm_ref.h"
+#include "server/core/tensor.h"
+
+namespace flashq::server {
+namespace {
+
+class CpuAttention : public AttentionExecutor {
+ public:
+  explicit CpuAttention(std::shared_ptr<ThreadPool> pool) : pool_(std::move(pool)) {}
+
+  absl::Status Run(const AttentionBatch& b, std::string* o, std::vector<float>* lse) override {
+    std::vector<float> q, k, v;
+    AppendAsFloat(b.dtype, b.q, &q);
+    AppendAsFloat(b.dtype, b.k, &k);
+    AppendAsFloat(b.dtype, b.v, &v);
+    const int batch = int(b.cu_seqlens_q.size()) - 1;
+    const int64_t total_q = b.cu_seqlens_q.back();
+    const int64_t q_row = int64_t(b.num_heads_q) * b.head_dim, kv_row = int64_t(b.num_heads_kv) * b.head_dim;
+    std::vector<float> out(total_q * q_row);
+    if (b.want_lse) lse->assign(size_t(b.num_heads_q) * total_q, 0.0f);
+    // One sequence per task: each sequence's result depends on nothing else in the batch.
+    pool_->ParallelFor(batch, [&](int s) {
+      const int32_t q0 = b.cu_seqlens_q[s], q1 = b.cu_seqlens_q[s + 1];
+      const int32_t k0 = b.cu_seqlens_k[s], k1 = b.cu_seqlens_k[s + 1];
+      const int32_t cu_q[2] = {0, q1 - q0}, cu_k[2] = {0, k1 - k0};
+      attention::AttentionShape shape{1, b.num_heads_q, b.num_heads_kv, b.head_dim, b.softmax_scale, b.causal};
+      std::vector<float> seq_lse(b.want_lse ? size_t(b.num_heads_q) * (q1 - q0) : 0);
+      attention::VarlenAttentionRef<float>(q.data() + q0 * q_row, k.data() + k0 * kv_row, v.data() + k0 * kv_row, cu_q,
+                                           cu_k, shape, out.data() + q0 * q_row, b.want_lse ? seq_lse.data() : nullptr);
+      if (b.want_lse) {
+        for (int h = 0; h < b.num_heads_q; ++h) {
+          std::memcpy(lse->data() + h * total_q + q0, seq_lse.data() + int64_t(h) * (q1 - q0), (q1 - q0) * 4);
+        }
+      }
+    });
+    o->clear();
+    AppendFromFloat(b.dtype, out.data(), int64_t(out.size()), o);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::shared_ptr<ThreadPool> pool_;
+};
+
+class CpuKvAttention : public KvAttentionExecutor {
+ public:
+  CpuKvAttention(const KvGeometry& g, std::shared_ptr<ThreadPool> pool)
+      : g_(g), pool_(std::move(pool)),
+        page_elems_(int64_t(g.page_size) * g.num_heads_kv * g.head_dim),
+        k_cache_(size_t(g.num_blocks) * page_elems_), v_cache_(size_t(g.num_blocks) * page_elems_) {}
+
+  absl::Status Run(const KvBatch& b, std::vector<std::string>* outputs) override {
+    outputs->assign(b.items.size(), std::string());
+    const int64_t kv_row = int64_t(g_.num_heads_kv) * g_.head_dim, q_row = int64_t(g_.num_heads_q) * g_.head_dim;
+    // Items are distinct sequences with disjoint blocks, so they run independently.
+    pool_->ParallelFor(int(b.items.size()), [&](int i) {
+      const KvItem& it = b.items[i];
+      std::vector<float> q, k, v;
+      AppendAsFloat(b.dtype, it.q, &q);
+      AppendAsFloat(b.dtype, it.k, &k);
+      AppendAsFloat(b.dtype, it.v, &v);
+      for (int t = 0; t < it.n; ++t) {  // append the new tokens to their pages
+        const int64_t pos = it.start_pos + t;
+        const int64_t block = (*it.blocks)[pos / g_.page_size];
+        const int64_t off = block * page_elems_ + (pos % g_.page_size) * kv_row;
+        std::memcpy(&k_cache_[off], &k[t * kv_row], kv_row * 4);
+        std::memcpy(&v_cache_[off], &v[t * kv_row], kv_row * 4);
+      }
+      const int32_t seqlen = int32_t(it.start_pos + it.n);
+      const int32_t cu_q[2] = {0, it.n};
+      attention::AttentionShape shape{1, g_.num_heads_q, g_.num_heads_kv, g_.head_dim, b.softmax_scale, true};
+      std::vector<float> o(it.n * q_row);
+      attention::PagedAttentionRef<float>(q.data(), k_cache_.data(), v_cache_.data(), it.blocks->data(),
+                                          int(it.blocks->size()), g_.page_size, &seqlen, cu_q, shape, o.data(), nullptr);
+      AppendFromFloat(b.dtype, o.data(), int64_t(o.size()), &(*outputs)[i]);
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  const KvGeometry g_;
+  std::shared_ptr<ThreadPool> pool_;
+  const int64_t page_elems_;
+  std::vector<float> k_cache_, v_cache_;  // [num_blocks, page_size, Hkv, D]
+};
+
+class CpuLinear : public LinearExecutor {
+ public:
+  explicit CpuLinear(LinearWeights w) : w_(std::move(w)) {}
+
+  absl::Status Run(DType dtype, int M, std::string_view x_bytes, std::string* y_bytes) override {
+    std::vector<float> x;
+    AppendAsFloat(dtype, x_bytes, &x);
+    std::vector<float> y(size_t(M) * w_.N);
+    switch (w_.format) {
+      case WeightFormat::kBf16: gemm::LinearRefBf16<float>(x.data(), M, w_.K, w_.bf16.data(), w_.N, y.data()); break;
+      case WeightFormat::kInt4: gemm::LinearRefInt4<float>(x.data(), M, w_.int4, y.data()); break;
+      case WeightFormat::kFp8:
+        if (w_.fp8_activations) {
+          gemm::LinearRefFp8W8A8<float>(x.data(), M, w_.fp8, /*per_row_act=*/true, y.data());
+        } else {
+          gemm::LinearRefFp8W8A16<float>(x.data(), M, w_.fp8, y.data());
+        }
+        break;
+    }
+    y_bytes->clear();
+    AppendFromFloat(dtype, y.data(), int64_t(y.size()), y_bytes);
+    return absl::OkStatus();
+  }
+
+ private:
+  LinearWeights w_;
+};
+
+}  // namespace
+
+CpuBackend::CpuBackend(const BackendOptions& options)
+    : pool_(std::make_shared<ThreadPool>(options.cpu_threads > 0 ? options.cpu_threads
+                                                                 : int(std::max(1u, std::thread::hardware_concurrency())))) {}
+
+absl::StatusOr<std::unique_ptr<AttentionExecutor>> CpuBackend::CreateAttention() {
+  return std::unique_ptr<AttentionExecutor>(new CpuAttention(pool_));
+}
+
+absl::StatusOr<std::unique_ptr<KvAttentionExecutor>> CpuBackend::CreateKvAttention(const KvGeometry& g) {
+  return std::unique_ptr<KvAttentionExecutor>(new CpuKvAttention(g, pool_));
+}
+
+absl::StatusOr<std::unique_ptr<LinearExecutor>> CpuBackend::CreateLinear(LinearWeights weights) {
+  return std::unique_ptr<LinearExecutor>(new CpuLinear(std::move(weights)));
+}
+
+}  // namespace flashq::server

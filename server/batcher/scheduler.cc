@@ -1,0 +1,161 @@
+#include "server/batcher/scheduler.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace flashq::server {
+namespace {
+uint64_t Ns(Clock::duration d) { return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); }
+double Seconds(uint64_t ns) { return double(ns) * 1e-9; }
+}  // namespace
+
+Scheduler::Scheduler(Model& model, SchedulerOptions options, ServerMetrics::Model& metrics, ModelStats& stats)
+    : model_(model), options_(options), metrics_(metrics), stats_(stats) {
+  for (int i = 0; i < std::max(1, options_.workers); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+Scheduler::~Scheduler() { Shutdown(); }
+
+absl::Status Scheduler::Enqueue(std::unique_ptr<Pending> p) {
+  absl::Status rejected;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_) {
+      rejected = absl::UnavailableError(absl::StrCat("model '", model_.name(), "' is shutting down"));
+    } else if (int64_t(queue_.size()) >= options_.max_queue_size) {
+      rejected = absl::ResourceExhaustedError(absl::StrCat("queue of model '", model_.name(), "' is full (",
+                                                           options_.max_queue_size, " requests, max_queue_size)"));
+    } else {
+      queued_tokens_ += p->work->tokens;
+      queue_.push_back(std::move(p));
+      metrics_.queue_depth->Set(double(queue_.size()));
+    }
+  }
+  if (!rejected.ok()) {
+    model_.Drop(*p->work, rejected);
+    return rejected;
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+void Scheduler::Shutdown() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_ && workers_.empty()) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+}
+
+int64_t Scheduler::depth() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return int64_t(queue_.size());
+}
+
+bool Scheduler::HasRunnable() const {
+  for (const auto& p : queue_) {
+    if (p->work->exclusive_key.empty() || !running_keys_.count(p->work->exclusive_key)) return true;
+  }
+  return false;
+}
+
+void Scheduler::FormBatch(Clock::time_point now, std::vector<std::unique_ptr<Pending>>* batch,
+                          std::vector<std::pair<std::unique_ptr<Pending>, absl::Status>>* dropped) {
+  const std::string* key = nullptr;
+  int64_t tokens = 0;
+  std::set<std::string> held;  // exclusive keys that must wait (order within a sequence)
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    Pending& p = **it;
+    absl::Status drop;
+    if (p.cancelled && p.cancelled()) {
+      drop = absl::CancelledError("request was cancelled by the client before compute");
+    } else if (p.deadline && now >= *p.deadline) {
+      drop = absl::DeadlineExceededError(absl::StrCat("request passed its deadline after ",
+                                                      Ns(now - p.enqueued) / 1000, " us in the queue of model '",
+                                                      model_.name(), "'"));
+    }
+    if (!drop.ok()) {
+      queued_tokens_ -= p.work->tokens;
+      dropped->emplace_back(std::move(*it), drop);
+      it = queue_.erase(it);
+      continue;
+    }
+    const std::string& ex = p.work->exclusive_key;
+    const bool blocked = !ex.empty() && (running_keys_.count(ex) || held.count(ex));
+    const bool fits = !key || (p.work->batch_key == *key && tokens + p.work->tokens <= options_.max_batch_tokens);
+    if (blocked || !fits) {
+      if (!ex.empty()) held.insert(ex);
+      ++it;
+      continue;
+    }
+    key = &p.work->batch_key;
+    tokens += p.work->tokens;
+    if (!ex.empty()) held.insert(ex);
+    batch->push_back(std::move(*it));
+    it = queue_.erase(it);
+  }
+  queued_tokens_ -= tokens;
+  for (const auto& p : *batch) {
+    if (!p->work->exclusive_key.empty()) running_keys_.insert(p->work->exclusive_key);
+  }
+  metrics_.queue_depth->Set(double(queue_.size()));
+}
+
+void Scheduler::WorkerLoop() {
+  for (;;) {
+    std::vector<std::unique_ptr<Pending>> batch;
+    std::vector<std::pair<std::unique_ptr<Pending>, absl::Status>> dropped;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || HasRunnable(); });
+      if (stop_ && queue_.empty()) return;
+      // Hold the batch open until the oldest request has waited max_queue_delay or
+      // the budget is full. On shutdown, run what is queued at once.
+      while (!stop_ && queued_tokens_ < options_.max_batch_tokens && !queue_.empty()) {
+        const auto close = queue_.front()->enqueued + options_.max_queue_delay;
+        if (Clock::now() >= close) break;
+        cv_.wait_until(l, close);
+      }
+      if (queue_.empty() || !HasRunnable()) continue;
+      FormBatch(Clock::now(), &batch, &dropped);
+    }
+    for (auto& [p, why] : dropped) {
+      model_.Drop(*p->work, why);
+      p->done(*p, why);
+    }
+    if (!batch.empty()) Run(batch);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (const auto& p : batch) {
+        if (!p->work->exclusive_key.empty()) running_keys_.erase(running_keys_.find(p->work->exclusive_key));
+      }
+    }
+    cv_.notify_all();
+  }
+}
+
+void Scheduler::Run(std::vector<std::unique_ptr<Pending>>& batch) {
+  const auto start = Clock::now();
+  std::vector<Work*> works;
+  int64_t tokens = 0;
+  for (auto& p : batch) {
+    p->queue_ns = Ns(start - p->enqueued);
+    works.push_back(p->work.get());
+    tokens += p->work->tokens;
+  }
+  model_.Execute(works);
+  const uint64_t compute_ns = Ns(Clock::now() - start);
+  metrics_.batch_requests->Observe(double(batch.size()));
+  metrics_.batch_tokens->Observe(double(tokens));
+  stats_.RecordBatch(batch.size(), compute_ns);
+  for (auto& p : batch) {
+    p->compute_ns = compute_ns;
+    metrics_.queue_seconds->Observe(Seconds(p->queue_ns));
+    metrics_.compute_seconds->Observe(Seconds(compute_ns));
+    p->done(*p, absl::OkStatus());
+  }
+}
+
+}  // namespace flashq::server

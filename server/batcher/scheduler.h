@@ -1,0 +1,84 @@
+// Per-model bounded queue and dynamic batcher.
+//
+// Requests wait until the oldest has waited `max_queue_delay` or the queued tokens
+// reach `max_batch_tokens`; then a worker takes, in arrival order, the requests
+// that share the oldest's batch key and fit the budget. Cancelled and expired
+// requests are answered and dropped here, before they reach a backend. Requests
+// with the same exclusive key (one KV sequence) never share a batch and never run
+// at once, so a sequence's requests run in arrival order. A full queue rejects at
+// once with RESOURCE_EXHAUSTED.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "server/core/model.h"
+#include "server/core/model_stats.h"
+#include "server/metrics/metrics.h"
+
+namespace flashq::server {
+
+using Clock = std::chrono::steady_clock;
+
+struct SchedulerOptions {
+  int64_t max_queue_size = 1024;
+  std::chrono::microseconds max_queue_delay{500};
+  int64_t max_batch_tokens = 16384;
+  int workers = 1;
+};
+
+struct Pending {
+  std::unique_ptr<Work> work;
+  Clock::time_point enqueued = Clock::now();
+  std::optional<Clock::time_point> deadline;
+  std::function<bool()> cancelled;                      // polled before compute; may be empty
+  // Called exactly once. OK: work->status and outputs hold the result.
+  std::function<void(Pending&, const absl::Status&)> done;
+  uint64_t queue_ns = 0, compute_ns = 0;                // filled by the scheduler
+};
+
+class Scheduler {
+ public:
+  Scheduler(Model& model, SchedulerOptions options, ServerMetrics::Model& metrics, ModelStats& stats);
+  ~Scheduler();
+
+  // RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE after Shutdown. On error the
+  // caller keeps ownership of nothing: the work has been dropped (Model::Drop) and
+  // `done` has NOT been called.
+  absl::Status Enqueue(std::unique_ptr<Pending> p);
+  // Stops accepting, runs everything already queued, joins the workers.
+  void Shutdown();
+  int64_t depth() const;
+
+ private:
+  void WorkerLoop();
+  // Under mu_: moves the next batch out of the queue, and requests to drop into `dropped`.
+  void FormBatch(Clock::time_point now, std::vector<std::unique_ptr<Pending>>* batch,
+                 std::vector<std::pair<std::unique_ptr<Pending>, absl::Status>>* dropped);
+  bool HasRunnable() const;
+  void Run(std::vector<std::unique_ptr<Pending>>& batch);
+
+  Model& model_;
+  const SchedulerOptions options_;
+  ServerMetrics::Model& metrics_;
+  ModelStats& stats_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Pending>> queue_;
+  int64_t queued_tokens_ = 0;
+  std::multiset<std::string> running_keys_;   // exclusive keys of batches being executed
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace flashq::server

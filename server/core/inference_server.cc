@@ -1,0 +1,157 @@
+#include "server/core/inference_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/repository/model_repository.h"
+
+namespace flashq::server {
+namespace {
+
+// gRPC code names, as Prometheus labels.
+std::string CodeName(absl::StatusCode c) {
+  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+                                 "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
+  int i = int(c);
+  return i >= 0 && i < int(std::size(kNames)) ? kNames[i] : "UNKNOWN";
+}
+
+uint64_t Ns(Clock::duration d) { return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); }
+
+absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfig& c, const InferenceServerOptions& o) {
+  SchedulerOptions s;
+  int64_t size = 1024, delay = 500;
+  if (c.has_dynamic_batching()) {
+    delay = int64_t(c.dynamic_batching().max_queue_delay_microseconds());
+    if (c.dynamic_batching().default_queue_policy().max_queue_size() > 0) {
+      size = c.dynamic_batching().default_queue_policy().max_queue_size();
+    }
+  }
+  auto p_size = ConfigIntParam(c, "max_queue_size", size);
+  auto p_delay = ConfigIntParam(c, "max_queue_delay_us", delay);
+  auto p_tokens = ConfigIntParam(c, "max_batch_tokens", 16384);
+  for (const auto* v : {&p_size, &p_delay, &p_tokens}) {
+    if (!v->ok()) return v->status();
+  }
+  s.max_queue_size = o.max_queue_size.value_or(*p_size);
+  s.max_queue_delay = std::chrono::microseconds(o.max_queue_delay_us.value_or(*p_delay));
+  s.max_batch_tokens = o.max_batch_tokens.value_or(*p_tokens);
+  s.workers = o.workers_per_model;
+  if (s.max_queue_size < 1 || s.max_batch_tokens < 1 || s.max_queue_delay.count() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", c.name(),
+                                                   "': max_queue_size and max_batch_tokens must be >= 1, max_queue_delay_us >= 0"));
+  }
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Create(const std::vector<ModelEntry>& entries,
+                                                                         Backend& backend, ServerMetrics& metrics,
+                                                                         const InferenceServerOptions& options) {
+  std::unique_ptr<InferenceServer> server(new InferenceServer(metrics));
+  for (const ModelEntry& e : entries) {
+    auto sched = SchedulerOptionsFor(e.config, options);
+    if (!sched.ok()) return sched.status();
+    auto model = CreateModel(e, backend, options.load);
+    if (!model.ok()) return model.status();
+    Served s;
+    s.model = std::move(*model);
+    s.stats = std::make_unique<ModelStats>();
+    s.metrics = &metrics.ForModel(e.config.name());
+    s.scheduler = std::make_unique<Scheduler>(*s.model, *sched, *s.metrics, *s.stats);
+    server->models_.emplace(e.config.name(), std::move(s));
+  }
+  server->housekeeping_ = std::thread([s = server.get()] { s->Housekeeping(); });
+  return server;
+}
+
+InferenceServer::~InferenceServer() {
+  Drain();
+  stop_housekeeping_ = true;
+  if (housekeeping_.joinable()) housekeeping_.join();
+}
+
+void InferenceServer::Housekeeping() {
+  while (!stop_housekeeping_) {
+    for (auto& [name, s] : models_) s.model->Tick(Clock::now());
+    for (int i = 0; i < 10 && !stop_housekeeping_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+void InferenceServer::Drain() {
+  draining_ = true;
+  for (auto& [name, s] : models_) s.scheduler->Shutdown();
+}
+
+const Model* InferenceServer::FindModel(const std::string& name) const {
+  auto it = models_.find(name);
+  return it == models_.end() ? nullptr : it->second.model.get();
+}
+
+std::vector<const Model*> InferenceServer::models() const {
+  std::vector<const Model*> out;
+  for (const auto& [name, s] : models_) out.push_back(s.model.get());
+  return out;
+}
+
+void InferenceServer::FillStatistics(const std::string& name, inference::ModelStatisticsResponse* out) const {
+  for (const auto& [n, s] : models_) {
+    if (!name.empty() && n != name) continue;
+    auto* m = out->add_model_stats();
+    m->set_name(n);
+    m->set_version("1");
+    s.stats->Fill(m);
+  }
+}
+
+void InferenceServer::Infer(const inference::ModelInferRequest& request, std::optional<Clock::time_point> deadline,
+                            std::function<bool()> cancelled, Done done) {
+  const auto start = Clock::now();
+  auto it = models_.find(request.model_name());
+  if (it == models_.end()) {
+    std::vector<std::string> names;
+    for (const auto& [n, s] : models_) names.push_back(n);
+    metrics_.CountRequest(request.model_name().empty() ? "(none)" : "(unknown)", "NOT_FOUND");
+    done(absl::NotFoundError(absl::StrCat("unknown model '", request.model_name(), "'; this server serves ",
+                                          absl::StrJoin(names, ", "))),
+         nullptr);
+    return;
+  }
+  Served& s = it->second;
+  auto finish = [this, &s, start](const absl::Status& status, Work* work, uint64_t queue_ns, uint64_t compute_ns,
+                                  const Done& done) {
+    absl::Status st = status.ok() && work ? work->status : status;
+    const uint64_t total_ns = Ns(Clock::now() - start);
+    if (st.ok()) {
+      s.stats->RecordSuccess(total_ns, queue_ns, compute_ns);
+      s.metrics->total_seconds->Observe(double(total_ns) * 1e-9);
+    } else {
+      s.stats->RecordFailure(total_ns);
+    }
+    metrics_.CountRequest(s.model->name(), CodeName(st.code()));
+    s.metrics->inflight->Decrement();
+    done(st, work);
+  };
+  s.metrics->inflight->Increment();
+  if (draining_) {
+    finish(absl::UnavailableError("server is shutting down"), nullptr, 0, 0, done);
+    return;
+  }
+  auto work = s.model->Prepare(request);
+  if (!work.ok()) {
+    finish(work.status(), nullptr, 0, 0, done);
+    return;
+  }
+  auto p = std::make_unique<Pending>();
+  p->work = std::move(*work);
+  p->enqueued = start;
+  p->deadline = deadline;
+  p->cancelled = std::move(cancelled);
+  p->done = [finish, done](Pending& p, const absl::Status& st) { finish(st, p.work.get(), p.queue_ns, p.compute_ns, done); };
+  absl::Status admitted = s.scheduler->Enqueue(std::move(p));
+  if (!admitted.ok()) finish(admitted, nullptr, 0, 0, done);
+}
+
+}  // namespace flashq::server

@@ -1,0 +1,70 @@
+// The models, their schedulers and the request path between the frontend and the
+// backends: decode and validate, admit into the model's bounded queue, answer
+// exactly once, and record metrics at every stage.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/backends/backend.h"
+#include "server/batcher/scheduler.h"
+#include "server/core/model.h"
+#include "server/core/model_stats.h"
+#include "server/metrics/metrics.h"
+#include "server/models/model_factory.h"
+
+namespace flashq::server {
+
+struct InferenceServerOptions {
+  // Overrides of the models' config (unset: each model's own setting).
+  std::optional<int64_t> max_queue_size;
+  std::optional<int64_t> max_queue_delay_us;
+  std::optional<int64_t> max_batch_tokens;
+  int workers_per_model = 1;
+  ModelLoadOptions load;
+};
+
+class InferenceServer {
+ public:
+  // Loads every model; fails if any fails (naming it).
+  static absl::StatusOr<std::unique_ptr<InferenceServer>> Create(const std::vector<ModelEntry>& entries,
+                                                                 Backend& backend, ServerMetrics& metrics,
+                                                                 const InferenceServerOptions& options);
+  ~InferenceServer();
+
+  // Called exactly once per request: with the finished work, or with an error (work may be null).
+  using Done = std::function<void(const absl::Status&, Work* work)>;
+  void Infer(const inference::ModelInferRequest& request, std::optional<Clock::time_point> deadline,
+             std::function<bool()> cancelled, Done done);
+
+  const Model* FindModel(const std::string& name) const;
+  std::vector<const Model*> models() const;
+  void FillStatistics(const std::string& name, inference::ModelStatisticsResponse* out) const;
+  // Stops admitting (UNAVAILABLE), runs everything queued, stops the schedulers.
+  void Drain();
+
+ private:
+  struct Served {
+    std::unique_ptr<Model> model;
+    std::unique_ptr<ModelStats> stats;
+    ServerMetrics::Model* metrics = nullptr;
+    std::unique_ptr<Scheduler> scheduler;
+  };
+  InferenceServer(ServerMetrics& metrics) : metrics_(metrics) {}
+  void Housekeeping();
+
+  ServerMetrics& metrics_;
+  std::map<std::string, Served> models_;
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> stop_housekeeping_{false};
+  std::thread housekeeping_;
+};
+
+}  // namespace flashq::server

@@ -1,0 +1,40 @@
+// A served model. Each kind (attention, kv_attention, linear) decodes and checks
+// its requests, merges a batch into one ragged launch and splits the results; the
+// arithmetic is delegated to an executor made by the backend (cpu or cuda).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpc_service.pb.h"
+#include "model_config.pb.h"
+#include "server/core/work.h"
+
+namespace flashq::server {
+
+class Model {
+ public:
+  explicit Model(inference::ModelConfig config) : config_(std::move(config)) {}
+  virtual ~Model() = default;
+
+  const std::string& name() const { return config_.name(); }
+  const inference::ModelConfig& config() const { return config_; }
+
+  // Decodes and validates one request (on the gRPC thread). Errors name the tensor,
+  // the parameter or the limit, and the expected value.
+  virtual absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request) = 0;
+  // Runs a batch of works that share a batch_key; sets each work's status and outputs.
+  virtual void Execute(const std::vector<Work*>& batch) = 0;
+  // A prepared work that will never run (cancelled, timed out, queue full, shutdown).
+  virtual void Drop(Work& work, const absl::Status& why) {}
+  // Called about once a second (idle session reaping and similar housekeeping).
+  virtual void Tick(std::chrono::steady_clock::time_point now) {}
+
+ private:
+  inference::ModelConfig config_;
+};
+
+}  // namespace flashq::server

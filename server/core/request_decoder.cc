@@ -1,0 +1,160 @@
+#include "server/core/request_decoder.h"
+
+#include <cstring>
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace flashq::server {
+namespace {
+
+// Typed `contents` (used by clients that do not send raw bytes) as raw little-endian bytes.
+std::unique_ptr<std::string> ContentsAsRaw(DType t, const inference::InferTensorContents& c) {
+  auto out = std::make_unique<std::string>();
+  auto put = [&](const auto& field) {
+    using T = typename std::decay_t<decltype(field)>::value_type;
+    out->resize(field.size() * sizeof(T));
+    if (!field.empty()) std::memcpy(out->data(), field.data(), out->size());
+  };
+  switch (t) {
+    case DType::kF32: put(c.fp32_contents()); break;
+    case DType::kI32: put(c.int_contents()); break;
+    case DType::kI64: put(c.int64_contents()); break;
+    default: break;  // FP16/BF16 have no typed field in the protocol: raw only
+  }
+  return out;
+}
+
+}  // namespace
+
+const InputTensor* DecodedInputs::Find(const std::string& name) const {
+  auto it = tensors.find(name);
+  return it == tensors.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& request,
+                                           const inference::ModelConfig& config) {
+  const std::string& model = config.name();
+  const int n_raw = request.raw_input_contents_size();
+  if (n_raw != 0 && n_raw != request.inputs_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", model, "': ", request.inputs_size(),
+                                                   " inputs but ", n_raw, " raw_input_contents; expected one each"));
+  }
+  std::vector<std::string> declared;
+  for (const auto& in : config.input()) declared.push_back(in.name());
+
+  DecodedInputs out;
+  for (int i = 0; i < request.inputs_size(); ++i) {
+    const auto& in = request.inputs(i);
+    if (std::find(declared.begin(), declared.end(), in.name()) == declared.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", model, "' has no input '", in.name(),
+                                                     "'; its inputs are ", absl::StrJoin(declared, ", ")));
+    }
+    if (out.tensors.count(in.name())) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", in.name(), "' appears twice"));
+    }
+    auto dtype = ParseDType(in.datatype());
+    if (!dtype) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", in.name(), "' has unsupported datatype '",
+                                                     in.datatype(), "'"));
+    }
+    InputTensor t;
+    t.name = in.name();
+    t.dtype = *dtype;
+    for (int64_t d : in.shape()) {
+      if (d < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("input '", in.name(), "' has a negative dimension in shape ",
+                                                       ShapeString({in.shape().begin(), in.shape().end()})));
+      }
+      t.shape.push_back(d);
+    }
+    const int64_t expected = NumElements(t.shape) * DTypeSize(t.dtype);
+    if (n_raw) {
+      t.data = request.raw_input_contents(i);
+    } else {
+      out.owned.push_back(ContentsAsRaw(t.dtype, in.contents()));
+      t.data = *out.owned.back();
+    }
+    if (int64_t(t.data.size()) != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input '", in.name(), "': shape ", ShapeString(t.shape), " of ", in.datatype(), " needs ", expected,
+          " bytes but ", t.data.size(), " were sent"));
+    }
+    out.tensors.emplace(t.name, std::move(t));
+  }
+  for (const auto& o : request.outputs()) {
+    bool known = false;
+    for (const auto& co : config.output()) known |= co.name() == o.name();
+    if (!known) {
+      std::vector<std::string> names;
+      for (const auto& co : config.output()) names.push_back(co.name());
+      return absl::InvalidArgumentError(absl::StrCat("model '", model, "' has no output '", o.name(),
+                                                     "'; its outputs are ", absl::StrJoin(names, ", ")));
+    }
+  }
+  for (const auto& in : config.input()) {
+    if (!in.optional() && !out.tensors.count(in.name())) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", model, "' requires input '", in.name(), "'"));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<bool> BoolParam(const inference::ModelInferRequest& request, const std::string& key, bool def) {
+  auto it = request.parameters().find(key);
+  if (it == request.parameters().end()) return def;
+  const auto& p = it->second;
+  switch (p.parameter_choice_case()) {
+    case inference::InferParameter::kBoolParam: return p.bool_param();
+    case inference::InferParameter::kInt64Param: return p.int64_param() != 0;
+    case inference::InferParameter::kStringParam:
+      if (p.string_param() == "true" || p.string_param() == "1") return true;
+      if (p.string_param() == "false" || p.string_param() == "0") return false;
+      [[fallthrough]];
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", key, "' must be a bool"));
+  }
+}
+
+absl::StatusOr<std::optional<double>> DoubleParam(const inference::ModelInferRequest& request, const std::string& key) {
+  auto it = request.parameters().find(key);
+  if (it == request.parameters().end()) return std::optional<double>();
+  const auto& p = it->second;
+  switch (p.parameter_choice_case()) {
+    case inference::InferParameter::kDoubleParam: return std::optional<double>(p.double_param());
+    case inference::InferParameter::kInt64Param: return std::optional<double>(double(p.int64_param()));
+    case inference::InferParameter::kStringParam: {
+      char* end = nullptr;
+      double v = std::strtod(p.string_param().c_str(), &end);
+      if (end && *end == '\0' && !p.string_param().empty()) return std::optional<double>(v);
+      [[fallthrough]];
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", key, "' must be a number"));
+  }
+}
+
+absl::StatusOr<std::string> SequenceIdParam(const inference::ModelInferRequest& request) {
+  auto it = request.parameters().find("sequence_id");
+  if (it == request.parameters().end()) return std::string();
+  const auto& p = it->second;
+  switch (p.parameter_choice_case()) {
+    case inference::InferParameter::kUint64Param:
+      return p.uint64_param() ? std::to_string(p.uint64_param()) : std::string();
+    case inference::InferParameter::kInt64Param:
+      return p.int64_param() ? std::to_string(p.int64_param()) : std::string();
+    case inference::InferParameter::kStringParam: return p.string_param();
+    default: return absl::InvalidArgumentError("parameter 'sequence_id' must be an integer or a string");
+  }
+}
+
+bool WantsOutput(const inference::ModelInferRequest& request, const std::string& name, bool by_default) {
+  if (request.outputs_size() == 0) return by_default;
+  for (const auto& o : request.outputs()) {
+    if (o.name() == name) return true;
+  }
+  return false;
+}
+
+}  // namespace flashq::server

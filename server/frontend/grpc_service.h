@@ -1,0 +1,52 @@
+// inference.GRPCInferenceService (KServe v2 + Triton extensions) on gRPC's
+// callback API: no thread waits while a request sits in a queue or on a GPU.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "grpc_service.grpc.pb.h"
+#include "server/core/inference_server.h"
+
+namespace flashq::server {
+
+class GrpcInferenceService final : public inference::GRPCInferenceService::CallbackService {
+ public:
+  explicit GrpcInferenceService(std::string version) : version_(std::move(version)) {}
+
+  // Until models are loaded the service is live but not ready, and inference gets UNAVAILABLE.
+  void SetServer(InferenceServer* server) { server_.store(server); }
+  void SetReady(bool ready) { ready_.store(ready); }
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext*, const inference::ServerLiveRequest*,
+                                       inference::ServerLiveResponse*) override;
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext*, const inference::ServerReadyRequest*,
+                                        inference::ServerReadyResponse*) override;
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext*, const inference::ModelReadyRequest*,
+                                       inference::ModelReadyResponse*) override;
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext*, const inference::ServerMetadataRequest*,
+                                           inference::ServerMetadataResponse*) override;
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext*, const inference::ModelMetadataRequest*,
+                                          inference::ModelMetadataResponse*) override;
+  grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext*, const inference::ModelConfigRequest*,
+                                        inference::ModelConfigResponse*) override;
+  grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext*, const inference::ModelStatisticsRequest*,
+                                            inference::ModelStatisticsResponse*) override;
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext*, const inference::ModelInferRequest*,
+                                       inference::ModelInferResponse*) override;
+  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>* ModelStreamInfer(
+      grpc::CallbackServerContext*) override;
+
+ private:
+  const inference::ModelConfig* FindConfig(const std::string& name, grpc::Status* error) const;
+  const std::string version_;
+  std::atomic<InferenceServer*> server_{nullptr};
+  std::atomic<bool> ready_{false};
+};
+
+// Copies a finished work's outputs into a response (raw_output_contents).
+void FillInferResponse(const inference::ModelInferRequest& request, const Work& work,
+                       inference::ModelInferResponse* response);
+grpc::Status ToGrpc(const absl::Status& s);
+
+}  // namespace flashq::server

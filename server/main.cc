@@ -1,0 +1,180 @@
+// flashq-server: KServe v2 gRPC inference server for fused attention and
+// quantized linear layers. See README.md for the flags, models and metrics.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/core/inference_server.h"
+#include "server/frontend/grpc_service.h"
+#include "server/metrics/http_exposer.h"
+#include "server/repository/demo_repository.h"
+#include "server/repository/model_repository.h"
+#ifdef FLASHQ_CUDA_BACKEND
+#include "server/backends/cuda/cuda_backend.h"
+#endif
+
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on (gRPC and metrics).");
+ABSL_FLAG(int, grpc_port, 8001, "gRPC port (KServe v2 inference protocol, health, reflection).");
+ABSL_FLAG(int, metrics_port, 8002, "HTTP port serving Prometheus metrics at /metrics; 0 disables.");
+ABSL_FLAG(std::string, model_repository, "",
+          "Model repository: one folder per model with config.pbtxt (and model.safetensors for linear layers). "
+          "Empty: generate the embedded Llama-3-8B-shaped demo repository.");
+ABSL_FLAG(std::string, demo_cache_dir, "",
+          "Where the demo repository is generated and cached (default $XDG_CACHE_HOME/flashq or ~/.cache/flashq).");
+ABSL_FLAG(std::string, backend, "auto", "Compute backend: auto (cuda when a GPU is visible, else cpu), cpu or cuda.");
+ABSL_FLAG(int64_t, max_queue_delay_us, -1, "Override every model's max queue delay in microseconds (-1: per model).");
+ABSL_FLAG(int64_t, max_queue_size, -1, "Override every model's bounded queue length (-1: per model).");
+ABSL_FLAG(int64_t, max_batch_tokens, -1, "Override every model's token budget per batch (-1: per model).");
+ABSL_FLAG(int64_t, grpc_max_message_bytes, 64 << 20,
+          "Largest gRPC message accepted or sent; larger requests get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, kv_cache_blocks, 0, "Override kv_attention's number of KV-cache blocks (0: per model).");
+ABSL_FLAG(bool, batch_invariant, true,
+          "Batch-invariant mode: a request's output is bitwise identical whatever else shares its batch.");
+ABSL_FLAG(int, workers_per_model, 1, "Batches executed concurrently per model.");
+ABSL_FLAG(int, cpu_threads, 0, "Threads of the CPU backend (0: all cores).");
+
+namespace flashq::server {
+namespace {
+
+std::string DefaultCacheDir() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/flashq";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/flashq";
+  return "/tmp/flashq-cache";
+}
+
+std::optional<int64_t> Override(int64_t v) { return v >= 0 ? std::optional<int64_t>(v) : std::nullopt; }
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& kind, const BackendOptions& options,
+                                                     ServerMetrics& metrics) {
+#ifdef FLASHQ_CUDA_BACKEND
+  if (kind == "cuda" || (kind == "auto" && CudaDeviceCount() > 0)) return CreateCudaBackend(options, metrics);
+#else
+  if (kind == "cuda") return absl::FailedPreconditionError("this build has no CUDA backend (built without nvcc)");
+#endif
+  if (kind != "cpu" && kind != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("--backend=", kind, ": expected auto, cpu or cuda"));
+  }
+  return std::unique_ptr<Backend>(new CpuBackend(options));
+}
+
+int Run() {
+  // Signals are taken by one thread with sigwait, so block them everywhere first.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since_start = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  ServerMetrics metrics(registry);
+  std::unique_ptr<MetricsHttpServer> metrics_http;
+  const std::string host = absl::GetFlag(FLAGS_host);
+  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
+    auto m = MetricsHttpServer::Start(host, absl::GetFlag(FLAGS_metrics_port), registry);
+    if (!m.ok()) {
+      std::cerr << "flashq-server: metrics: " << m.status() << "\n";
+      return 1;
+    }
+    metrics_http = std::move(*m);
+  }
+
+  // gRPC first, so that liveness and health answer while the models load.
+  GrpcInferenceService service(FLASHQ_VERSION);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_grpc_port)), grpc::InsecureServerCredentials(),
+                           &bound_port);
+  const int max_msg = int(std::min<int64_t>(absl::GetFlag(FLAGS_grpc_max_message_bytes), INT32_MAX));
+  builder.SetMaxReceiveMessageSize(max_msg);
+  builder.SetMaxSendMessageSize(max_msg);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
+  if (!grpc_server || bound_port == 0) {
+    std::cerr << "flashq-server: cannot listen on " << host << ":" << absl::GetFlag(FLAGS_grpc_port) << "\n";
+    return 1;
+  }
+  auto* health = grpc_server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  std::cerr << "flashq-server: gRPC on " << host << ":" << bound_port << ", metrics on :"
+            << (metrics_http ? metrics_http->port() : 0) << "\n";
+
+  std::string repo = absl::GetFlag(FLAGS_model_repository);
+  if (repo.empty()) {
+    std::string cache = absl::GetFlag(FLAGS_demo_cache_dir);
+    auto demo = EnsureDemoRepository(cache.empty() ? DefaultCacheDir() : cache);
+    if (!demo.ok()) {
+      std::cerr << "flashq-server: demo repository: " << demo.status() << "\n";
+      return 1;
+    }
+    repo = *demo;
+  }
+  auto entries = ScanModelRepository(repo);
+  if (!entries.ok()) {
+    std::cerr << "flashq-server: " << entries.status() << "\n";
+    return 1;
+  }
+  BackendOptions bopts;
+  bopts.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  bopts.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  auto backend = MakeBackend(absl::GetFlag(FLAGS_backend), bopts, metrics);
+  if (!backend.ok()) {
+    std::cerr << "flashq-server: backend: " << backend.status() << "\n";
+    return 1;
+  }
+  InferenceServerOptions opts;
+  opts.max_queue_size = Override(absl::GetFlag(FLAGS_max_queue_size));
+  opts.max_queue_delay_us = Override(absl::GetFlag(FLAGS_max_queue_delay_us));
+  opts.max_batch_tokens = Override(absl::GetFlag(FLAGS_max_batch_tokens));
+  opts.workers_per_model = std::max(1, absl::GetFlag(FLAGS_workers_per_model));
+  opts.load.kv_cache_blocks = absl::GetFlag(FLAGS_kv_cache_blocks);
+  auto server = InferenceServer::Create(*entries, **backend, metrics, opts);
+  if (!server.ok()) {
+    std::cerr << "flashq-server: " << server.status() << "\n";
+    return 1;
+  }
+  service.SetServer(server->get());
+  service.SetReady(true);
+  health->SetServingStatus(true);
+  std::cerr << "flashq-server: " << (*server)->models().size() << " models from " << repo << " on the "
+            << (*backend)->name() << " backend\n";
+  std::cerr << "flashq-server ready in " << since_start() << " s" << std::endl;
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::cerr << "flashq-server: signal " << sig << ", draining\n";
+  // Stop admitting, answer everything queued, then close gRPC.
+  service.SetReady(false);
+  health->SetServingStatus(false);
+  (*server)->Drain();
+  grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc_server->Wait();
+  server->reset();
+  std::cerr << "flashq-server: stopped" << std::endl;
+  return 0;
+}
+
+}  // namespace
+}  // namespace flashq::server
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "flashq-server: KServe v2 gRPC server for fused attention and quantized linear layers.\n"
+      "Usage: flashq-server [--model-repository=DIR] [--grpc-port=8001] [--metrics-port=8002] [--backend=auto]");
+  absl::ParseCommandLine(argc, argv);
+  return flashq::server::Run();
+}

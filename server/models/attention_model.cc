@@ -1,0 +1,218 @@
+#include "server/models/attention_model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "kernels/attention/attention_ref.h"
+#include "server/core/request_decoder.h"
+#include "server/repository/model_repository.h"
+
+namespace flashq::server {
+namespace {
+
+struct AttentionWork : Work {
+  DecodedInputs inputs;
+  const InputTensor *q = nullptr, *k = nullptr, *v = nullptr;
+  std::vector<int32_t> cu_q, cu_k;
+  int hq = 0, hkv = 0, d = 0;
+  bool causal = false, want_o = true, want_lse = false;
+  float scale = 1.0f;
+};
+
+std::vector<int32_t> ReadInt32(const InputTensor& t) {
+  std::vector<int32_t> v(NumElements(t.shape));
+  if (!v.empty()) std::memcpy(v.data(), t.data.data(), v.size() * 4);
+  return v;
+}
+
+absl::Status CheckCu(const InputTensor& t, int64_t total, int* batch) {
+  if (t.dtype != DType::kI32 || t.shape.size() != 1 || t.shape[0] < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("input '", t.name, "' must be INT32 of shape [n + 1] with n >= 1; got ",
+                                                   DTypeName(t.dtype), " ", ShapeString(t.shape)));
+  }
+  *batch = int(t.shape[0] - 1);
+  auto cu = ReadInt32(t);
+  Status s = attention::CheckCuSeqlens(cu.data(), *batch, total);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("input '", t.name, "': ", s.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> AttentionModel::Create(inference::ModelConfig config, Backend& backend) {
+  auto max_tokens = ConfigIntParam(config, "max_batch_tokens", 16384);
+  if (!max_tokens.ok()) return max_tokens.status();
+  std::set<int> dims;
+  for (absl::string_view s : absl::StrSplit(ConfigParam(config, "head_dims", "64,128,256"), ',', absl::SkipEmpty())) {
+    int d;
+    if (!absl::SimpleAtoi(s, &d) || d <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", config.name(), "': bad head_dims entry '", s, "'"));
+    }
+    dims.insert(d);
+  }
+  auto exec = backend.CreateAttention();
+  if (!exec.ok()) return exec.status();
+  return std::unique_ptr<Model>(new AttentionModel(std::move(config), std::move(*exec), *max_tokens, std::move(dims)));
+}
+
+AttentionModel::AttentionModel(inference::ModelConfig config, std::unique_ptr<AttentionExecutor> executor,
+                               int64_t max_tokens, std::set<int> head_dims)
+    : Model(std::move(config)), executor_(std::move(executor)), max_tokens_(max_tokens), head_dims_(std::move(head_dims)) {}
+
+absl::StatusOr<std::unique_ptr<Work>> AttentionModel::Prepare(const inference::ModelInferRequest& request) {
+  auto w = std::make_unique<AttentionWork>();
+  auto decoded = DecodeInputs(request, config());
+  if (!decoded.ok()) return decoded.status();
+  w->inputs = std::move(*decoded);
+  w->q = w->inputs.Find("Q");
+  w->k = w->inputs.Find("K");
+  w->v = w->inputs.Find("V");
+  const InputTensor *q = w->q, *k = w->k, *v = w->v;
+
+  for (const InputTensor* t : {q, k, v}) {
+    if (t->dtype != DType::kF16 && t->dtype != DType::kBF16 && t->dtype != DType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", t->name, "' has datatype ", DTypeName(t->dtype),
+                                                     "; expected FP16, BF16 or FP32"));
+    }
+    if (t->shape.size() != 3) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", t->name, "' must have rank 3 [tokens, heads, head_dim]; got ",
+                                                     ShapeString(t->shape)));
+    }
+  }
+  if (k->dtype != q->dtype || v->dtype != q->dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("Q, K and V must share one datatype; got Q ", DTypeName(q->dtype),
+                                                   ", K ", DTypeName(k->dtype), ", V ", DTypeName(v->dtype)));
+  }
+  if (v->shape != k->shape) {
+    return absl::InvalidArgumentError(absl::StrCat("input 'V' has shape ", ShapeString(v->shape),
+                                                   "; expected the shape of 'K', ", ShapeString(k->shape)));
+  }
+  w->hq = int(q->shape[1]);
+  w->hkv = int(k->shape[1]);
+  w->d = int(q->shape[2]);
+  if (k->shape[2] != w->d) {
+    return absl::InvalidArgumentError(absl::StrCat("input 'K' has head_dim ", k->shape[2], "; expected ", w->d,
+                                                   " (the head_dim of 'Q')"));
+  }
+  if (!head_dims_.count(w->d)) {
+    std::vector<int> dims(head_dims_.begin(), head_dims_.end());
+    return absl::InvalidArgumentError(absl::StrCat("input 'Q' has head_dim ", w->d, "; this model supports ",
+                                                   absl::StrJoin(dims, ", ")));
+  }
+  if (w->hq == 0 || w->hkv == 0 || w->hq % w->hkv != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_heads_q (", w->hq, ", dim 1 of 'Q') must be a positive multiple of num_heads_kv (",
+                                                   w->hkv, ", dim 1 of 'K')"));
+  }
+  const int64_t total_q = q->shape[0], total_k = k->shape[0];
+  const InputTensor* cq = w->inputs.Find("CU_SEQLENS_Q");
+  const InputTensor* ck = w->inputs.Find("CU_SEQLENS_K");
+  if (!cq && !ck) {
+    w->cu_q = {0, int32_t(total_q)};
+    w->cu_k = {0, int32_t(total_k)};
+  } else {
+    if (!cq || (!ck && total_q != total_k)) {
+      return absl::InvalidArgumentError(
+          "CU_SEQLENS_Q and CU_SEQLENS_K must be sent together (CU_SEQLENS_Q alone is allowed only when Q and K have equal lengths)");
+    }
+    int bq = 0, bk = 0;
+    if (auto s = CheckCu(*cq, total_q, &bq); !s.ok()) return s;
+    w->cu_q = ReadInt32(*cq);
+    if (ck) {
+      if (auto s = CheckCu(*ck, total_k, &bk); !s.ok()) return s;
+      if (bk != bq) {
+        return absl::InvalidArgumentError(absl::StrCat("CU_SEQLENS_Q describes ", bq, " sequences but CU_SEQLENS_K describes ", bk));
+      }
+      w->cu_k = ReadInt32(*ck);
+    } else {
+      w->cu_k = w->cu_q;
+    }
+  }
+  auto causal = BoolParam(request, "causal", false);
+  if (!causal.ok()) return causal.status();
+  w->causal = *causal;
+  auto scale = DoubleParam(request, "softmax_scale");
+  if (!scale.ok()) return scale.status();
+  w->scale = scale->has_value() ? float(**scale) : float(1.0 / std::sqrt(double(w->d)));
+  if (!(w->scale > 0.0f) || !std::isfinite(w->scale)) {
+    return absl::InvalidArgumentError("parameter 'softmax_scale' must be a finite number > 0");
+  }
+  w->want_o = WantsOutput(request, "O", true);
+  w->want_lse = WantsOutput(request, "LSE", false);
+  w->tokens = std::max(total_q, total_k);
+  if (w->tokens > max_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat("request has ", w->tokens, " tokens; model '", name(),
+                                                   "' takes at most max_batch_tokens=", max_tokens_, " per request"));
+  }
+  w->batch_key = absl::StrCat(DTypeName(q->dtype), "/", w->hq, "/", w->hkv, "/", w->d, "/", w->causal, "/",
+                              FloatBits(w->scale), "/", w->want_lse);
+  return std::unique_ptr<Work>(std::move(w));
+}
+
+void AttentionModel::Execute(const std::vector<Work*>& batch) {
+  const auto& first = static_cast<const AttentionWork&>(*batch[0]);
+  AttentionBatch b;
+  b.dtype = first.q->dtype;
+  b.num_heads_q = first.hq;
+  b.num_heads_kv = first.hkv;
+  b.head_dim = first.d;
+  b.causal = first.causal;
+  b.softmax_scale = first.scale;
+  b.want_lse = first.want_lse;
+  b.cu_seqlens_q = {0};
+  b.cu_seqlens_k = {0};
+  std::string q, k, v;  // merged only when the batch has several requests
+  for (Work* wp : batch) {
+    const auto& w = static_cast<const AttentionWork&>(*wp);
+    const int32_t oq = b.cu_seqlens_q.back(), ok = b.cu_seqlens_k.back();
+    for (size_t i = 1; i < w.cu_q.size(); ++i) {
+      b.cu_seqlens_q.push_back(oq + w.cu_q[i]);
+      b.cu_seqlens_k.push_back(ok + w.cu_k[i]);
+      b.max_seqlen_q = std::max(b.max_seqlen_q, w.cu_q[i] - w.cu_q[i - 1]);
+      b.max_seqlen_k = std::max(b.max_seqlen_k, w.cu_k[i] - w.cu_k[i - 1]);
+    }
+    if (batch.size() > 1) {
+      q.append(w.q->data);
+      k.append(w.k->data);
+      v.append(w.v->data);
+    }
+  }
+  if (batch.size() > 1) {
+    b.q = q;
+    b.k = k;
+    b.v = v;
+  } else {
+    b.q = first.q->data;
+    b.k = first.k->data;
+    b.v = first.v->data;
+  }
+  std::string o;
+  std::vector<float> lse;
+  absl::Status s = executor_->Run(b, &o, &lse);
+  const int64_t row_bytes = int64_t(b.num_heads_q) * b.head_dim * DTypeSize(b.dtype);
+  const int64_t total_q = b.cu_seqlens_q.back();
+  int64_t q_off = 0;
+  for (Work* wp : batch) {
+    auto& w = static_cast<AttentionWork&>(*wp);
+    const int64_t tq = w.q->shape[0];
+    w.status = s;
+    if (s.ok()) {
+      if (w.want_o) {
+        w.outputs.push_back({"O", b.dtype, {tq, w.hq, w.d}, o.substr(q_off * row_bytes, tq * row_bytes)});
+      }
+      if (w.want_lse) {
+        OutputTensor t{"LSE", DType::kF32, {w.hq, tq}, std::string(size_t(w.hq * tq * 4), '\0')};
+        for (int h = 0; h < w.hq; ++h) {
+          std::memcpy(t.data.data() + h * tq * 4, lse.data() + h * total_q + q_off, tq * 4);
+        }
+        w.outputs.push_back(std::move(t));
+      }
+    }
+    q_off += tq;
+  }
+}
+
+}  // namespace flashq::server

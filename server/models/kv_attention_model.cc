@@ -1,0 +1,132 @@
+#include "server/models/kv_attention_model.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "server/core/request_decoder.h"
+#include "server/repository/model_repository.h"
+
+namespace flashq::server {
+namespace {
+
+struct KvWork : Work {
+  DecodedInputs inputs;
+  const InputTensor *q = nullptr, *k = nullptr, *v = nullptr;
+  KvReservation reservation;
+  bool reserved = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> KvAttentionModel::Create(inference::ModelConfig config, Backend& backend,
+                                                                int kv_cache_blocks) {
+  KvGeometry g;
+  int64_t max_tokens = 0, idle_s = 0;
+  struct P { const char* key; int64_t def; int64_t* out; };
+  int64_t hq, hkv, d, page, blocks;
+  for (P p : {P{"num_heads_q", 32, &hq}, P{"num_heads_kv", 8, &hkv}, P{"head_dim", 128, &d}, P{"page_size", 16, &page},
+              P{"num_blocks", 512, &blocks}, P{"max_tokens_per_sequence", 8192, &max_tokens},
+              P{"session_idle_timeout_s", 600, &idle_s}}) {
+    auto v = ConfigIntParam(config, p.key, p.def);
+    if (!v.ok()) return v.status();
+    if (*v <= 0) return absl::InvalidArgumentError(absl::StrCat("model '", config.name(), "': ", p.key, " must be > 0"));
+    *p.out = *v;
+  }
+  if (hq % hkv != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", config.name(), "': num_heads_q ", hq,
+                                                   " is not a multiple of num_heads_kv ", hkv));
+  }
+  if (kv_cache_blocks > 0) blocks = kv_cache_blocks;
+  g.num_heads_q = int(hq);
+  g.num_heads_kv = int(hkv);
+  g.head_dim = int(d);
+  g.page_size = int(page);
+  g.num_blocks = int(blocks);
+  g.max_blocks_per_sequence = int((max_tokens + page - 1) / page);
+  auto exec = backend.CreateKvAttention(g);
+  if (!exec.ok()) return exec.status();
+  auto sessions = std::make_unique<KvSessionTable>(g.num_blocks, g.page_size, max_tokens, std::chrono::seconds(idle_s));
+  return std::unique_ptr<Model>(new KvAttentionModel(std::move(config), g, std::move(sessions), std::move(*exec)));
+}
+
+KvAttentionModel::KvAttentionModel(inference::ModelConfig config, KvGeometry geometry,
+                                   std::unique_ptr<KvSessionTable> sessions, std::unique_ptr<KvAttentionExecutor> executor)
+    : Model(std::move(config)), geometry_(geometry), sessions_(std::move(sessions)), executor_(std::move(executor)) {}
+
+absl::StatusOr<std::unique_ptr<Work>> KvAttentionModel::Prepare(const inference::ModelInferRequest& request) {
+  auto w = std::make_unique<KvWork>();
+  auto decoded = DecodeInputs(request, config());
+  if (!decoded.ok()) return decoded.status();
+  w->inputs = std::move(*decoded);
+  w->q = w->inputs.Find("Q");
+  w->k = w->inputs.Find("K");
+  w->v = w->inputs.Find("V");
+  const int64_t n = w->q->shape.empty() ? 0 : w->q->shape[0];
+  const std::vector<int64_t> want_q = {n, geometry_.num_heads_q, geometry_.head_dim};
+  const std::vector<int64_t> want_kv = {n, geometry_.num_heads_kv, geometry_.head_dim};
+  for (const InputTensor* t : {w->q, w->k, w->v}) {
+    if (t->dtype != DType::kF16 && t->dtype != DType::kBF16) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", t->name, "' has datatype ", DTypeName(t->dtype),
+                                                     "; expected FP16 or BF16"));
+    }
+    if (t->dtype != w->q->dtype) {
+      return absl::InvalidArgumentError("Q, K and V must share one datatype");
+    }
+    const auto& want = t == w->q ? want_q : want_kv;
+    if (t->shape != want || n < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", t->name, "' has shape ", ShapeString(t->shape),
+                                                     "; expected ", ShapeString(want), " with n >= 1 new tokens"));
+    }
+  }
+  auto id = SequenceIdParam(request);
+  if (!id.ok()) return id.status();
+  if (id->empty()) {
+    return absl::InvalidArgumentError("model 'kv_attention' needs a non-zero 'sequence_id' parameter");
+  }
+  auto start = BoolParam(request, "sequence_start", false);
+  if (!start.ok()) return start.status();
+  auto end = BoolParam(request, "sequence_end", false);
+  if (!end.ok()) return end.status();
+  auto r = sessions_->Reserve(*id, *start, *end, int(n));
+  if (!r.ok()) return r.status();
+  w->reservation = std::move(*r);
+  w->reserved = true;
+  w->tokens = n;
+  w->batch_key = std::string(DTypeName(w->q->dtype));
+  w->exclusive_key = *id;
+  return std::unique_ptr<Work>(std::move(w));
+}
+
+void KvAttentionModel::Execute(const std::vector<Work*>& batch) {
+  KvBatch b;
+  b.dtype = static_cast<const KvWork&>(*batch[0]).q->dtype;
+  b.softmax_scale = float(1.0 / std::sqrt(double(geometry_.head_dim)));
+  for (Work* wp : batch) {
+    const auto& w = static_cast<const KvWork&>(*wp);
+    b.items.push_back({w.q->data, w.k->data, w.v->data, int(w.q->shape[0]), w.reservation.start_pos,
+                       &w.reservation.blocks});
+  }
+  std::vector<std::string> outs;
+  absl::Status s = executor_->Run(b, &outs);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto& w = static_cast<KvWork&>(*batch[i]);
+    w.status = s;
+    if (s.ok()) {
+      sessions_->Commit(w.reservation);
+      w.outputs.push_back({"O", b.dtype, {w.q->shape[0], geometry_.num_heads_q, geometry_.head_dim}, std::move(outs[i])});
+    } else {
+      sessions_->Abort(w.reservation, s.ToString());
+    }
+    w.reserved = false;
+  }
+}
+
+void KvAttentionModel::Drop(Work& work, const absl::Status& why) {
+  auto& w = static_cast<KvWork&>(work);
+  if (w.reserved) sessions_->Abort(w.reservation, why.ToString());
+  w.reserved = false;
+}
+
+void KvAttentionModel::Tick(std::chrono::steady_clock::time_point now) { sessions_->ReapIdle(now); }
+
+}  // namespace flashq::server

@@ -1,0 +1,38 @@
+// `kv_attention`: stateful attention over a server-resident paged KV cache. Each
+// request brings the new tokens of one sequence (prefill: many; decode: one),
+// keyed by Triton's sequence parameters sequence_id / sequence_start /
+// sequence_end. Their K/V are appended to the sequence's pages and the queries
+// attend causally over everything cached. Requests of different sequences share
+// a batch; two requests of one sequence never do, and run in arrival order.
+#pragma once
+
+#include <memory>
+
+#include "server/backends/backend.h"
+#include "server/core/model.h"
+#include "server/kv_cache/kv_session_table.h"
+
+namespace flashq::server {
+
+class KvAttentionModel : public Model {
+ public:
+  // kv_cache_blocks > 0 overrides the config's num_blocks.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(inference::ModelConfig config, Backend& backend,
+                                                       int kv_cache_blocks);
+
+  absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request) override;
+  void Execute(const std::vector<Work*>& batch) override;
+  void Drop(Work& work, const absl::Status& why) override;
+  void Tick(std::chrono::steady_clock::time_point now) override;
+
+  const KvSessionTable& sessions() const { return *sessions_; }
+
+ private:
+  KvAttentionModel(inference::ModelConfig config, KvGeometry geometry, std::unique_ptr<KvSessionTable> sessions,
+                   std::unique_ptr<KvAttentionExecutor> executor);
+  const KvGeometry geometry_;
+  std::unique_ptr<KvSessionTable> sessions_;
+  std::unique_ptr<KvAttentionExecutor> executor_;
+};
+
+}  // namespace flashq::server
