@@ -91,6 +91,9 @@ for exe in "${EXES[@]}"; do
   done < <(ldd "$BIN/$exe")
 done
 
+# flashq-bench's plot script travels next to its binary.
+[ -f "$BIN/flashq_bench_plot.py" ] && cp "$BIN/flashq_bench_plot.py" "$DEST/libexec/"
+
 # Launcher: one script; the symlinks name the program to run.
 cat >"$DEST/bin/flashq" <<'LAUNCHER'
 #!/bin/sh
