@@ -8,11 +8,9 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "server/backends/cpu/cpu_backend.h"
+#include "server/core/flags.h"
 #include "server/core/inference_server.h"
 #include "server/frontend/grpc_service.h"
 #include "server/metrics/http_exposer.h"
@@ -22,28 +20,40 @@
 #include "server/backends/cuda/cuda_backend.h"
 #endif
 
-ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on (gRPC and metrics).");
-ABSL_FLAG(int, grpc_port, 8001, "gRPC port (KServe v2 inference protocol, health, reflection).");
-ABSL_FLAG(int, metrics_port, 8002, "HTTP port serving Prometheus metrics at /metrics; 0 disables.");
-ABSL_FLAG(std::string, model_repository, "",
-          "Model repository: one folder per model with config.pbtxt (and model.safetensors for linear layers). "
-          "Empty: generate the embedded Llama-3-8B-shaped demo repository.");
-ABSL_FLAG(std::string, demo_cache_dir, "",
-          "Where the demo repository is generated and cached (default $XDG_CACHE_HOME/flashq or ~/.cache/flashq).");
-ABSL_FLAG(std::string, backend, "auto", "Compute backend: auto (cuda when a GPU is visible, else cpu), cpu or cuda.");
-ABSL_FLAG(int64_t, max_queue_delay_us, -1, "Override every model's max queue delay in microseconds (-1: per model).");
-ABSL_FLAG(int64_t, max_queue_size, -1, "Override every model's bounded queue length (-1: per model).");
-ABSL_FLAG(int64_t, max_batch_tokens, -1, "Override every model's token budget per batch (-1: per model).");
-ABSL_FLAG(int64_t, grpc_max_message_bytes, 64 << 20,
-          "Largest gRPC message accepted or sent; larger requests get RESOURCE_EXHAUSTED.");
-ABSL_FLAG(int, kv_cache_blocks, 0, "Override kv_attention's number of KV-cache blocks (0: per model).");
-ABSL_FLAG(bool, batch_invariant, true,
-          "Batch-invariant mode: a request's output is bitwise identical whatever else shares its batch.");
-ABSL_FLAG(int, workers_per_model, 1, "Batches executed concurrently per model.");
-ABSL_FLAG(int, cpu_threads, 0, "Threads of the CPU backend (0: all cores).");
-
 namespace flashq::server {
-namespace {
+
+struct Options {
+  std::string host = "0.0.0.0";
+  int64_t grpc_port = 8001, metrics_port = 8002;
+  std::string model_repository, demo_cache_dir, backend = "auto";
+  int64_t max_queue_delay_us = -1, max_queue_size = -1, max_batch_tokens = -1;
+  int64_t grpc_max_message_bytes = 64 << 20;
+  int64_t kv_cache_blocks = 0, workers_per_model = 1, cpu_threads = 0;
+  bool batch_invariant = true;
+};
+
+void AddFlags(FlagSet& f, Options& o) {
+  f.Add("host", &o.host, "Address to listen on (gRPC and metrics).");
+  f.Add("grpc-port", &o.grpc_port, "gRPC port (KServe v2 inference protocol, health, reflection).");
+  f.Add("metrics-port", &o.metrics_port, "HTTP port serving Prometheus metrics at /metrics; 0 disables.");
+  f.Add("model-repository", &o.model_repository,
+        "Model repository: one folder per model with config.pbtxt (and model.safetensors for linear layers). "
+        "Empty: generate the embedded Llama-3-8B-shaped demo repository.");
+  f.Add("demo-cache-dir", &o.demo_cache_dir,
+        "Where the demo repository is generated and cached (default $XDG_CACHE_HOME/flashq or ~/.cache/flashq).");
+  f.Add("backend", &o.backend, "Compute backend: auto (cuda when a GPU is visible, else cpu), cpu or cuda.");
+  f.Add("max-queue-delay-us", &o.max_queue_delay_us,
+        "Override every model's max queue delay in microseconds (-1: each model's config).");
+  f.Add("max-queue-size", &o.max_queue_size, "Override every model's bounded queue length (-1: each model's config).");
+  f.Add("max-batch-tokens", &o.max_batch_tokens, "Override every model's token budget per batch (-1: each model's config).");
+  f.Add("grpc-max-message-bytes", &o.grpc_max_message_bytes,
+        "Largest gRPC message accepted or sent; a larger request gets RESOURCE_EXHAUSTED.");
+  f.Add("kv-cache-blocks", &o.kv_cache_blocks, "Override kv_attention's number of KV-cache blocks (0: the model's config).");
+  f.Add("batch-invariant", &o.batch_invariant,
+        "Batch-invariant mode: a request's output is bitwise identical whatever else shares its batch.");
+  f.Add("workers-per-model", &o.workers_per_model, "Batches executed concurrently per model.");
+  f.Add("cpu-threads", &o.cpu_threads, "Threads of the CPU backend (0: all cores).");
+}
 
 std::string DefaultCacheDir() {
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/flashq";
@@ -66,7 +76,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& kind, co
   return std::unique_ptr<Backend>(new CpuBackend(options));
 }
 
-int Run() {
+int Run(const Options& o) {
   // Signals are taken by one thread with sigwait, so block them everywhere first.
   sigset_t sigs;
   sigemptyset(&sigs);
@@ -81,9 +91,9 @@ int Run() {
   auto registry = std::make_shared<prometheus::Registry>();
   ServerMetrics metrics(registry);
   std::unique_ptr<MetricsHttpServer> metrics_http;
-  const std::string host = absl::GetFlag(FLAGS_host);
-  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
-    auto m = MetricsHttpServer::Start(host, absl::GetFlag(FLAGS_metrics_port), registry);
+  const std::string host = o.host;
+  if (o.metrics_port > 0) {
+    auto m = MetricsHttpServer::Start(host, o.metrics_port, registry);
     if (!m.ok()) {
       std::cerr << "flashq-server: metrics: " << m.status() << "\n";
       return 1;
@@ -97,15 +107,15 @@ int Run() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_grpc_port)), grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(absl::StrCat(host, ":", o.grpc_port), grpc::InsecureServerCredentials(),
                            &bound_port);
-  const int max_msg = int(std::min<int64_t>(absl::GetFlag(FLAGS_grpc_max_message_bytes), INT32_MAX));
+  const int max_msg = int(std::min<int64_t>(o.grpc_max_message_bytes, INT32_MAX));
   builder.SetMaxReceiveMessageSize(max_msg);
   builder.SetMaxSendMessageSize(max_msg);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (!grpc_server || bound_port == 0) {
-    std::cerr << "flashq-server: cannot listen on " << host << ":" << absl::GetFlag(FLAGS_grpc_port) << "\n";
+    std::cerr << "flashq-server: cannot listen on " << host << ":" << o.grpc_port << "\n";
     return 1;
   }
   auto* health = grpc_server->GetHealthCheckService();
@@ -113,9 +123,9 @@ int Run() {
   std::cerr << "flashq-server: gRPC on " << host << ":" << bound_port << ", metrics on :"
             << (metrics_http ? metrics_http->port() : 0) << "\n";
 
-  std::string repo = absl::GetFlag(FLAGS_model_repository);
+  std::string repo = o.model_repository;
   if (repo.empty()) {
-    std::string cache = absl::GetFlag(FLAGS_demo_cache_dir);
+    std::string cache = o.demo_cache_dir;
     auto demo = EnsureDemoRepository(cache.empty() ? DefaultCacheDir() : cache);
     if (!demo.ok()) {
       std::cerr << "flashq-server: demo repository: " << demo.status() << "\n";
@@ -129,19 +139,19 @@ int Run() {
     return 1;
   }
   BackendOptions bopts;
-  bopts.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
-  bopts.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
-  auto backend = MakeBackend(absl::GetFlag(FLAGS_backend), bopts, metrics);
+  bopts.batch_invariant = o.batch_invariant;
+  bopts.cpu_threads = int(o.cpu_threads);
+  auto backend = MakeBackend(o.backend, bopts, metrics);
   if (!backend.ok()) {
     std::cerr << "flashq-server: backend: " << backend.status() << "\n";
     return 1;
   }
   InferenceServerOptions opts;
-  opts.max_queue_size = Override(absl::GetFlag(FLAGS_max_queue_size));
-  opts.max_queue_delay_us = Override(absl::GetFlag(FLAGS_max_queue_delay_us));
-  opts.max_batch_tokens = Override(absl::GetFlag(FLAGS_max_batch_tokens));
-  opts.workers_per_model = std::max(1, absl::GetFlag(FLAGS_workers_per_model));
-  opts.load.kv_cache_blocks = absl::GetFlag(FLAGS_kv_cache_blocks);
+  opts.max_queue_size = Override(o.max_queue_size);
+  opts.max_queue_delay_us = Override(o.max_queue_delay_us);
+  opts.max_batch_tokens = Override(o.max_batch_tokens);
+  opts.workers_per_model = int(std::max<int64_t>(1, o.workers_per_model));
+  opts.load.kv_cache_blocks = int(o.kv_cache_blocks);
   auto server = InferenceServer::Create(*entries, **backend, metrics, opts);
   if (!server.ok()) {
     std::cerr << "flashq-server: " << server.status() << "\n";
@@ -168,13 +178,23 @@ int Run() {
   return 0;
 }
 
-}  // namespace
 }  // namespace flashq::server
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  flashq::server::Options options;
+  flashq::server::FlagSet flags(
       "flashq-server: KServe v2 gRPC server for fused attention and quantized linear layers.\n"
-      "Usage: flashq-server [--model-repository=DIR] [--grpc-port=8001] [--metrics-port=8002] [--backend=auto]");
-  absl::ParseCommandLine(argc, argv);
-  return flashq::server::Run();
+      "Usage: flashq-server [--model-repository=DIR] [--grpc-port=8001] [--metrics-port=8002] [--backend=auto] ...");
+  flashq::server::AddFlags(flags, options);
+  bool help = false;
+  std::string error;
+  if (!flags.Parse(argc, argv, &help, &error)) {
+    std::cerr << "flashq-server: " << error << "\n";
+    return 2;
+  }
+  if (help) {
+    std::cout << flags.Help();
+    return 0;
+  }
+  return flashq::server::Run(options);
 }

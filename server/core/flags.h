@@ -1,0 +1,32 @@
+// Command-line flags in Triton's spelling (--grpc-port=8001 or --grpc-port 8001).
+// A small table-driven parser: each flag has a name, a help line and a typed target.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace flashq::server {
+
+class FlagSet {
+ public:
+  explicit FlagSet(std::string usage) : usage_(std::move(usage)) {}
+  void Add(std::string name, std::string* target, std::string help);
+  void Add(std::string name, int64_t* target, std::string help);
+  void Add(std::string name, bool* target, std::string help);
+  // Returns false and fills `error` on a bad flag; sets `help` on --help.
+  bool Parse(int argc, char** argv, bool* help, std::string* error);
+  std::string Help() const;
+
+ private:
+  struct Flag {
+    std::string name, help, def;
+    std::variant<std::string*, int64_t*, bool*> target;
+  };
+  bool Set(Flag& f, const std::string& value, std::string* error);
+  std::string usage_;
+  std::vector<Flag> flags_;
+};
+
+}  // namespace flashq::server
