@@ -302,9 +302,27 @@ def check_dockerfile(src):
         ok(os.path.exists(path + ".dockerignore"), f"{name}.dockerignore keeps build outputs out of the context")
 
 
+# ---------------------------------------------------------------------------------
+def check_envoy(src):
+    """The documented L7 affinity config: YAML only (no Envoy binary here)."""
+    e = yaml.safe_load(open(os.path.join(src, "deploy", "envoy", "envoy.yaml")))["static_resources"]
+    hcm = e["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+    ok(route["hash_policy"][0]["header"]["header_name"] == "x-flashq-sequence-id", "routes hash on x-flashq-sequence-id")
+    c = {c["name"]: c for c in e["clusters"]}[route["cluster"]]
+    ok(c["lb_policy"] == "RING_HASH", "cluster balances with RING_HASH")
+    addr = c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+    ok(c["type"] == "STRICT_DNS" and addr["address"].startswith("flashq-headless.") and addr["port_value"] == 8001,
+       "endpoints from the headless Service, port 8001")
+    ok("http2_protocol_options" in json.dumps(c), "upstream speaks HTTP/2 (gRPC)")
+    ok("grpc_health_check" in c["health_checks"][0], "active gRPC health checks")
+    doc = open(os.path.join(src, "docs", "deploy.md")).read()
+    ok("x-flashq-sequence-id" in doc and "ring_hash" in doc.lower(), "docs/deploy.md documents the header and ring hash")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["k8s", "prometheus", "grafana", "compose", "dockerfile"])
+    ap.add_argument("what", choices=["k8s", "prometheus", "grafana", "compose", "dockerfile", "envoy"])
     ap.add_argument("--src", default=os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
     a = ap.parse_args()
     print(f"check_deploy {a.what}:")
