@@ -1,0 +1,40 @@
+// Results of a flashq-bench run: the terminal table, JSON and CSV files.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "client/bench/runner.h"
+
+namespace flashq::bench {
+
+struct ScenarioResult {
+  std::string name;
+  std::string description;
+  std::string model;
+  std::string unit;               // "tokens" or "rows"
+  std::vector<std::string> tags;  // sub-histograms (kv: prefill, decode)
+  std::vector<PointResult> points;
+  int64_t sessions_completed = 0;
+  std::string error;  // set when the scenario could not run at all
+};
+
+struct RunInfo {
+  std::string date;        // UTC, ISO 8601
+  std::string commit;
+  std::string host;
+  std::vector<std::string> endpoints;
+  std::string command_line;
+  bool spawned_server = false;
+  std::string server_backend;
+  MeasureOptions measure;
+};
+
+std::string GrpcCodeName(int code);
+std::string FormatTable(const std::vector<ScenarioResult>& results);
+std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& results);
+std::string ToCsv(const std::vector<ScenarioResult>& results);
+absl::Status WriteFile(const std::string& path, const std::string& contents);
+
+}  // namespace flashq::bench

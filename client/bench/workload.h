@@ -1,0 +1,92 @@
+// Workload generators: each produces the next ModelInferRequest to send, with
+// the shape drawn from its distributions, and keeps whatever state a request
+// stream needs (kv_attention sessions). Thread-safe: completions of earlier calls
+// ask for the next request from gRPC's threads.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "client/bench/distribution.h"
+#include "grpc_service.pb.h"
+#include "kernels/common/dtype.h"
+
+namespace flashq::bench {
+
+struct Session;
+
+// One request and what it stands for.
+struct Work {
+  std::shared_ptr<const inference::ModelInferRequest> request;
+  int64_t units = 0;  // tokens (attention, kv_attention) or rows M (linear)
+  int tag = 0;        // index into Workload::tags(): which sub-histogram it counts in
+  std::shared_ptr<Session> session;  // kv_attention only
+};
+
+class Workload {
+ public:
+  virtual ~Workload() = default;
+  virtual const std::string& model() const = 0;
+  virtual std::string Describe() const = 0;
+  virtual std::string unit_name() const { return "tokens"; }
+  // Sub-histograms reported next to the overall one (e.g. prefill, decode).
+  virtual std::vector<std::string> tags() const { return {}; }
+  virtual Work Next() = 0;
+  // Called once per Work when its call ends, before any Next() it triggers.
+  virtual void Complete(const Work& work, bool ok) {}
+  // Requests that close whatever is still open (kv sessions); sent unmeasured.
+  virtual std::vector<Work> Drain() { return {}; }
+  virtual int64_t sessions_completed() const { return 0; }
+};
+
+// Random values in [-1, 1) encoded once as FP16/BF16; requests copy slices of it.
+class Payload {
+ public:
+  Payload(DType dtype, int64_t max_elements, uint64_t seed);
+  std::string Slice(int64_t elements, std::mt19937_64& rng) const;
+  DType dtype() const { return dtype_; }
+
+ private:
+  DType dtype_;
+  std::string bytes_;
+};
+
+struct AttentionWorkloadOptions {
+  std::string model = "attention";
+  DType dtype = DType::kF16;
+  int heads_q = 8, heads_kv = 2, head_dim = 64;
+  IntDistribution seq_len = IntDistribution::Fixed(128);       // query length of each sequence
+  IntDistribution seqs_per_request = IntDistribution::Fixed(1);
+  IntDistribution kv_extra = IntDistribution::Fixed(0);       // K/V length = q length + extra
+  bool causal = true;
+  bool send_cu_seqlens = true;  // off: one sequence per request and no CU_SEQLENS inputs
+  uint64_t seed = 1;
+};
+
+struct KvWorkloadOptions {
+  std::string model = "kv_attention";
+  DType dtype = DType::kF16;
+  int heads_q = 32, heads_kv = 8, head_dim = 128;
+  IntDistribution prefill_len = IntDistribution::Fixed(128);
+  IntDistribution decode_steps = IntDistribution::Fixed(16);
+  uint64_t seed = 1;
+};
+
+struct LinearWorkloadOptions {
+  std::string model = "up_proj_int4";
+  DType dtype = DType::kF16;
+  int64_t k = 4096;  // input features
+  IntDistribution m = IntDistribution::Fixed(8);
+  uint64_t seed = 1;
+};
+
+std::unique_ptr<Workload> MakeAttentionWorkload(const AttentionWorkloadOptions& o);
+std::unique_ptr<Workload> MakeKvWorkload(const KvWorkloadOptions& o);
+std::unique_ptr<Workload> MakeLinearWorkload(const LinearWorkloadOptions& o);
+
+}  // namespace flashq::bench

@@ -1,0 +1,166 @@
+#include "client/lib/client.h"
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "client/lib/tensor.h"
+
+namespace flashq::client {
+namespace {
+
+void ApplyDeadline(grpc::ClientContext& ctx, const CallOptions& opts) {
+  if (opts.timeout != absl::InfiniteDuration())
+    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(opts.timeout));
+}
+
+struct AsyncCall {
+  grpc::ClientContext ctx;
+  std::shared_ptr<const inference::ModelInferRequest> req;
+  inference::ModelInferResponse resp;
+  Client::InferCallback done;
+};
+
+}  // namespace
+
+absl::Status ToAbsl(const grpc::Status& s) {
+  return s.ok() ? absl::OkStatus() : absl::Status(absl::StatusCode(int(s.error_code())), s.error_message());
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
+  if (options.endpoints.empty()) return absl::InvalidArgumentError("no endpoints given");
+  if (options.channels_per_endpoint < 1) return absl::InvalidArgumentError("channels_per_endpoint < 1");
+  std::unique_ptr<Client> c(new Client());
+  c->endpoints_ = options.endpoints;
+  c->channels_per_endpoint_ = options.channels_per_endpoint;
+  c->ring_ = HashRing(options.virtual_nodes);
+  for (const auto& ep : options.endpoints) {
+    if (ep.empty()) return absl::InvalidArgumentError("empty endpoint");
+    c->ring_.Add(ep);
+    for (int ch = 0; ch < options.channels_per_endpoint; ++ch) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(-1);
+      args.SetMaxSendMessageSize(-1);
+      // Without a local pool, channels with equal arguments share one connection.
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      auto channel = grpc::CreateCustomChannel(ep, grpc::InsecureChannelCredentials(), args);
+      c->stubs_.push_back(inference::GRPCInferenceService::NewStub(channel));
+    }
+  }
+  return c;
+}
+
+Client::~Client() {
+  // Callbacks refer to nothing in Client, but their stubs must outlive them.
+  while (in_flight_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+inference::GRPCInferenceService::Stub& Client::stub(int endpoint) {
+  const uint64_t turn = rr_.fetch_add(1, std::memory_order_relaxed);
+  return *stubs_[endpoint * channels_per_endpoint_ + int(turn % channels_per_endpoint_)];
+}
+
+int Client::PickEndpoint(const inference::ModelInferRequest& req) { return Route(req, CallOptions{}); }
+
+int Client::Route(const inference::ModelInferRequest& req, const CallOptions& opts) {
+  if (opts.endpoint >= 0 && opts.endpoint < num_endpoints()) return opts.endpoint;
+  if (num_endpoints() == 1) return 0;
+  if (uint64_t id = SequenceId(req); id != 0) return ring_.Lookup(id);
+  return int(rr_.fetch_add(1, std::memory_order_relaxed) % endpoints_.size());
+}
+
+grpc::Status Client::Infer(const inference::ModelInferRequest& req, inference::ModelInferResponse* resp,
+                           const CallOptions& opts) {
+  grpc::ClientContext ctx;
+  ApplyDeadline(ctx, opts);
+  return stub(Route(req, opts)).ModelInfer(&ctx, req, resp);
+}
+
+void Client::AsyncInfer(std::shared_ptr<const inference::ModelInferRequest> req, InferCallback done,
+                        const CallOptions& opts) {
+  auto* call = new AsyncCall;
+  call->req = std::move(req);
+  call->done = std::move(done);
+  ApplyDeadline(call->ctx, opts);
+  in_flight_.fetch_add(1, std::memory_order_relaxed);
+  stub(Route(*call->req, opts))
+      .async()
+      ->ModelInfer(&call->ctx, call->req.get(), &call->resp, [this, call](grpc::Status s) {
+        call->done(s, call->resp);
+        delete call;
+        in_flight_.fetch_sub(1, std::memory_order_relaxed);
+      });
+}
+
+std::unique_ptr<InferStream> Client::OpenStream(int endpoint, const CallOptions& opts) {
+  if (endpoint < 0 || endpoint >= num_endpoints())
+    endpoint = int(rr_.fetch_add(1, std::memory_order_relaxed) % endpoints_.size());
+  return std::make_unique<InferStream>(stub(endpoint), opts);
+}
+
+grpc::Status Client::ServerReady(int endpoint, bool* ready) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  inference::ServerReadyRequest req;
+  inference::ServerReadyResponse resp;
+  grpc::Status s = stub(endpoint).ServerReady(&ctx, req, &resp);
+  *ready = s.ok() && resp.ready();
+  return s;
+}
+
+grpc::Status Client::ModelReady(int endpoint, std::string_view model, bool* ready) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  inference::ModelReadyRequest req;
+  req.set_name(std::string(model));
+  inference::ModelReadyResponse resp;
+  grpc::Status s = stub(endpoint).ModelReady(&ctx, req, &resp);
+  *ready = s.ok() && resp.ready();
+  return s;
+}
+
+grpc::Status Client::ModelMetadata(int endpoint, std::string_view model, inference::ModelMetadataResponse* resp) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  inference::ModelMetadataRequest req;
+  req.set_name(std::string(model));
+  return stub(endpoint).ModelMetadata(&ctx, req, resp);
+}
+
+grpc::Status Client::ModelStatistics(int endpoint, std::string_view model,
+                                     inference::ModelStatisticsResponse* resp) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  inference::ModelStatisticsRequest req;
+  req.set_name(std::string(model));
+  return stub(endpoint).ModelStatistics(&ctx, req, resp);
+}
+
+absl::Status Client::WaitUntilReady(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (int e = 0; e < num_endpoints(); ++e) {
+    for (;;) {
+      bool ready = false;
+      grpc::Status s = ServerReady(e, &ready);
+      if (ready) break;
+      if (absl::Now() > deadline)
+        return absl::DeadlineExceededError(absl::StrFormat(
+            "%s not ready after %s: %s", endpoints_[e], absl::FormatDuration(timeout),
+            s.ok() ? "ServerReady returned false" : s.error_message()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  return absl::OkStatus();
+}
+
+InferStream::InferStream(inference::GRPCInferenceService::Stub& stub, const CallOptions& opts) {
+  ApplyDeadline(ctx_, opts);
+  rw_ = stub.ModelStreamInfer(&ctx_);
+}
+
+bool InferStream::Send(const inference::ModelInferRequest& req) { return rw_->Write(req); }
+bool InferStream::Recv(inference::ModelStreamInferResponse* resp) { return rw_->Read(resp); }
+void InferStream::CloseSend() { rw_->WritesDone(); }
+grpc::Status InferStream::Finish() { return rw_->Finish(); }
+
+}  // namespace flashq::client
