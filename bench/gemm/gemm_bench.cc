@@ -1,0 +1,317 @@
+// gemm_bench: checks, then times, our linear paths on the GPU.
+//   W4A16 (both batch-invariant modes), W8A16, W8A8 (cuBLASLt, tensor-wise and row-wise
+//   scales), and our cuBLASLt BF16 wrapper (both modes), plus the device-to-device copy
+//   ceiling, for (K, N) in {4096x4096, 4096x14336, 14336x4096, 8192x8192} and
+//   M in {1, 4, 16, 32, 64, 128, 256, 1024, 4096}.
+// Timing: CUDA events around a batch of back-to-back launches that rotate over enough
+// weight copies to defeat the 50 MB L2; median of 7 batches after a warm-up batch.
+// Output: JSON (--out), one record per (method, K, N, M).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/common/dtype.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/gemm/gemm_ref.h"
+#include "kernels/gemm/quant_formats.h"
+
+using namespace flashq;
+using namespace flashq::gemm;
+
+#define CK(x)                                                                               \
+  do {                                                                                      \
+    cudaError_t e_ = (x);                                                                   \
+    if (e_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+#define OK(x)                                                                             \
+  do {                                                                                    \
+    Status s_ = (x);                                                                      \
+    if (!s_.ok()) {                                                                       \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_.message().c_str()); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+namespace {
+
+constexpr size_t kL2Defeat = 256ull << 20;  // rotate weight copies totalling at least this much
+
+std::vector<float> Random(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& x : v) {
+    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+    x = float((s >> 40) & 0xFFFFFF) / float(1 << 23) - 1.0f;
+  }
+  return v;
+}
+
+// Median over 7 batches of the mean time per call (µs); fn(i) runs call i.
+double TimeUs(const std::function<void(int)>& fn, double est_us) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  const int iters = std::clamp(int(2000.0 / std::max(est_us, 1.0)), 5, 200);
+  for (int i = 0; i < iters; ++i) fn(i);  // warm-up
+  CK(cudaDeviceSynchronize());
+  std::vector<double> t;
+  for (int rep = 0; rep < 7; ++rep) {
+    CK(cudaEventRecord(a));
+    for (int i = 0; i < iters; ++i) fn(i);
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(1000.0 * ms / iters);
+  }
+  CK(cudaGetLastError());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double EstimateUs(const std::function<void(int)>& fn) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  fn(0);
+  CK(cudaEventRecord(a));
+  fn(1);
+  fn(2);
+  CK(cudaEventRecord(b));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return 500.0 * ms;
+}
+
+struct Rec {
+  std::string method;
+  int K, N, M;
+  bool invariant;
+  double us, weight_bytes;
+};
+
+std::vector<Rec> g_recs;
+std::string g_checks;
+
+void Record(const std::string& method, int K, int N, int M, bool inv, double us, double wbytes) {
+  g_recs.push_back({method, K, N, M, inv, us, wbytes});
+  std::printf("%-18s K=%5d N=%5d M=%5d inv=%d  %9.2f us  %7.1f TFLOP/s  %7.1f GB/s(weights)\n", method.c_str(), K, N, M, inv, us,
+              2.0 * M * N * K / us / 1e6, wbytes / us / 1e3);
+  std::fflush(stdout);
+}
+
+double CopyCeilingGBs() {
+  const size_t bytes = 1ull << 30;
+  void *a, *b;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  CK(cudaMemset(a, 1, bytes));
+  double us = TimeUs([&](int) { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 500);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / us / 1e3;  // read + write, GB/s
+}
+
+double RelErr(const std::vector<float>& y, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    if (std::isnan(y[i])) return INFINITY;
+    num += double(y[i] - ref[i]) * (y[i] - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
+  const int Mmax = *std::max_element(Ms.begin(), Ms.end());
+  std::printf("== K=%d N=%d: preparing weights\n", K, N);
+  std::fflush(stdout);
+  auto wf = Random(size_t(N) * K, K * 7 + N);
+  // BF16 weights.
+  std::vector<uint16_t> wb(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) wb[i] = FloatToBf16(wf[i]);
+  const size_t bf16_bytes = wb.size() * 2;
+  const int r_bf16 = int(std::max<size_t>(2, (kL2Defeat + bf16_bytes - 1) / bf16_bytes));
+  std::vector<void*> wbd(r_bf16);
+  for (auto& p : wbd) {
+    CK(cudaMalloc(&p, bf16_bytes));
+    CK(cudaMemcpy(p, wb.data(), bf16_bytes, cudaMemcpyHostToDevice));
+  }
+  // Int4, group 128, asymmetric (GPTQ/AWQ style).
+  Int4Weights w4 = QuantizeInt4(wf.data(), N, K, 128, false);
+  std::vector<std::unique_ptr<W4A16Weights>> w4d(1);
+  OK(W4A16Weights::Create(w4, &w4d[0]));
+  const double w4_bytes = double(N) * K / 2 + double(N) * (K / 128) * 2.5;  // nibbles + fp16 scale + u8 zero
+  const int r4 = int(std::max<double>(2, std::ceil(kL2Defeat / w4_bytes)));
+  for (int i = 1; i < r4; ++i) {
+    w4d.emplace_back();
+    OK(w4d[0]->Clone(&w4d.back()));
+  }
+  // FP8 per-channel.
+  Fp8Weights w8 = QuantizeFp8(wf.data(), N, K, true);
+  Fp8Weights w8t = QuantizeFp8(wf.data(), N, K, false);
+  std::vector<std::unique_ptr<Fp8DeviceWeights>> w8d(1), w8td(1);
+  OK(Fp8DeviceWeights::Create(w8, &w8d[0]));
+  OK(Fp8DeviceWeights::Create(w8t, &w8td[0]));
+  const double w8_bytes = double(N) * K;
+  const int r8 = int(std::max<double>(2, std::ceil(kL2Defeat / w8_bytes)));
+  for (int i = 1; i < r8; ++i) {
+    w8d.emplace_back();
+    OK(w8d[0]->Clone(&w8d.back()));
+    w8td.emplace_back();
+    OK(w8td[0]->Clone(&w8td.back()));
+  }
+  // Activations and outputs.
+  auto xf = Random(size_t(Mmax) * K, 99);
+  std::vector<uint16_t> xb(xf.size());
+  for (size_t i = 0; i < xf.size(); ++i) xb[i] = FloatToBf16(xf[i]);
+  void *x, *y, *xq, *xs;
+  CK(cudaMalloc(&x, xb.size() * 2));
+  CK(cudaMemcpy(x, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&y, size_t(Mmax) * N * 2));
+  CK(cudaMalloc(&xq, size_t(Mmax) * K));
+  CK(cudaMalloc(&xs, size_t(Mmax) * 4));
+  size_t ws_bytes = std::max({W4A16WorkspaceBytes(*w4d[0], Mmax, false), W4A16WorkspaceBytes(*w4d[0], Mmax, true),
+                              W8A16WorkspaceBytes(*w8d[0], Mmax)});
+  void* ws;
+  CK(cudaMalloc(&ws, ws_bytes));
+  CK(cudaMemset(ws, 0, ws_bytes));
+
+  // ---- check first: M = 4 against the CPU references ----
+  {
+    const int M = 4;
+    std::vector<float> xr(xf.begin(), xf.begin() + size_t(M) * K);
+    for (auto& v : xr) v = Bf16ToFloat(FloatToBf16(v));
+    std::vector<float> ref(size_t(M) * N), got(size_t(M) * N);
+    std::vector<uint16_t> yh(size_t(M) * N);
+    auto fetch = [&]() {
+      CK(cudaDeviceSynchronize());
+      CK(cudaMemcpy(yh.data(), y, yh.size() * 2, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < yh.size(); ++i) got[i] = Bf16ToFloat(yh[i]);
+    };
+    char line[256];
+    LinearRefInt4<float>(xr.data(), M, w4, ref.data());
+    CK(cudaMemset(y, 0xff, yh.size() * 2));
+    OK(run_w4a16(*w4d[0], LinearArgs{x, y, M, ActType::kBF16, true, ws, ws_bytes}, blas, nullptr));
+    fetch();
+    double e4 = RelErr(got, ref);
+    LinearRefFp8W8A16<float>(xr.data(), M, w8, ref.data());
+    CK(cudaMemset(y, 0xff, yh.size() * 2));
+    OK(run_w8a16(*w8d[0], LinearArgs{x, y, M, ActType::kBF16, true, ws, ws_bytes}, nullptr));
+    fetch();
+    double e8 = RelErr(got, ref);
+    LinearRefBf16<float>(xr.data(), M, K, wb.data(), N, ref.data());
+    CK(cudaMemset(y, 0xff, yh.size() * 2));
+    OK(run_bf16(blas, wbd[0], N, K, LinearArgs{x, y, M, ActType::kBF16, true, nullptr, 0}, nullptr));
+    fetch();
+    double eb = RelErr(got, ref);
+    LinearRefFp8W8A8<float>(xr.data(), M, w8, true, ref.data());
+    OK(run_quantize_act_fp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), nullptr));
+    CK(cudaMemset(y, 0xff, yh.size() * 2));
+    W8A8Args a8;
+    a8.x_fp8 = static_cast<uint8_t*>(xq);
+    a8.x_scale = static_cast<float*>(xs);
+    a8.y = y;
+    a8.M = M;
+    OK(run_w8a8(blas, *w8d[0], a8, nullptr));
+    fetch();
+    double e88 = RelErr(got, ref);
+    std::snprintf(line, sizeof line, "%s{\"K\":%d,\"N\":%d,\"M\":%d,\"rel_err\":{\"w4a16\":%.3g,\"w8a16\":%.3g,\"bf16_cublaslt\":%.3g,\"w8a8_rowwise\":%.3g}}",
+                  g_checks.empty() ? "" : ",", K, N, M, e4, e8, eb, e88);
+    g_checks += line;
+    std::printf("check K=%d N=%d M=4: rel err w4a16 %.2e  w8a16 %.2e  bf16 %.2e  w8a8 %.2e\n", K, N, e4, e8, eb, e88);
+    if (!(e4 < 1e-2 && e8 < 1e-2 && eb < 1e-2 && e88 < 2e-2)) {
+      std::fprintf(stderr, "correctness check failed\n");
+      std::exit(1);
+    }
+  }
+
+  // ---- time ----
+  for (int M : Ms) {
+    for (bool inv : {true, false}) {
+      auto bf = [&](int i) { OK(run_bf16(blas, wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, inv, nullptr, 0}, nullptr)); };
+      OK(WarmBf16(blas, M, N, K, ActType::kBF16, inv));
+      Record("bf16_cublaslt", K, N, M, inv, TimeUs(bf, EstimateUs(bf)), bf16_bytes);
+      auto q4 = [&](int i) { OK(run_w4a16(*w4d[i % r4], LinearArgs{x, y, M, ActType::kBF16, inv, ws, ws_bytes}, blas, nullptr)); };
+      if (!inv && M >= kW4A16DequantMinM) OK(WarmBf16(blas, M, N, K, ActType::kBF16, false));
+      Record("w4a16_g128", K, N, M, inv, TimeUs(q4, EstimateUs(q4)), w4_bytes);
+    }
+    auto q8 = [&](int i) { OK(run_w8a16(*w8d[i % r8], LinearArgs{x, y, M, ActType::kBF16, true, ws, ws_bytes}, nullptr)); };
+    Record("w8a16", K, N, M, true, TimeUs(q8, EstimateUs(q8)), w8_bytes);
+    // W8A8: GEMM only (activations already FP8, as torch._scaled_mm is timed).
+    OK(run_quantize_act_fp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), nullptr));
+    for (bool inv : {true, false}) {
+      W8A8Args a;
+      a.x_fp8 = static_cast<uint8_t*>(xq);
+      a.x_scale = static_cast<float*>(xs);
+      a.y = y;
+      a.M = M;
+      a.batch_invariant = inv;
+      a.per_row_act = true;
+      auto rw = [&](int i) { OK(run_w8a8(blas, *w8d[i % r8], a, nullptr)); };
+      Record("w8a8_rowwise", K, N, M, inv, TimeUs(rw, EstimateUs(rw)), w8_bytes);
+      a.per_row_act = false;
+      auto tw = [&](int i) { OK(run_w8a8(blas, *w8td[i % r8], a, nullptr)); };
+      Record("w8a8_tensorwise", K, N, M, inv, TimeUs(tw, EstimateUs(tw)), w8_bytes);
+    }
+    auto aq = [&](int) { OK(run_quantize_act_fp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), nullptr)); };
+    Record("act_quant_fp8_rowwise", K, N, M, true, TimeUs(aq, EstimateUs(aq)), 0);
+  }
+  for (auto p : wbd) cudaFree(p);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(xq);
+  cudaFree(xs);
+  cudaFree(ws);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out = "gemm_bench.json";
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--out" && i + 1 < argc) out = argv[++i];
+    if (a == "--quick") quick = true;
+  }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::unique_ptr<BlasLt> blas;
+  OK(BlasLt::Create(64ull << 20, &blas));
+  const double copy = CopyCeilingGBs();
+  std::printf("device %s, %d SMs, copy ceiling %.0f GB/s (read+write)\n", prop.name, prop.multiProcessorCount, copy);
+  std::vector<std::pair<int, int>> shapes = {{4096, 4096}, {4096, 14336}, {14336, 4096}, {8192, 8192}};
+  std::vector<int> Ms = {1, 4, 16, 32, 64, 128, 256, 1024, 4096};
+  if (quick) {
+    shapes = {{4096, 4096}};
+    Ms = {1, 16, 64, 4096};
+  }
+  for (auto [K, N] : shapes) BenchShape(K, N, Ms, blas.get());
+  FILE* f = std::fopen(out.c_str(), "w");
+  if (!f) return 1;
+  std::fprintf(f, "{\"device\":\"%s\",\"sms\":%d,\"copy_ceiling_gbs\":%.1f,\"checks\":[%s],\"records\":[\n", prop.name,
+               prop.multiProcessorCount, copy, g_checks.c_str());
+  for (size_t i = 0; i < g_recs.size(); ++i) {
+    const Rec& r = g_recs[i];
+    std::fprintf(f, "{\"method\":\"%s\",\"K\":%d,\"N\":%d,\"M\":%d,\"batch_invariant\":%s,\"us\":%.3f,\"weight_bytes\":%.0f}%s\n",
+                 r.method.c_str(), r.K, r.N, r.M, r.invariant ? "true" : "false", r.us, r.weight_bytes, i + 1 < g_recs.size() ? "," : "");
+  }
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
+  return 0;
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One GPU-machine run for issue 4: build (kernels only), GPU + CPU gemm tests,
+# compute-sanitizer on a test subset, our benchmark, the torch peers, and the report.
+# Usage (repo root, on the GPU machine): OUT=/some/dir bench/gemm/run_gpu.sh [--quick] [--no-sanitizer]
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+QUICK=""; SAN=1
+for a in "$@"; do [ "$a" = --quick ] && QUICK=--quick; [ "$a" = --no-sanitizer ] && SAN=0; done
+LOG="$OUT/gemm-log.txt"
+# BIN=<dir with prebuilt gemm_* binaries> skips the build (binaries built elsewhere with nvcc 13, sm_90a).
+B=${BIN:-build-gpu/bin}
+{
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv || true
+  if [ -z "${BIN:-}" ]; then
+    cmake -S . -B build-gpu -G Ninja -DFLASHQ_KERNELS_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real >/dev/null &&
+    cmake --build build-gpu -j16 --target gemm_gpu_test gemm_cpu_test gemm_bench 2>&1 | grep -E "error|warning|registers|spill|FAILED" | grep -v "0 bytes spill" | head -60
+  fi
+} >"$LOG" 2>&1
+[ -x $B/gemm_bench ] || { echo "BUILD FAILED"; tail -40 "$LOG"; exit 1; }
+$B/gemm_cpu_test --gtest_brief=1 >>"$LOG" 2>&1; echo "cpu tests rc=$?" | tee -a "$LOG"
+timeout 240 $B/gemm_gpu_test --gtest_brief=1 >>"$LOG" 2>&1; echo "gpu tests rc=$?" | tee -a "$LOG"
+if [ $SAN = 1 ]; then
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/gemm_gpu_test --gtest_brief=1 \
+    --gtest_filter='Shapes/GemmGpuW4.*/1:Shapes/GemmGpuW4.*/4:Shapes/GemmGpuW4.*/6:Modes/GemmGpuFp8.*/0:Scales/*:GemmGpu.W4A16ShapeErrors*' >>"$LOG" 2>&1
+  echo "compute-sanitizer memcheck rc=$?" | tee -a "$LOG"
+  timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 $B/gemm_gpu_test --gtest_brief=1 \
+    --gtest_filter='Shapes/GemmGpuW4.*/4' >>"$LOG" 2>&1
+  echo "compute-sanitizer racecheck rc=$?" | tee -a "$LOG"
+fi
+grep -E "FAILED|Failure|error" "$LOG" | head -30
+timeout 300 $B/gemm_bench $QUICK --out "$OUT/gemm_ours.json" >"$OUT/gemm_bench.txt" 2>&1; echo "bench rc=$?"
+tail -3 "$OUT/gemm_bench.txt"
+PYTHONUNBUFFERED=1 timeout 240 python3 bench/gemm/torch_peers.py $QUICK --out "$OUT/gemm_torch.json" >"$OUT/gemm_torch.txt" 2>&1; echo "torch rc=$?"
+tail -3 "$OUT/gemm_torch.txt"
+python3 bench/gemm/report.py --ours "$OUT/gemm_ours.json" --torch "$OUT/gemm_torch.json" --outdir "$OUT" \
+  --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" --date "$(date -u +%F)" | tail -45
