@@ -25,7 +25,7 @@ using namespace flashq;
 using namespace flashq::attention;
 
 namespace flashq::attention::detail {  // bench-only variants, prefill_variants.cu
-template <typename T, int D, bool kCausal, int kBMOverride>
+template <typename T, int D, bool kCausal, int kBMOverride, int kMTOverride>
 Status LaunchPrefillImpl(const VarlenAttentionParams& p, cudaStream_t stream);
 }
 
@@ -199,11 +199,13 @@ std::string RunPrefill(Timer& timer, const PrefillCfg& cfg, int reps) {
   std::printf("prefill %-24s %8.3f ms  %7.1f TFLOP/s  check max_err %.3g %s\n", cfg.name.c_str(), ms, tflops, max_err,
               ok ? "ok" : "FAIL");
   std::string variant;
-  if (d == 128) {  // bench-only variant: 128-row query tile, 8 warps
+  if (d == 128 || d == 64) {  // bench-only variant: one 16-row m-tile per warp (the first version)
     auto launch = [&] {
       using detail::LaunchPrefillImpl;
-      Status st = cfg.causal ? LaunchPrefillImpl<__nv_bfloat16, 128, true, 128>(p, nullptr)
-                             : LaunchPrefillImpl<__nv_bfloat16, 128, false, 128>(p, nullptr);
+      Status st = d == 128 ? (cfg.causal ? LaunchPrefillImpl<__nv_bfloat16, 128, true, 64, 1>(p, nullptr)
+                                         : LaunchPrefillImpl<__nv_bfloat16, 128, false, 64, 1>(p, nullptr))
+                           : (cfg.causal ? LaunchPrefillImpl<__nv_bfloat16, 64, true, 128, 1>(p, nullptr)
+                                         : LaunchPrefillImpl<__nv_bfloat16, 64, false, 128, 1>(p, nullptr));
       OKS(st);
     };
     CK(cudaMemset(o, 0xFF, n * 2));
@@ -211,9 +213,9 @@ std::string RunPrefill(Timer& timer, const PrefillCfg& cfg, int reps) {
     CK(cudaDeviceSynchronize());
     const double verr = check();
     const double vms = timer.MedianMs(launch, reps);
-    std::printf("  variant bm128             %8.3f ms  %7.1f TFLOP/s  check max_err %.3g %s\n", vms,
+    std::printf("  variant mt1               %8.3f ms  %7.1f TFLOP/s  check max_err %.3g %s\n", vms,
                 flops / (vms * 1e-3) / 1e12, verr, verr < 2e-2 ? "ok" : "FAIL");
-    variant = ", \"variant_bm128\": {" + Json("ms", vms) + ", " + Json("tflops", flops / (vms * 1e-3) / 1e12) + ", " +
+    variant = ", \"variant_mt1\": {" + Json("ms", vms) + ", " + Json("tflops", flops / (vms * 1e-3) / 1e12) + ", " +
               Json("check_max_abs_err", verr) + "}";
   }
   std::string lens = "[";
@@ -333,9 +335,10 @@ int main(int argc, char** argv) {
   for (int page : {16, 64})
     for (auto bl : {std::pair{1, 32768}, std::pair{32, 4096}, std::pair{64, 8192}})
       decode.push_back({bl.first, bl.second, page, 0});
-  for (int split : {128, 512, 1024}) {  // split-size sweep (a server config choice; default 256)
+  for (int split : {512, 1024, 2048}) {  // split-size sweep (a server config choice)
     decode.push_back({1, 32768, 16, split});
     decode.push_back({32, 4096, 16, split});
+    decode.push_back({64, 8192, 16, split});
   }
   const int reps = quick ? 5 : 30;
   std::string out = "{\"device\": \"" + std::string(prop.name) + "\", \"sms\": " +

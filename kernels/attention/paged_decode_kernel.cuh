@@ -48,13 +48,14 @@ __host__ __device__ inline int NumSplits(int lk, int split) { return (lk + split
 
 template <typename T, int D>
 __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
-    PagedDecodeKernel(const PagedDecodeParams p, int split_tokens, int max_splits, int m_tiles) {
+    PagedDecodeKernel(const PagedDecodeParams p, int split_tokens, int max_splits, int m_tiles, int table_slots) {
   using Tr = DecodeTraits<D>;
   constexpr int kBN = Tr::kBN, kThreads = Tr::kThreads, kStages = Tr::kStages, kChunks = Tr::kChunks;
   constexpr int kDB = D / 8, kKD = D / 16;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);  // (16, D)
   T* sKV = sQ + Tr::kRows * D;             // kStages x [(kBN, D) K, (kBN, D) V]
+  int32_t* sTable = reinterpret_cast<int32_t*>(sKV + kStages * Tr::kStageElems);  // (table_slots,)
 
   const int b = blockIdx.z, split = blockIdx.x;
   const int hk = blockIdx.y / m_tiles, mt = blockIdx.y % m_tiles;
@@ -90,7 +91,13 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
     CpAsync16(SmemAddr(sQ + Swz<D>(r, chunk)), src, ok);
   }
 
+  // This split's slice of the block table, staged once in shared memory so that issuing a tile's
+  // copies never waits on a global load.
   const int32_t* table = p.block_table + int64_t(b) * p.max_blocks_per_seq;
+  const int first_page = kb / p.page_size;
+  const int n_pages = ke > kb ? (ke - 1) / p.page_size - first_page + 1 : 0;
+  for (int i = tid; i < n_pages && i < table_slots; i += kThreads) sTable[i] = table[first_page + i];
+  __syncthreads();
   const T* kc = static_cast<const T*>(p.k_cache) + int64_t(hk) * p.kv_head_stride;
   const T* vc = static_cast<const T*>(p.v_cache) + int64_t(hk) * p.kv_head_stride;
   auto load_tile = [&](int tile, int stage) {
@@ -105,7 +112,10 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
       const int key = kb + tile * kBN + r;
       const bool ok = key < ke;
       int64_t off = 0;
-      if (ok) off = int64_t(table[key / p.page_size]) * p.kv_block_stride + int64_t(key % p.page_size) * p.kv_row_stride;
+      if (ok) {
+        const int page = key / p.page_size;
+        off = int64_t(sTable[page - first_page]) * p.kv_block_stride + int64_t(key - page * p.page_size) * p.kv_row_stride;
+      }
       CpAsync16(SmemAddr(sK + Swz<D>(r, chunk)), ok ? kc + off + chunk * 8 : kc, ok);
       CpAsync16(SmemAddr(sV + Swz<D>(r, chunk)), ok ? vc + off + chunk * 8 : vc, ok);
     }
@@ -261,44 +271,74 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   }
 }
 
-// Merge split partials: one CTA per (sequence, query head), one warp per new token.
+// Merge split partials: one CTA of 128 threads per (sequence, query head), looping over the new
+// tokens. LSE max and weights are computed across threads, then thread (group sg, column c)
+// accumulates splits sg, sg + G, ... for 4 columns, and the G groups are summed in a fixed order
+// (deterministic, independent of the batch).
 template <typename T, int D>
 __global__ void __launch_bounds__(128) CombineKernel(const PagedDecodeParams p, int split_tokens, int max_splits) {
+  constexpr int kThreads = 128, kCols = D / 4, kGroups = kThreads / kCols;
+  static_assert(kThreads % kCols == 0, "column groups");
+  extern __shared__ float sW[];  // (max_splits,) weights
+  __shared__ float4 sPart[kThreads];
+  __shared__ float sRed[kThreads / 32];
   const int b = blockIdx.x, h = blockIdx.y;
   const int q_start = p.cu_seqlens_q[b];
   const int lq = p.cu_seqlens_q[b + 1] - q_start, lk = p.seqlens_k[b];
-  const int n_splits = NumSplits(lk, split_tokens);
-  if (n_splits <= 1) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  constexpr int kPer = D / 32;
+  const int n = NumSplits(lk, split_tokens);
+  if (n <= 1) return;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const float* ws_o = static_cast<const float*>(p.workspace);
   const float* ws_lse = ws_o + int64_t(p.total_q) * p.num_heads_q * max_splits * D;
   const int64_t lse_stride = p.lse_head_stride ? p.lse_head_stride : int64_t(p.total_q);
-  for (int i = warp; i < lq; i += 4) {
+  const int sg = tid / kCols, c = (tid % kCols) * 4;
+  for (int i = 0; i < lq; ++i) {
     const int tok = q_start + i;
     const int64_t slot0 = (int64_t(tok) * p.num_heads_q + h) * max_splits;
     float m = -INFINITY;
-    for (int s = 0; s < n_splits; ++s) m = fmaxf(m, ws_lse[slot0 + s]);
-    float l = 0.0f, o[kPer];
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) o[j] = 0.0f;
-    for (int s = 0; s < n_splits; ++s) {
+    for (int s = tid; s < n; s += kThreads) m = fmaxf(m, ws_lse[slot0 + s]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) sRed[warp] = m;
+    __syncthreads();
+    m = fmaxf(fmaxf(sRed[0], sRed[1]), fmaxf(sRed[2], sRed[3]));
+    __syncthreads();
+    float l = 0.0f;
+    for (int s = tid; s < n; s += kThreads) {
       const float ls = ws_lse[slot0 + s];
-      const float f = ls == -INFINITY ? 0.0f : __expf(ls - m);
-      l += f;
-      const float* src = ws_o + (slot0 + s) * D + lane * kPer;
-#pragma unroll
-      for (int j = 0; j < kPer; j += 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src + j);
-        o[j] += f * v.x;
-        o[j + 1] += f * v.y;
-      }
+      const float w = ls == -INFINITY ? 0.0f : __expf(ls - m);
+      sW[s] = w;
+      l += w;
     }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    T* out = static_cast<T*>(p.o) + int64_t(tok) * p.o_row_stride + int64_t(h) * p.o_head_stride + lane * kPer;
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) sRed[warp] = l;
+    __syncthreads();
+    l = (sRed[0] + sRed[1]) + (sRed[2] + sRed[3]);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float* src = ws_o + slot0 * D + c;
+#pragma unroll 4
+    for (int s = sg; s < n; s += kGroups) {
+      const float w = sW[s];
+      const float4 v = *reinterpret_cast<const float4*>(src + int64_t(s) * D);
+      acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+    }
+    sPart[tid] = acc;
+    __syncthreads();
+    if (sg == 0) {
+      float4 tot = sPart[tid];
 #pragma unroll
-    for (int j = 0; j < kPer; j += 2) *reinterpret_cast<uint32_t*>(out + j) = Pack2<T>(o[j] * inv, o[j + 1] * inv);
-    if (p.lse != nullptr && lane == 0) p.lse[int64_t(h) * lse_stride + tok] = l > 0.0f ? m + logf(l) : -INFINITY;
+      for (int g2 = 1; g2 < kGroups; ++g2) {
+        const float4 v = sPart[g2 * kCols + tid];
+        tot.x += v.x; tot.y += v.y; tot.z += v.z; tot.w += v.w;
+      }
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      T* out = static_cast<T*>(p.o) + int64_t(tok) * p.o_row_stride + int64_t(h) * p.o_head_stride + c;
+      uint2 packed;
+      packed.x = Pack2<T>(tot.x * inv, tot.y * inv);
+      packed.y = Pack2<T>(tot.z * inv, tot.w * inv);
+      *reinterpret_cast<uint2*>(out) = packed;
+      if (p.lse != nullptr && tid == 0) p.lse[int64_t(h) * lse_stride + tok] = l > 0.0f ? m + logf(l) : -INFINITY;
+    }
+    __syncthreads();  // sW, sPart and sRed are reused by the next token
   }
 }
 
@@ -309,13 +349,21 @@ Status LaunchPagedDecode(const PagedDecodeParams& p, int split_tokens, cudaStrea
   const int max_splits = NumSplits(p.max_seqlen_k, split_tokens);
   const int m_tiles = (p.max_seqlen_q * group + Tr::kRows - 1) / Tr::kRows;
   if (p.batch == 0 || max_splits == 0 || m_tiles == 0) return Status::Ok();
+  // Pages one split can touch: split_tokens / page_size + 1 (a split may start mid-page).
+  const int table_slots = split_tokens / p.page_size + 2;
+  const int smem = Tr::kSmemBytes + table_slots * 4;
+  if (smem > 227 * 1024) return InvalidArgument("run_paged_decode: page_size too small for split_tokens");
   auto kernel = PagedDecodeKernel<T, D>;
-  FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(max_splits, p.num_heads_kv * m_tiles, p.batch);
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, split_tokens, max_splits, m_tiles);
+  kernel<<<grid, Tr::kThreads, smem, stream>>>(p, split_tokens, max_splits, m_tiles, table_slots);
   FQ_CUDA_RETURN_LAUNCH();
   if (max_splits > 1) {
-    CombineKernel<T, D><<<dim3(p.batch, p.num_heads_q), 128, 0, stream>>>(p, split_tokens, max_splits);
+    if (max_splits > 40 * 1024) return InvalidArgument("run_paged_decode: too many splits (raise split_tokens)");
+    const int combine_smem = max_splits * 4;
+    auto combine = CombineKernel<T, D>;
+    FQ_CUDA_RETURN(cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize, combine_smem));
+    combine<<<dim3(p.batch, p.num_heads_q), 128, combine_smem, stream>>>(p, split_tokens, max_splits);
     FQ_CUDA_RETURN_LAUNCH();
   }
   return Status::Ok();

@@ -294,8 +294,8 @@ struct PagedCase {
 
 std::string PagedName(const ::testing::TestParamInfo<PagedCase>& info) {
   const auto& c = info.param;
-  return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_hd" + std::to_string(c.d) + "_gqa" +
-         std::to_string(c.hq / c.hkv) + "_page" + std::to_string(c.page) + "_q" + std::to_string(c.q_len);
+  return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_hd" + std::to_string(c.d) + "_hq" +
+         std::to_string(c.hq) + "_gqa" + std::to_string(c.hq / c.hkv) + "_page" + std::to_string(c.page) + "_q" + std::to_string(c.q_len);
 }
 
 struct PagedSetup {
