@@ -1,0 +1,192 @@
+// The runner against a simulated server (one FIFO worker with a fixed service
+// time): closed-loop concurrency is respected, open-loop rates are kept, and
+// open-loop latency counts from the intended send time, so an overloaded server
+// or a stalled sender cannot hide its delay (coordinated omission).
+#include "client/bench/runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+namespace flashq::bench {
+namespace {
+
+using namespace std::chrono_literals;
+
+class FixedWorkload : public Workload {
+ public:
+  const std::string& model() const override { return model_; }
+  std::string Describe() const override { return "fake"; }
+  Work Next() override {
+    Work w;
+    w.request = std::make_shared<inference::ModelInferRequest>();
+    w.units = 3;
+    return w;
+  }
+
+ private:
+  std::string model_ = "fake";
+};
+
+// One worker serving requests in arrival order, `service` each. Optionally the
+// first Send() blocks the caller for `stall` (a client-side hiccup).
+class SimulatedServer : public Transport {
+ public:
+  explicit SimulatedServer(std::chrono::microseconds service, std::chrono::milliseconds stall = 0ms)
+      : service_(service), stall_(stall), worker_([this] { Loop(); }) {}
+  ~SimulatedServer() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  void Send(const Work&, std::function<void(int)> done) override {
+    if (stall_.count() && !stalled_.exchange(true)) std::this_thread::sleep_for(stall_);
+    std::lock_guard<std::mutex> l(mu_);
+    q_.push_back(std::move(done));
+    in_flight_++;
+    max_in_flight_ = std::max(max_in_flight_, in_flight_);
+    cv_.notify_all();
+  }
+  int max_in_flight() {
+    std::lock_guard<std::mutex> l(mu_);
+    return max_in_flight_;
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return done_ || !q_.empty(); });
+      if (q_.empty()) return;
+      auto done = std::move(q_.front());
+      q_.pop_front();
+      lk.unlock();
+      std::this_thread::sleep_for(service_);
+      lk.lock();
+      in_flight_--;
+      lk.unlock();
+      done(0);
+      lk.lock();
+    }
+  }
+  std::chrono::microseconds service_;
+  std::chrono::milliseconds stall_;
+  std::atomic<bool> stalled_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void(int)>> q_;
+  int in_flight_ = 0, max_in_flight_ = 0;
+  bool done_ = false;
+  std::thread worker_;
+};
+
+MeasureOptions Fast() {
+  MeasureOptions o;
+  o.window_s = 0.3;
+  o.warmup_s = 0.1;
+  o.max_time_s = 1.5;
+  o.stability_pct = 50;
+  o.min_requests_per_window = 1;
+  return o;
+}
+
+TEST(Runner, ClosedLoopKeepsConcurrencyAndMeasuresQueueing) {
+  FixedWorkload w;
+  SimulatedServer s(2000us);
+  LoadPoint lp;
+  lp.concurrency = 4;
+  PointResult r = RunPoint(w, s, lp, Fast(), nullptr, nullptr, nullptr);
+  EXPECT_EQ(s.max_in_flight(), 4);
+  ASSERT_GT(r.m.ok, 50);
+  EXPECT_EQ(r.m.error_count(), 0);
+  EXPECT_EQ(r.m.units, 3 * r.m.ok);
+  // One worker, 4 outstanding: each request waits for ~3 others, so ~4 service times.
+  EXPECT_GT(r.m.latency.Percentile(50), 6'000'000);
+  EXPECT_LT(r.m.rps(), 1e6 / 2000.0 * 1.05);
+  EXPECT_GT(r.m.rps(), 1e6 / 2000.0 * 0.5);
+  EXPECT_TRUE(r.stable);
+  EXPECT_GE(r.windows, 3);
+}
+
+TEST(Runner, OpenLoopKeepsTheRateBelowCapacity) {
+  FixedWorkload w;
+  SimulatedServer s(200us);
+  LoadPoint lp;
+  lp.mode = LoadPoint::Mode::kOpen;
+  lp.rate = 500;
+  lp.arrival = Arrival::kConstant;
+  PointResult r = RunPoint(w, s, lp, Fast(), nullptr, nullptr, nullptr);
+  EXPECT_NEAR(r.m.rps(), 500, 50);
+  EXPECT_LT(r.m.latency.Percentile(50), 5'000'000);  // no backlog at 10% load
+}
+
+TEST(Runner, OpenLoopLatencyCountsServerBacklog) {
+  // 2x overload: 400 req/s offered, 200 req/s served. The backlog grows by about
+  // 200 requests per second, so queueing delay reaches hundreds of ms. A tool that
+  // timed from the actual send (or slowed its sender) would not see it.
+  FixedWorkload w;
+  SimulatedServer s(5000us);
+  LoadPoint lp;
+  lp.mode = LoadPoint::Mode::kOpen;
+  lp.rate = 400;
+  lp.arrival = Arrival::kPoisson;
+  MeasureOptions o = Fast();
+  o.max_time_s = 1.0;
+  o.stability_pct = 1;  // never stable: the backlog keeps growing
+  PointResult r = RunPoint(w, s, lp, o, nullptr, nullptr, nullptr);
+  EXPECT_FALSE(r.stable);
+  EXPECT_GT(r.m.latency.Percentile(99), 200'000'000);
+  EXPECT_LT(r.m.rps(), 220);
+}
+
+TEST(Runner, OpenLoopLatencyCountsASenderStall) {
+  // The server is fast, but the first Send blocks the sender for 300 ms. Requests
+  // that were due during the stall go out late; their latency includes the wait.
+  FixedWorkload w;
+  SimulatedServer s(100us, 300ms);
+  LoadPoint lp;
+  lp.mode = LoadPoint::Mode::kOpen;
+  lp.rate = 200;
+  lp.arrival = Arrival::kConstant;
+  MeasureOptions o = Fast();
+  o.warmup_s = 0;
+  o.window_s = 2.0;
+  o.max_time_s = 2.0;
+  PointResult r = RunPoint(w, s, lp, o, nullptr, nullptr, nullptr);
+  ASSERT_GT(r.m.ok, 300);
+  EXPECT_GT(r.m.latency.max(), 250'000'000);               // the request due at t=0 waited ~300 ms
+  EXPECT_GT(r.m.latency.Percentile(90), 50'000'000);      // ~60 requests were due during the stall
+  EXPECT_LT(r.m.latency.Percentile(50), 10'000'000);      // the rest were on time
+  EXPECT_GT(r.m.send_lag.max(), 250'000'000);
+}
+
+TEST(Runner, InterruptStopsPromptly) {
+  FixedWorkload w;
+  SimulatedServer s(1000us);
+  LoadPoint lp;
+  lp.concurrency = 2;
+  std::atomic<bool> stop{false};
+  std::thread t([&] {
+    std::this_thread::sleep_for(300ms);
+    stop = true;
+  });
+  MeasureOptions o = Fast();
+  o.max_time_s = 30;
+  o.stability_pct = 0.001;
+  const auto t0 = std::chrono::steady_clock::now();
+  PointResult r = RunPoint(w, s, lp, o, nullptr, &stop, nullptr);
+  t.join();
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
+}  // namespace
+}  // namespace flashq::bench
