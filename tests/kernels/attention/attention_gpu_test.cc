@@ -233,6 +233,7 @@ TEST_P(VarlenGpuTest, MatchesFloat64Reference) {
   std::vector<uint16_t> o2;
   std::vector<float> lse2;
   RunVarlenGpu(r, 300, o2, lse2);
+  ASSERT_EQ(o.size(), o2.size());
   ASSERT_EQ(0, std::memcmp(o.data(), o2.data(), o.size() * 2)) << "non-deterministic O";
   ASSERT_EQ(0, std::memcmp(lse.data(), lse2.data(), lse.size() * 4)) << "non-deterministic LSE";
 
@@ -254,6 +255,7 @@ TEST_P(VarlenGpuTest, MatchesFloat64Reference) {
     std::vector<uint16_t> o1;
     std::vector<float> l1;
     RunVarlenGpu(one, r.lq[b], o1, l1);
+    ASSERT_EQ(o1.size(), size_t(r.lq[b]) * qrow);
     ASSERT_EQ(0, std::memcmp(o1.data(), o.data() + r.cuq[b] * qrow, o1.size() * 2)) << "batch variance, seq " << b;
     for (int h = 0; h < c.hq; ++h)
       for (int i = 0; i < r.lq[b]; ++i)
@@ -290,12 +292,14 @@ struct PagedCase {
   int hq, hkv;
   int page;
   int q_len;  // new tokens per sequence (0-length sequences are added separately)
+  int split;  // split_tokens (0 = the default)
 };
 
 std::string PagedName(const ::testing::TestParamInfo<PagedCase>& info) {
   const auto& c = info.param;
   return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_hd" + std::to_string(c.d) + "_hq" +
-         std::to_string(c.hq) + "_gqa" + std::to_string(c.hq / c.hkv) + "_page" + std::to_string(c.page) + "_q" + std::to_string(c.q_len);
+         std::to_string(c.hq) + "_gqa" + std::to_string(c.hq / c.hkv) + "_page" + std::to_string(c.page) + "_q" + std::to_string(c.q_len) + "_split" +
+         std::to_string(c.split);
 }
 
 struct PagedSetup {
@@ -316,7 +320,7 @@ void MakePaged(PagedSetup& s, const PagedCase& c, std::vector<int> lk, uint32_t 
   s.cuk = Cu(s.lk);
   s.seqlens.assign(s.lk.begin(), s.lk.end());
   int max_lk = *std::max_element(s.lk.begin(), s.lk.end());
-  s.max_blocks = (max_lk + c.page - 1) / c.page + 1;
+  s.max_blocks = 3 * ((max_lk + c.page - 1) / c.page) + 1;  // spare capacity: larger max_seqlen_k bounds are legal
   const int batch = int(s.lk.size());
   s.num_blocks = batch * s.max_blocks + 3;
   std::mt19937 rng(seed);
@@ -386,7 +390,7 @@ void RunPagedGpu(const PagedSetup& s, bool append, int max_q, int max_k, std::ve
     ASSERT_EQ(0, std::memcmp(kback.data(), s.kcache.data(), kback.size() * 2)) << "append wrote K wrong";
     ASSERT_EQ(0, std::memcmp(vback.data(), s.vcache.data(), vback.size() * 2)) << "append wrote V wrong";
   }
-  const size_t ws_bytes = paged_decode_workspace_size(tq, c.hq, c.d, max_k);
+  const size_t ws_bytes = paged_decode_workspace_size(tq, c.hq, c.d, max_k, c.split);
   DevBuf ws(ws_bytes);
   if (ws_bytes) {
     CK(cudaMemset(ws.p, 0xFF, ws_bytes));
@@ -402,7 +406,7 @@ void RunPagedGpu(const PagedSetup& s, bool append, int max_q, int max_k, std::ve
   p.total_q = tq; p.batch = batch; p.max_blocks_per_seq = s.max_blocks; p.page_size = c.page;
   p.max_seqlen_q = max_q; p.max_seqlen_k = max_k;
   p.num_heads_q = c.hq; p.num_heads_kv = c.hkv; p.head_dim = c.d;
-  p.softmax_scale = 1.0f / std::sqrt(float(c.d)); p.causal = true; p.dtype = c.dtype;
+  p.softmax_scale = 1.0f / std::sqrt(float(c.d)); p.causal = true; p.dtype = c.dtype; p.split_tokens = c.split;
   OKS(run_paged_decode(p, nullptr));
   CK(cudaDeviceSynchronize());
   o.resize(size_t(tq) * c.hq * c.d);
@@ -416,8 +420,8 @@ class PagedGpuTest : public ::testing::TestWithParam<PagedCase> {};
 TEST_P(PagedGpuTest, MatchesFloat64Reference) {
   const PagedCase c = GetParam();
   PagedSetup s;
-  // Length 1, an empty sequence, one split, several splits (split = 256 keys), non-multiples.
-  MakePaged(s, c, {1, 0, 200, 1000, 257, 64}, 99u + c.page + c.d + c.hkv + c.q_len);
+  // Length 1, an empty sequence, one split, several splits, non-multiples of the tile and page.
+  MakePaged(s, c, {1, 0, 200, 2100, 257, 64}, 99u + c.page + c.d + c.hkv + c.q_len);
   const int batch = int(s.lk.size());
   AttentionShape shape{batch, c.hq, c.hkv, c.d, 1.0f / std::sqrt(float(c.d)), true};
   ASSERT_TRUE(CheckPaged(s.table.data(), s.max_blocks, c.page, s.num_blocks, s.seqlens.data(), s.cuq.data(), batch).ok());
@@ -433,11 +437,12 @@ TEST_P(PagedGpuTest, MatchesFloat64Reference) {
   LowPrecisionRef(c.dtype, s.qf, s.kf, s.vf, s.cuq, s.cuk, shape, lowp);
   std::vector<uint16_t> o, o2;
   std::vector<float> lse, lse2;
-  RunPagedGpu(s, /*append=*/true, c.q_len, 1000, o, lse);
+  RunPagedGpu(s, /*append=*/true, c.q_len, 2100, o, lse);
   CheckAgainstRefs(c.dtype, o, ref, lowp, "paged O");
   CheckLse(lse, lse_ref, "paged LSE");
   // Determinism, and invariance to the grid bounds (max_seqlen_k larger than needed).
-  RunPagedGpu(s, false, c.q_len, 4000, o2, lse2);
+  RunPagedGpu(s, false, c.q_len, s.max_blocks * c.page, o2, lse2);
+  ASSERT_EQ(o.size(), o2.size());
   ASSERT_EQ(0, std::memcmp(o.data(), o2.data(), o.size() * 2)) << "decode not deterministic / bound-dependent";
   ASSERT_EQ(0, std::memcmp(lse.data(), lse2.data(), lse.size() * 4));
   // Batch invariance: sequence 3 (several splits) alone.
@@ -452,6 +457,7 @@ TEST_P(PagedGpuTest, MatchesFloat64Reference) {
   std::vector<uint16_t> o1;
   std::vector<float> l1;
   RunPagedGpu(one, false, s.lq[3], s.lk[3], o1, l1);
+  ASSERT_EQ(o1.size(), size_t(s.lq[3]) * c.hq * c.d);
   ASSERT_EQ(0, std::memcmp(o1.data(), o.data() + size_t(s.cuq[3]) * c.hq * c.d, o1.size() * 2))
       << "decode batch variance";
 }
@@ -460,11 +466,11 @@ std::vector<PagedCase> PagedCases() {
   std::vector<PagedCase> v;
   for (DType t : {DType::kBF16, DType::kF16})
     for (int d : {64, 128, 256})
-      for (int hkv : {8, 2, 1}) v.push_back({t, d, 8, hkv, d == 128 ? 16 : 64, 1});
-  // Page sizes and multi-token decode on the main head dim.
+      for (int hkv : {8, 2, 1}) v.push_back({t, d, 8, hkv, d == 128 ? 16 : 64, 1, 256});
+  // Page sizes and multi-token decode on the main head dim, default split.
   for (int page : {16, 64, 256})
-    for (int ql : {1, 3}) v.push_back({DType::kBF16, 128, 32, 8, page, ql});
-  v.push_back({DType::kF16, 128, 16, 2, 32, 5});
+    for (int ql : {1, 3}) v.push_back({DType::kBF16, 128, 32, 8, page, ql, 0});
+  v.push_back({DType::kF16, 128, 16, 2, 32, 5, 128});
   return v;
 }
 
