@@ -243,7 +243,7 @@ def config_param(model_dir, key, default=None):
     """A string parameter of a config.pbtxt (parameters { key: "k" value { string_value: "v" } })."""
     import os
     text = open(os.path.join(model_dir, "config.pbtxt")).read()
-    m = re.search(r'key\s*:\s*"' + re.escape(key) + r'"\s*value\s*\{\s*string_value\s*:\s*"([^"]*)"', text)
+    m = re.search(r'key\s*:\s*"' + re.escape(key) + r'"\s*value\s*:?\s*\{\s*string_value\s*:\s*"([^"]*)"', text)
     return m.group(1) if m else default
 
 
