@@ -19,6 +19,7 @@ cmake --build build-gpu -j16 --target attention_gpu_test attention_ref_test atte
 BUILD_RC=$?
 echo "build rc=$BUILD_RC at $(el)s"; grep -E "error|warning: .*spill|bytes spill" "$OUT/attn_build.log" | head -20
 [ $BUILD_RC -eq 0 ] || { tail -40 "$OUT/attn_build.log"; exit 1; }
+echo "SASS: HGMMA $(cuobjdump --dump-sass build-gpu/bin/attention_bench 2>/dev/null | grep -c HGMMA), HMMA $(cuobjdump --dump-sass build-gpu/bin/attention_bench 2>/dev/null | grep -c HMMA)"
 timeout 200 build-gpu/bin/attention_ref_test >"$OUT/attn_tests.log" 2>&1; REF_RC=$?
 timeout 200 build-gpu/bin/attention_gpu_test >>"$OUT/attn_tests.log" 2>&1; GPU_RC=$?
 echo "tests: ref rc=$REF_RC gpu rc=$GPU_RC at $(el)s"

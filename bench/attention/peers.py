@@ -143,7 +143,7 @@ def main():
           f"torch {torch.__version__}. BF16, FP32 accumulation. Medians; L2 flushed before each run. "
           f"Copy ceiling (D2D, read+write) {ours['copy_gbps']:.0f} GB/s.", "",
           "## Prefill (Hq = Hkv = 32), TFLOP/s", "",
-          "| shape | ours | ours (mt1 variant) | SDPA flash | SDPA cuDNN | varlen_attn | ours/flash | ours/cuDNN | ours/varlen |",
+          "| shape | ours | ours mma.sync (sm80 path) | SDPA flash | SDPA cuDNN | varlen_attn | ours/flash | ours/cuDNN | ours/varlen |",
           "|---|---|---|---|---|---|---|---|---|"]
     for row in ours["prefill"]:
         peers, notes = prefill_peers(row)
@@ -157,7 +157,7 @@ def main():
         entry["ratios"] = ratios
         result["prefill"].append(entry)
         g = lambda n: None if peers.get(n) is None else peers[n]["tflops"]
-        var = row.get("variant_mt1", {}).get("tflops")
+        var = row.get("variant_mma_mt2", {}).get("tflops")
         md.append(f"| {row['name']} | {row['tflops']:.1f} | {fmt(var)} | {fmt(g('sdpa_flash'))} | {fmt(g('sdpa_cudnn'))} | "
                   f"{fmt(g('varlen_attn'))} | {fmt(ratios.get('sdpa_flash'), '.2f')} | "
                   f"{fmt(ratios.get('sdpa_cudnn'), '.2f')} | {fmt(ratios.get('varlen_attn'), '.2f')} |")

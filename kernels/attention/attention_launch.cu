@@ -9,6 +9,7 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/launch_decls.h"
+#include "kernels/common/cuda_check.h"
 
 namespace flashq::attention {
 namespace {
@@ -37,9 +38,27 @@ Status CheckVarlen(const VarlenAttentionParams& p) {
   return Status::Ok();
 }
 
+// Hopper (compute capability 9.0) runs the wgmma kernels for head dims 64 and 128; the build
+// must then include sm_90a (CMAKE_CUDA_ARCHITECTURES 90a-real), as the project default does.
+Status IsHopper(bool* hopper) {
+  int dev = 0, major = 0, minor = 0;
+  FQ_CUDA_RETURN(cudaGetDevice(&dev));
+  FQ_CUDA_RETURN(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  FQ_CUDA_RETURN(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  *hopper = major == 9 && minor == 0;
+  return Status::Ok();
+}
+
 template <typename T>
 Status DispatchHeadDim(const VarlenAttentionParams& p, cudaStream_t s) {
   using detail::LaunchPrefill;
+  using detail::LaunchPrefillWgmma;
+  bool hopper = false;
+  FQ_RETURN_IF_ERROR(IsHopper(&hopper));
+  if (hopper && p.head_dim == 64)
+    return p.causal ? LaunchPrefillWgmma<T, 64, true>(p, s) : LaunchPrefillWgmma<T, 64, false>(p, s);
+  if (hopper && p.head_dim == 128)
+    return p.causal ? LaunchPrefillWgmma<T, 128, true>(p, s) : LaunchPrefillWgmma<T, 128, false>(p, s);
   switch (p.head_dim) {
     case 64: return p.causal ? LaunchPrefill<T, 64, true>(p, s) : LaunchPrefill<T, 64, false>(p, s);
     case 128: return p.causal ? LaunchPrefill<T, 128, true>(p, s) : LaunchPrefill<T, 128, false>(p, s);

@@ -11,6 +11,10 @@ namespace flashq::attention::detail {
 template <typename T, int D, bool kCausal>
 Status LaunchPrefill(const VarlenAttentionParams& p, cudaStream_t stream);
 
+// sm_90a wgmma prefill, D in {64, 128}.
+template <typename T, int D, bool kCausal>
+Status LaunchPrefillWgmma(const VarlenAttentionParams& p, cudaStream_t stream);
+
 template <typename T, int D>
 Status LaunchPagedDecode(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream);
 
