@@ -3,8 +3,8 @@
 //   scales), and our cuBLASLt BF16 wrapper (both modes), plus the device-to-device copy
 //   ceiling, for (K, N) in {4096x4096, 4096x14336, 14336x4096, 8192x8192} and
 //   M in {1, 4, 16, 32, 64, 128, 256, 1024, 4096}.
-// Timing: CUDA events around a batch of back-to-back launches that rotate over enough
-// weight copies to defeat the 50 MB L2; median of 7 batches after a warm-up batch.
+// Timing: a CUDA graph of back-to-back calls that rotate over enough weight copies to
+// defeat the 50 MB L2 (>= 256 MB); median of 7 replays after a warm-up replay.
 // Output: JSON (--out), one record per (method, K, N, M).
 #include <cuda_runtime.h>
 
@@ -55,25 +55,38 @@ std::vector<float> Random(size_t n, uint32_t seed) {
   return v;
 }
 
-// Median over 7 batches of the mean time per call (µs); fn(i) runs call i.
+cudaStream_t g_stream = nullptr;
+
+// Median over 7 replays of a CUDA graph holding `iters` back-to-back calls (host launch
+// overhead excluded, as in the torch peers); fn(i) enqueues call i on g_stream.
 double TimeUs(const std::function<void(int)>& fn, double est_us) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   const int iters = std::clamp(int(2000.0 / std::max(est_us, 1.0)), 5, 200);
-  for (int i = 0; i < iters; ++i) fn(i);  // warm-up
-  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < 3; ++i) fn(i);  // warm-up outside the graph (plans, attributes)
+  CK(cudaStreamSynchronize(g_stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < iters; ++i) fn(i);
+  CK(cudaStreamEndCapture(g_stream, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  CK(cudaGraphLaunch(exec, g_stream));
+  CK(cudaStreamSynchronize(g_stream));
   std::vector<double> t;
   for (int rep = 0; rep < 7; ++rep) {
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < iters; ++i) fn(i);
-    CK(cudaEventRecord(b));
+    CK(cudaEventRecord(a, g_stream));
+    CK(cudaGraphLaunch(exec, g_stream));
+    CK(cudaEventRecord(b, g_stream));
     CK(cudaEventSynchronize(b));
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, a, b));
     t.push_back(1000.0 * ms / iters);
   }
   CK(cudaGetLastError());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   std::sort(t.begin(), t.end());
@@ -85,10 +98,10 @@ double EstimateUs(const std::function<void(int)>& fn) {
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   fn(0);
-  CK(cudaEventRecord(a));
+  CK(cudaEventRecord(a, g_stream));
   fn(1);
   fn(2);
-  CK(cudaEventRecord(b));
+  CK(cudaEventRecord(b, g_stream));
   CK(cudaEventSynchronize(b));
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, a, b));
@@ -120,7 +133,7 @@ double CopyCeilingGBs() {
   CK(cudaMalloc(&a, bytes));
   CK(cudaMalloc(&b, bytes));
   CK(cudaMemset(a, 1, bytes));
-  double us = TimeUs([&](int) { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 500);
+  double us = TimeUs([&](int) { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_stream)); }, 500);
   cudaFree(a);
   cudaFree(b);
   return 2.0 * bytes / us / 1e3;  // read + write, GB/s
@@ -243,17 +256,18 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   // ---- time ----
   for (int M : Ms) {
     for (bool inv : {true, false}) {
-      auto bf = [&](int i) { OK(run_bf16(blas, wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, inv, nullptr, 0}, nullptr)); };
+      auto bf = [&](int i) { OK(run_bf16(blas, wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, inv, nullptr, 0}, g_stream)); };
       OK(WarmBf16(blas, M, N, K, ActType::kBF16, inv));
       Record("bf16_cublaslt", K, N, M, inv, TimeUs(bf, EstimateUs(bf)), bf16_bytes);
-      auto q4 = [&](int i) { OK(run_w4a16(*w4d[i % r4], LinearArgs{x, y, M, ActType::kBF16, inv, ws, ws_bytes}, blas, nullptr)); };
+      auto q4 = [&](int i) { OK(run_w4a16(*w4d[i % r4], LinearArgs{x, y, M, ActType::kBF16, inv, ws, ws_bytes}, blas, g_stream)); };
       if (!inv && M >= kW4A16DequantMinM) OK(WarmBf16(blas, M, N, K, ActType::kBF16, false));
       Record("w4a16_g128", K, N, M, inv, TimeUs(q4, EstimateUs(q4)), w4_bytes);
     }
-    auto q8 = [&](int i) { OK(run_w8a16(*w8d[i % r8], LinearArgs{x, y, M, ActType::kBF16, true, ws, ws_bytes}, nullptr)); };
+    auto q8 = [&](int i) { OK(run_w8a16(*w8d[i % r8], LinearArgs{x, y, M, ActType::kBF16, true, ws, ws_bytes}, g_stream)); };
     Record("w8a16", K, N, M, true, TimeUs(q8, EstimateUs(q8)), w8_bytes);
     // W8A8: GEMM only (activations already FP8, as torch._scaled_mm is timed).
-    OK(run_quantize_act_fp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), nullptr));
+    OK(run_quantize_act_fp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), g_stream));
+    CK(cudaStreamSynchronize(g_stream));
     for (bool inv : {true, false}) {
       W8A8Args a;
       a.x_fp8 = static_cast<uint8_t*>(xq);
@@ -262,13 +276,13 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
       a.M = M;
       a.batch_invariant = inv;
       a.per_row_act = true;
-      auto rw = [&](int i) { OK(run_w8a8(blas, *w8d[i % r8], a, nullptr)); };
+      auto rw = [&](int i) { OK(run_w8a8(blas, *w8d[i % r8], a, g_stream)); };
       Record("w8a8_rowwise", K, N, M, inv, TimeUs(rw, EstimateUs(rw)), w8_bytes);
       a.per_row_act = false;
-      auto tw = [&](int i) { OK(run_w8a8(blas, *w8td[i % r8], a, nullptr)); };
+      auto tw = [&](int i) { OK(run_w8a8(blas, *w8td[i % r8], a, g_stream)); };
       Record("w8a8_tensorwise", K, N, M, inv, TimeUs(tw, EstimateUs(tw)), w8_bytes);
     }
-    auto aq = [&](int) { OK(run_quantize_act_fp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), nullptr)); };
+    auto aq = [&](int) { OK(run_quantize_act_fp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), g_stream)); };
     Record("act_quant_fp8_rowwise", K, N, M, true, TimeUs(aq, EstimateUs(aq)), 0);
   }
   for (auto p : wbd) cudaFree(p);
@@ -291,6 +305,7 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
+  CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   std::unique_ptr<BlasLt> blas;
   OK(BlasLt::Create(64ull << 20, &blas));
   const double copy = CopyCeilingGBs();

@@ -20,6 +20,13 @@ B=${BIN:-build-gpu/bin}
 [ -x $B/gemm_bench ] || { echo "BUILD FAILED"; tail -40 "$LOG"; exit 1; }
 $B/gemm_cpu_test --gtest_brief=1 >>"$LOG" 2>&1; echo "cpu tests rc=$?" | tee -a "$LOG"
 timeout 240 $B/gemm_gpu_test --gtest_brief=1 >>"$LOG" 2>&1; echo "gpu tests rc=$?" | tee -a "$LOG"
+grep -E "FAILED|Failure|error" "$LOG" | head -30
+timeout 300 $B/gemm_bench $QUICK --out "$OUT/gemm_ours.json" >"$OUT/gemm_bench.txt" 2>&1; echo "bench rc=$?"
+tail -3 "$OUT/gemm_bench.txt"
+PYTHONUNBUFFERED=1 timeout 240 python3 bench/gemm/torch_peers.py $QUICK --out "$OUT/gemm_torch.json" >"$OUT/gemm_torch.txt" 2>&1; echo "torch rc=$?"
+tail -3 "$OUT/gemm_torch.txt"
+python3 bench/gemm/report.py --ours "$OUT/gemm_ours.json" --torch "$OUT/gemm_torch.json" --outdir "$OUT" \
+  --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" --date "$(date -u +%F)" | tail -45
 if [ $SAN = 1 ]; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/gemm_gpu_test --gtest_brief=1 \
     --gtest_filter='Shapes/GemmGpuW4.*/1:Shapes/GemmGpuW4.*/4:Shapes/GemmGpuW4.*/6:Modes/GemmGpuFp8.*/0:Scales/*:GemmGpu.W4A16ShapeErrors*' >>"$LOG" 2>&1
@@ -28,10 +35,4 @@ if [ $SAN = 1 ]; then
     --gtest_filter='Shapes/GemmGpuW4.*/4' >>"$LOG" 2>&1
   echo "compute-sanitizer racecheck rc=$?" | tee -a "$LOG"
 fi
-grep -E "FAILED|Failure|error" "$LOG" | head -30
-timeout 300 $B/gemm_bench $QUICK --out "$OUT/gemm_ours.json" >"$OUT/gemm_bench.txt" 2>&1; echo "bench rc=$?"
-tail -3 "$OUT/gemm_bench.txt"
-PYTHONUNBUFFERED=1 timeout 240 python3 bench/gemm/torch_peers.py $QUICK --out "$OUT/gemm_torch.json" >"$OUT/gemm_torch.txt" 2>&1; echo "torch rc=$?"
-tail -3 "$OUT/gemm_torch.txt"
-python3 bench/gemm/report.py --ours "$OUT/gemm_ours.json" --torch "$OUT/gemm_torch.json" --outdir "$OUT" \
-  --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" --date "$(date -u +%F)" | tail -45
+grep -E "ERROR SUMMARY|rc=" "$LOG" | tail -8

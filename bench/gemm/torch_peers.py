@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
-"""torch peers for bench/gemm, timed the same way as gemm_bench (CUDA events around a
-batch of back-to-back calls rotating over weight copies totalling >= 256 MB, median of 7
-batches after a warm-up batch):
+"""torch peers for bench/gemm, timed the same way as gemm_bench (a CUDA graph of
+back-to-back calls rotating over weight copies totalling >= 256 MB, median of 7 replays):
   torch_bf16_matmul     x @ w.T (bf16)
   torch_int4pack_g128   torch._weight_int4pack_mm (W4, group 128, tinygemm layout)
   torch_scaled_mm_tensorwise / torch_scaled_mm_rowwise   torch._scaled_mm FP8 E4M3 -> bf16
@@ -14,21 +13,37 @@ L2_DEFEAT = 256 << 20
 
 
 def time_us(fn, est_us):
+    """Median of 7 replays of a CUDA graph of `iters` calls (no Python launch overhead in
+    the numbers, as in gemm_bench); falls back to eager batches if capture fails."""
     iters = max(5, min(200, int(2000.0 / max(est_us, 1.0))))
-    for i in range(iters):
-        fn(i)
-    torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(iters):
+                fn(i)
+        run, mode = g.replay, "graph"
+    except Exception:  # noqa: BLE001
+        torch.cuda.synchronize()
+        run, mode = (lambda: [fn(i) for i in range(iters)]), "eager"
+    run()
+    torch.cuda.synchronize()
     ts = []
     for _ in range(7):
         a.record()
-        for i in range(iters):
-            fn(i)
+        run()
         b.record()
         b.synchronize()
         ts.append(1000.0 * a.elapsed_time(b) / iters)
     ts.sort()
-    return ts[len(ts) // 2]
+    return ts[len(ts) // 2], mode
 
 
 def estimate_us(fn):
@@ -104,8 +119,8 @@ def main():
                 cases["torch_int4pack_g128"] = (lambda i: torch._weight_int4pack_mm(x, int4[i % len(int4)][0], g, int4[i % len(int4)][1]), N * K / 2 + N * (K // g) * 4)
             for name, (fn, wbytes) in cases.items():
                 try:
-                    us = time_us(fn, estimate_us(fn))
-                    recs.append(dict(method=name, K=K, N=N, M=M, batch_invariant=False, us=round(us, 3), weight_bytes=wbytes))
+                    us, mode = time_us(fn, estimate_us(fn))
+                    recs.append(dict(method=name, K=K, N=N, M=M, batch_invariant=False, us=round(us, 3), weight_bytes=wbytes, timing=mode))
                     print(f"{name:28s} K={K:5d} N={N:5d} M={M:5d} {us:9.2f} us  {2*M*N*K/us/1e6:7.1f} TFLOP/s", flush=True)
                 except Exception as e:  # noqa: BLE001
                     errors.append(f"{name} K={K} N={N} M={M}: {str(e).splitlines()[0][:200]}")

@@ -2,6 +2,7 @@
 // - GatherColumns: act-order X[m][perm[p]] -> Xp[m][p] (one thread per 8 outputs).
 // - DequantInt4: repacked int4 -> 16-bit W[N][K] for the non-invariant large-M path
 //   (one thread per 8 subtiles x 8 channels; 16-byte stores).
+// - ScaleRowsCols: the W8A8 row/column-wise scaling epilogue, in place, 16-byte accesses.
 // - Activation FP8 quantization (W8A8): per-row amax, per-tensor max, x / scale rounded
 //   satfinite-RN to E4M3, the same arithmetic as QuantizeActFp8 on the host.
 // Limits: K % 8 == 0. Measured: not benchmarked separately (folded into the callers' times).
@@ -111,7 +112,31 @@ __global__ void QuantRowsKernel(const T* __restrict__ x, int K, const float* __r
   QuantRow(x + size_t(blockIdx.x) * K, K, scale[blockIdx.x], xq + size_t(blockIdx.x) * K);
 }
 
+template <typename T>
+__global__ void ScaleRowsColsKernel(T* __restrict__ y, int M, int N, const float* __restrict__ row, const float* __restrict__ col) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;  // over M * N / 8
+  if (i >= size_t(M) * (N / 8)) return;
+  const int m = int(i / (N / 8)), n0 = int(i % (N / 8)) * 8;
+  uint4* p = reinterpret_cast<uint4*>(y + size_t(m) * N + n0);
+  uint4 v = *p;
+  T* e = reinterpret_cast<T*>(&v);
+  const float r = row[m];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) e[j] = T(float(e[j]) * r * col[n0 + j]);
+  *p = v;
+}
+
 }  // namespace
+
+cudaError_t LaunchScaleRowsCols(void* y, ActType act, int M, int N, const float* row, const float* col, cudaStream_t s) {
+  const size_t total = size_t(M) * (N / 8);
+  const unsigned blocks = unsigned((total + 255) / 256);
+  if (act == ActType::kF16)
+    ScaleRowsColsKernel<__half><<<blocks, 256, 0, s>>>(static_cast<__half*>(y), M, N, row, col);
+  else
+    ScaleRowsColsKernel<__nv_bfloat16><<<blocks, 256, 0, s>>>(static_cast<__nv_bfloat16*>(y), M, N, row, col);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchGatherColumns(const void* x, int M, int K, const int32_t* perm, void* out, cudaStream_t s) {
   const size_t total = size_t(M) * (K / 8);

@@ -3,6 +3,7 @@
 // column-major terms: D[N x M] = op_T(W: K x N, ld K) · X(K x M, ld K), which is
 // Y[M][N] = X · Wᵀ in row-major terms (the only layout FP8 supports on Hopper).
 //
+// W8A8 row-wise scales run unscaled plus a scaling epilogue (see run_w8a8).
 // Batch-invariant mode pins one algorithm per (N, K, types, scale mode): the first
 // heuristic candidate (asked for at a reference M) that, with split-K forced to 1,
 // passes cublasLtMatmulAlgoCheck at M = 1, 16, 128 and 4096; every M then runs it.
@@ -224,9 +225,17 @@ Status run_w8a8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cuda
   if (a.M == 0) return Status::Ok();
   if (!a.x_fp8 || !a.x_scale || !a.y) return InvalidArgument("run_w8a8: null pointer");
   const bool tensorwise = !w.per_channel() && !a.per_row_act;
-  const ScaleMode mode = tensorwise ? ScaleMode::kScalar : ScaleMode::kOuterVec;
-  Key k{a.M, v.N, v.K, int(CUDA_R_8F_E4M3), int(ActCuda(a.out)), int(mode), a.batch_invariant};
-  return blas->impl()->Run(k, v.w, a.x_fp8, a.y, tensorwise ? v.scale1 : v.scale_vec, a.x_scale, stream);
+  if (tensorwise) {
+    Key k{a.M, v.N, v.K, int(CUDA_R_8F_E4M3), int(ActCuda(a.out)), int(ScaleMode::kScalar), a.batch_invariant};
+    return blas->impl()->Run(k, v.w, a.x_fp8, a.y, v.scale1, a.x_scale, stream);
+  }
+  // Row/column-wise: cuBLASLt 13.0 rejects outer-vector scale modes for FP8 on Hopper
+  // ("unsupported value"), so the GEMM runs unscaled into y (16-bit) and a small
+  // epilogue multiplies by x_scale[m] * w_scale[n] in fp32 (one extra 16-bit rounding).
+  Key k{a.M, v.N, v.K, int(CUDA_R_8F_E4M3), int(ActCuda(a.out)), int(ScaleMode::kNone), a.batch_invariant};
+  FQ_RETURN_IF_ERROR(blas->impl()->Run(k, v.w, a.x_fp8, a.y, nullptr, nullptr, stream));
+  FQ_CUDA_RETURN(detail::LaunchScaleRowsCols(a.y, a.out, a.M, v.N, a.x_scale, v.scale_vec, stream));
+  return Status::Ok();
 }
 
 }  // namespace flashq::gemm

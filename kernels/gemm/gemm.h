@@ -114,8 +114,9 @@ size_t W8A16WorkspaceBytes(const Fp8DeviceWeights& w, int max_m);
 Status run_w8a16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t stream);
 
 // W8A8: x_fp8 [M][K] E4M3 with x_scale (device, M floats; all equal for per-tensor).
-// Tensor-wise mode (weights per-tensor and !per_row_act): scalar scales. Otherwise
-// outer-vector scales (weights per channel, activations per row). Needs K % 16 == 0, N % 16 == 0.
+// Tensor-wise mode (weights per-tensor and !per_row_act): cuBLASLt scalar scales. Otherwise
+// (weights per channel and/or activations per row) the cuBLASLt GEMM runs unscaled and an
+// epilogue applies x_scale[m] * w_scale[n]. Needs K % 16 == 0, N % 16 == 0.
 // Per-tensor activation scales depend on the whole batch: only per_row_act is batch-invariant.
 struct W8A8Args {
   const uint8_t* x_fp8 = nullptr;

@@ -73,7 +73,8 @@ std::vector<float> RunPoisoned(int M, int N, ActType a, Fn fn) {
 }
 
 // Norm-wise and element-wise checks against a float64 reference.
-void ExpectClose(const std::vector<float>& y, const std::vector<double>& ref, ActType a, double extra_rel, const std::string& what) {
+void ExpectClose(const std::vector<float>& y, const std::vector<double>& ref, ActType a, double extra_rel, const std::string& what,
+                 double atol_rel = 1e-3) {
   ASSERT_EQ(y.size(), ref.size());
   double num = 0, den = 0, amax = 0;
   for (double r : ref) amax = std::max(amax, std::fabs(r));
@@ -84,7 +85,7 @@ void ExpectClose(const std::vector<float>& y, const std::vector<double>& ref, Ac
     const double e = std::fabs(double(y[i]) - ref[i]);
     num += e * e;
     den += ref[i] * ref[i];
-    if (e > 1e-3 * amax + rtol * std::fabs(ref[i])) ++bad;
+    if (e > atol_rel * amax + rtol * std::fabs(ref[i])) ++bad;
   }
   const double rel = std::sqrt(num / std::max(den, 1e-300));
   EXPECT_LT(rel, (a == ActType::kF16 ? 1e-3 : 5e-3) + extra_rel) << what;
@@ -148,7 +149,8 @@ TEST_P(GemmGpuW4, MatchesDequantizedF64AndIsInvariant) {
   ExpectClose(big, RefInt4(x, Mmax, w), act, 0, "w4a16 M=300");
   // Non-invariant mode at large M: dequantize + cuBLASLt.
   auto nv = RunW4(*dw, x, Mmax, act, false, ctx.blas.get());
-  ExpectClose(nv, RefInt4(x, Mmax, w), act, 0, "w4a16 non-invariant M=300");
+  // W is rounded to the 16-bit type on this path: allow that rounding in the absolute term.
+  ExpectClose(nv, RefInt4(x, Mmax, w), act, 0, "w4a16 non-invariant M=300", act == ActType::kF16 ? 1e-3 : 5e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(
