@@ -28,7 +28,8 @@ struct Options {
   std::string model_repository, demo_cache_dir, backend = "auto";
   int64_t max_queue_delay_us = -1, max_queue_size = -1, max_batch_tokens = -1;
   int64_t grpc_max_message_bytes = 64 << 20;
-  int64_t kv_cache_blocks = 0, workers_per_model = 1, cpu_threads = 0;
+  int64_t kv_cache_blocks = 0, workers_per_model = 2, cpu_threads = 0;
+  int64_t gpu_streams = 2, gpu_staging_mb = 256, gpu_arena_mb = 2048;
   bool batch_invariant = true;
 };
 
@@ -53,6 +54,11 @@ void AddFlags(FlagSet& f, Options& o) {
         "Batch-invariant mode: a request's output is bitwise identical whatever else shares its batch.");
   f.Add("workers-per-model", &o.workers_per_model, "Batches executed concurrently per model.");
   f.Add("cpu-threads", &o.cpu_threads, "Threads of the CPU backend (0: all cores).");
+  f.Add("gpu-streams", &o.gpu_streams,
+        "CUDA backend: streams per GPU, each with its own pinned and device staging; batches overlap across them.");
+  f.Add("gpu-staging-mb", &o.gpu_staging_mb, "CUDA backend: staging buffer per stream, host (pinned) and device, in MiB.");
+  f.Add("gpu-arena-mb", &o.gpu_arena_mb,
+        "CUDA backend: device memory arena per GPU allocated at start-up (staging, KV cache, workspaces), in MiB.");
 }
 
 std::string DefaultCacheDir() {
@@ -141,6 +147,9 @@ int Run(const Options& o) {
   BackendOptions bopts;
   bopts.batch_invariant = o.batch_invariant;
   bopts.cpu_threads = int(o.cpu_threads);
+  bopts.streams_per_device = int(o.gpu_streams);
+  bopts.staging_bytes = o.gpu_staging_mb << 20;
+  bopts.arena_bytes = o.gpu_arena_mb << 20;
   auto backend = MakeBackend(o.backend, bopts, metrics);
   if (!backend.ok()) {
     std::cerr << "flashq-server: backend: " << backend.status() << "\n";
@@ -162,7 +171,8 @@ int Run(const Options& o) {
   health->SetServingStatus(true);
   std::cerr << "flashq-server: " << (*server)->models().size() << " models from " << repo << " on the "
             << (*backend)->name() << " backend\n";
-  std::cerr << "flashq-server ready in " << since_start() << " s" << std::endl;
+  std::cerr << "flashq-server ready in " << since_start() << " s (weight upload " << (*backend)->weight_upload_seconds()
+            << " s)" << std::endl;
 
   int sig = 0;
   sigwait(&sigs, &sig);

@@ -42,6 +42,7 @@ struct KvGeometry {
 };
 
 struct KvItem {
+  std::string_view sequence_id;        // pins the sequence to one GPU
   std::string_view q, k, v;            // new tokens: [n, Hq, D], [n, Hkv, D]
   int n = 0;
   int64_t start_pos = 0;               // tokens already cached for this sequence
@@ -85,6 +86,11 @@ class LinearExecutor {
 struct BackendOptions {
   bool batch_invariant = true;
   int cpu_threads = 0;                 // 0: hardware concurrency
+  // cuda: streams (each with its own pinned staging and device buffers) per GPU;
+  // consecutive batches overlap their copies and kernels across them.
+  int streams_per_device = 2;
+  int64_t staging_bytes = int64_t(256) << 20;  // per stream, host (pinned) and device each
+  int64_t arena_bytes = int64_t(2) << 30;      // per GPU, allocated once at start-up
 };
 
 class Backend {
@@ -95,6 +101,8 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<KvAttentionExecutor>> CreateKvAttention(const KvGeometry& geometry) = 0;
   // Takes the weights (the CUDA backend uploads them once and frees the host copy).
   virtual absl::StatusOr<std::unique_ptr<LinearExecutor>> CreateLinear(LinearWeights weights) = 0;
+  // Seconds spent uploading weights so far (cold-start accounting).
+  virtual double weight_upload_seconds() const { return 0.0; }
 };
 
 }  // namespace flashq::server

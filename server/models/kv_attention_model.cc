@@ -103,7 +103,7 @@ void KvAttentionModel::Execute(const std::vector<Work*>& batch) {
   b.softmax_scale = float(1.0 / std::sqrt(double(geometry_.head_dim)));
   for (Work* wp : batch) {
     const auto& w = static_cast<const KvWork&>(*wp);
-    b.items.push_back({w.q->data, w.k->data, w.v->data, int(w.q->shape[0]), w.reservation.start_pos,
+    b.items.push_back({w.exclusive_key, w.q->data, w.k->data, w.v->data, int(w.q->shape[0]), w.reservation.start_pos,
                        &w.reservation.blocks});
   }
   std::vector<std::string> outs;
