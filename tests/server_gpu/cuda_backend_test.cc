@@ -1,0 +1,174 @@
+// The CUDA backend against the CPU backend, executor by executor, on random data:
+// same shapes, tolerances set by the 16-bit storage, and batch invariance
+// (a request's bits do not depend on what shares its batch).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/gemm/quant_formats.h"
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/backends/cuda/cuda_backend.h"
+#include "server/core/tensor.h"
+
+namespace flashq::server {
+namespace {
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no GPU";
+    BackendOptions o;
+    o.staging_bytes = 64 << 20;
+    o.arena_bytes = int64_t(1) << 30;
+    auto b = CreateCudaBackend(o, metrics_);
+    ASSERT_TRUE(b.ok()) << b.status();
+    cuda_ = std::move(*b);
+    cpu_ = std::make_unique<CpuBackend>(o);
+  }
+
+  std::string Random(DType t, int64_t n, float scale = 1.0f) {
+    std::normal_distribution<float> nd(0.0f, scale);
+    std::vector<float> f(n);
+    for (float& x : f) x = nd(rng_);
+    std::string out;
+    AppendFromFloat(t, f.data(), n, &out);
+    return out;
+  }
+
+  static std::vector<float> AsFloat(DType t, const std::string& b) {
+    std::vector<float> f;
+    AppendAsFloat(t, b, &f);
+    return f;
+  }
+
+  static void ExpectClose(DType t, const std::string& got, const std::string& want, double atol, double rtol) {
+    auto g = AsFloat(t, got), w = AsFloat(t, want);
+    ASSERT_EQ(g.size(), w.size());
+    int bad = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (!(std::fabs(g[i] - w[i]) <= atol + rtol * std::fabs(w[i]))) {
+        if (++bad <= 5) ADD_FAILURE() << "element " << i << ": " << g[i] << " vs " << w[i];
+      }
+    }
+    EXPECT_EQ(bad, 0);
+  }
+
+  prometheus::Registry registry_;
+  ServerMetrics metrics_{std::shared_ptr<prometheus::Registry>(&registry_, [](auto*) {})};
+  std::unique_ptr<Backend> cuda_, cpu_;
+  std::mt19937 rng_{1234};
+};
+
+TEST_F(CudaBackendTest, VarlenAttentionMatchesCpuAndIsBatchInvariant) {
+  auto gpu = cuda_->CreateAttention();
+  auto cpu = cpu_->CreateAttention();
+  ASSERT_TRUE(gpu.ok() && cpu.ok());
+  for (DType t : {DType::kF16, DType::kBF16}) {
+    for (bool causal : {false, true}) {
+      AttentionBatch b;
+      b.dtype = t;
+      b.num_heads_q = 8;
+      b.num_heads_kv = 2;
+      b.head_dim = 128;
+      b.causal = causal;
+      b.softmax_scale = 1.0f / std::sqrt(128.0f);
+      b.want_lse = true;
+      b.cu_seqlens_q = {0, 1, 70, 70, 333};
+      b.cu_seqlens_k = {0, 5, 74, 80, 343};
+      b.max_seqlen_q = 263;
+      b.max_seqlen_k = 263;
+      std::string q = Random(t, 333 * 8 * 128), k = Random(t, 343 * 2 * 128), v = Random(t, 343 * 2 * 128);
+      b.q = q;
+      b.k = k;
+      b.v = v;
+      std::string og, oc;
+      std::vector<float> lg, lc;
+      ASSERT_TRUE((*gpu)->Run(b, &og, &lg).ok());
+      ASSERT_TRUE((*cpu)->Run(b, &oc, &lc).ok());
+      const double tol = t == DType::kBF16 ? 2e-2 : 4e-3;
+      ExpectClose(t, og, oc, tol, tol);
+      ASSERT_EQ(lg.size(), lc.size());
+      for (size_t i = 0; i < lg.size(); ++i) {
+        if (std::isinf(lc[i])) continue;
+        ASSERT_NEAR(lg[i], lc[i], 1e-2) << i;
+      }
+      // Sequence 3 alone gives the same bits as inside the batch.
+      AttentionBatch one = b;
+      one.cu_seqlens_q = {0, 263};
+      one.cu_seqlens_k = {0, 263};
+      const int64_t qr = 8 * 128 * 2, kr = 2 * 128 * 2;
+      one.q = std::string_view(q).substr(70 * qr);
+      one.k = std::string_view(k).substr(80 * kr);
+      one.v = std::string_view(v).substr(80 * kr);
+      std::string o1;
+      std::vector<float> l1;
+      ASSERT_TRUE((*gpu)->Run(one, &o1, &l1).ok());
+      EXPECT_EQ(o1, og.substr(70 * qr)) << "batch invariance, causal=" << causal;
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, KvAttentionPrefillAndDecodeMatchCpu) {
+  KvGeometry g{8, 2, 128, 16, 64, 16};
+  auto gpu = cuda_->CreateKvAttention(g);
+  auto cpu = cpu_->CreateKvAttention(g);
+  ASSERT_TRUE(gpu.ok() && cpu.ok());
+  const DType t = DType::kBF16;
+  std::vector<int32_t> blocks_a = {3, 9, 1}, blocks_b = {7};
+  int64_t pos_a = 0, pos_b = 0;
+  for (int step = 0; step < 4; ++step) {
+    const int na = step == 0 ? 37 : 1, nb = step == 0 ? 5 : 2;
+    std::string qa = Random(t, na * 8 * 128), ka = Random(t, na * 2 * 128), va = Random(t, na * 2 * 128);
+    std::string qb = Random(t, nb * 8 * 128), kb = Random(t, nb * 2 * 128), vb = Random(t, nb * 2 * 128);
+    KvBatch b;
+    b.dtype = t;
+    b.softmax_scale = 1.0f / std::sqrt(128.0f);
+    b.items.push_back({"seq-a", qa, ka, va, na, pos_a, &blocks_a});
+    b.items.push_back({"seq-b", qb, kb, vb, nb, pos_b, &blocks_b});
+    std::vector<std::string> og, oc;
+    ASSERT_TRUE((*gpu)->Run(b, &og).ok());
+    ASSERT_TRUE((*cpu)->Run(b, &oc).ok());
+    for (int i = 0; i < 2; ++i) ExpectClose(t, og[i], oc[i], 2e-2, 2e-2);
+    pos_a += na;
+    pos_b += nb;
+  }
+}
+
+TEST_F(CudaBackendTest, LinearLayersMatchCpuAndAreBatchInvariant) {
+  const int K = 512, N = 384;
+  std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(float(K)));
+  std::vector<float> w(size_t(N) * K);
+  for (float& x : w) x = nd(rng_);
+  std::vector<LinearWeights> formats(4);
+  formats[0].format = WeightFormat::kBf16;
+  for (float x : w) formats[0].bf16.push_back(FloatToBf16(x));
+  formats[1].format = WeightFormat::kInt4;
+  formats[1].int4 = gemm::QuantizeInt4(w.data(), N, K, 128, false);
+  formats[2].format = WeightFormat::kFp8;
+  formats[2].fp8 = gemm::QuantizeFp8(w.data(), N, K, true);
+  formats[3] = formats[2];
+  formats[3].fp8_activations = true;
+  for (auto& f : formats) {
+    f.K = K;
+    f.N = N;
+    auto gpu = cuda_->CreateLinear(f);
+    auto cpu = cpu_->CreateLinear(f);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    ASSERT_TRUE(cpu.ok());
+    for (DType t : {DType::kF16, DType::kBF16}) {
+      const int M = 37;
+      std::string x = Random(t, int64_t(M) * K), yg, yc, y1;
+      ASSERT_TRUE((*gpu)->Run(t, M, x, &yg).ok());
+      ASSERT_TRUE((*cpu)->Run(t, M, x, &yc).ok());
+      ExpectClose(t, yg, yc, 3e-2, 3e-2);
+      // Row 5 alone == row 5 of the batch of 37.
+      const size_t xr = size_t(K) * 2, yr = size_t(N) * 2;
+      ASSERT_TRUE((*gpu)->Run(t, 1, std::string_view(x).substr(5 * xr, xr), &y1).ok());
+      EXPECT_EQ(y1, yg.substr(5 * yr, yr)) << "batch invariance, format " << int(f.format);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flashq::server
