@@ -11,6 +11,7 @@
 #   FLASHQ_DEMO_SECONDS=5 ...         # measurement window per point (perf_analyzer path)
 #   FLASHQ_GRPC_PORT=8001 FLASHQ_METRICS_PORT=8002 ...
 #   FLASHQ_DEMO_LOADER=perf_analyzer  # force the perf_analyzer path
+#   FLASHQ_NO_BUILD=1 FLASHQ_BIN_DIR=DIR  # skip setup and build, use binaries from DIR
 #   scripts/demo.sh -- ARGS           # extra arguments go to flashq-bench (e.g. --scenarios=kv_decode,
 #                                     # --server-arg=--backend=cpu), or to flashq-server on the
 #                                     # perf_analyzer path
@@ -20,10 +21,12 @@ cd "$ROOT"
 BUILD_DIR="${BUILD_DIR:-build}"
 [ "${1:-}" = "--" ] && shift
 
-scripts/setup.sh
-scripts/build.sh
+if [ "${FLASHQ_NO_BUILD:-0}" != 1 ]; then
+  scripts/setup.sh
+  scripts/build.sh
+fi
 
-BIN="$BUILD_DIR/bin"
+BIN="${FLASHQ_BIN_DIR:-$BUILD_DIR/bin}"
 CACHE="${FLASHQ_DEMO_CACHE:-$ROOT/$BUILD_DIR/demo-cache}"
 mkdir -p "$CACHE"
 
@@ -63,13 +66,22 @@ grep -q "flashq-server ready" "$LOG" || { echo "demo: server not ready after 300
 echo "demo: server ready"
 
 SECS="${FLASHQ_DEMO_SECONDS:-3}"
-# Input data for the linear layer: perf_analyzer cannot generate random BF16 data,
-# so we give X as base64 raw bytes in its JSON input format.
+# Input data as JSON (base64 raw bytes): perf_analyzer cannot generate random BF16, and
+# random INT32 would not be valid CU_SEQLENS (attention's optional inputs, for which it
+# wants data). Attention requests carry two sequences of 96 and 160 tokens.
 .venv/bin/python - "$WORK" <<'PY'
 import base64, json, sys, numpy as np
 work = sys.argv[1]
 rng = np.random.default_rng(0)
-def b64(a): return {"b64": base64.b64encode(a.tobytes()).decode()}
+def b64(a): return {"b64": base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()}
+q = rng.standard_normal((256, 32, 128)).astype(np.float16)
+kv = rng.standard_normal((256, 8, 128)).astype(np.float16)
+json.dump({"data": [{"Q": {"content": b64(q), "shape": [256, 32, 128]},
+                     "K": {"content": b64(kv), "shape": [256, 8, 128]},
+                     "V": {"content": b64(kv), "shape": [256, 8, 128]},
+                     "CU_SEQLENS_Q": {"content": [0, 96, 256], "shape": [3]},
+                     "CU_SEQLENS_K": {"content": [0, 96, 256], "shape": [3]}}]},
+          open(f"{work}/attention.json", "w"))
 x = rng.standard_normal((16, 4096)).astype(np.float32)
 bf16 = (x.view(np.uint32) >> 16).astype(np.uint16)
 json.dump({"data": [{"X": {"content": b64(bf16), "shape": [16, 4096]}}]}, open(f"{work}/x_bf16.json", "w"))
@@ -86,19 +98,21 @@ PY
 )
 X_JSON="$WORK/x_fp16.json"; [ "$X_DTYPE" = BF16 ] && X_JSON="$WORK/x_bf16.json"
 
-PA_COMMON=(-i grpc -u "127.0.0.1:$GRPC_PORT" --measurement-interval $((SECS * 1000)) --max-trials 5
-           --stability-percentage 50 --concurrency-range 1:8:*2 --percentile 99)
+PA_COMMON=(-i grpc -u "127.0.0.1:$GRPC_PORT" --percentile 99 --max-trials 5
+           --stability-percentage 50)
 run_pa() {  # name csv args...
   local name=$1 csv=$2; shift 2
   echo "demo: perf_analyzer $name ..."
   scripts/perf_analyzer "${PA_COMMON[@]}" -f "$csv" "$@" > "$WORK/$name.txt" 2>&1 \
     || { echo "demo: perf_analyzer failed for $name:"; tail -20 "$WORK/$name.txt"; return 1; }
 }
-run_pa attention "$WORK/attention.csv" -m attention \
-  --shape Q:256,32,128 --shape K:256,8,128 --shape V:256,8,128
-run_pa "$LINEAR" "$WORK/linear.csv" -m "$LINEAR" --input-data "$X_JSON" --shape X:16,4096
+run_pa attention "$WORK/attention.csv" -m attention --input-data "$WORK/attention.json" --concurrency-range 1:4:3 \
+  --measurement-interval $((SECS * 1000))
+# A linear layer request takes a while on the CPU backend: count requests, not time.
+run_pa "$LINEAR" "$WORK/linear.csv" -m "$LINEAR" --input-data "$X_JSON" --concurrency-range 1:2 \
+  --measurement-mode count_windows --measurement-request-count "${FLASHQ_DEMO_LINEAR_REQUESTS:-8}"
 
-.venv/bin/python - "$WORK/attention.csv" "attention Q[256,32,128] K/V[256,8,128]" \
+.venv/bin/python - "$WORK/attention.csv" "attention 2 seqs, 256 tokens, 32/8 heads" \
                    "$WORK/linear.csv" "$LINEAR X[16,4096] $X_DTYPE" <<'PY'
 import csv, sys
 rows = []

@@ -17,9 +17,9 @@ COMMON = ["--measurement-interval", "1000", "--max-trials", "6", "--stability-pe
           "--percentile", "99"]
 
 
-def run_pa(args, tmp_dir, timeout=240):
+def run_pa(args, tmp_dir, timeout=240, common=COMMON):
     csv_path = tmp_dir / "pa.csv"
-    cmd = [PERF_ANALYZER, *args, *COMMON, "-f", str(csv_path)]
+    cmd = [PERF_ANALYZER, *args, *common, "-f", str(csv_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     text = out.stdout + out.stderr
     print(" ".join(cmd))
@@ -29,9 +29,25 @@ def run_pa(args, tmp_dir, timeout=240):
     return rows, text
 
 
+def b64(a):
+    return {"b64": base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()}
+
+
 def test_attention_concurrency_sweep(server, tmp_dir):
-    rows, text = run_pa(["-i", "grpc", "-u", server.url, "-m", "attention",
-                         "--shape", "Q:64,32,128", "--shape", "K:64,8,128", "--shape", "V:64,8,128",
+    """Two sequences per request (24 and 40 tokens). perf_analyzer asks for data for the
+    optional CU_SEQLENS inputs when it generates random data, and random INT32 would not
+    be valid cu_seqlens, so the tensors are given as --input-data."""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((64, 32, 128)).astype(np.float16)
+    kv = rng.standard_normal((64, 8, 128)).astype(np.float16)
+    data = tmp_dir / "attention.json"
+    data.write_text(json.dumps({"data": [{
+        "Q": {"content": b64(q), "shape": [64, 32, 128]},
+        "K": {"content": b64(kv), "shape": [64, 8, 128]},
+        "V": {"content": b64(kv), "shape": [64, 8, 128]},
+        "CU_SEQLENS_Q": {"content": [0, 24, 64], "shape": [3]},
+        "CU_SEQLENS_K": {"content": [0, 24, 64], "shape": [3]}}]}))
+    rows, text = run_pa(["-i", "grpc", "-u", server.url, "-m", "attention", "--input-data", str(data),
                          "--concurrency-range", "1:4:2"], tmp_dir)
     assert "Throughput" in text
     assert [int(r["Concurrency"]) for r in rows] == [1, 3], rows
@@ -42,15 +58,18 @@ def test_attention_concurrency_sweep(server, tmp_dir):
 
 def test_linear_layer_with_input_data(server, tmp_dir):
     """A linear layer, with X given as base64 raw bytes (perf_analyzer cannot generate
-    random BF16 data itself)."""
+    random BF16 data itself). The CPU backend takes about a second per request here, so
+    measurement windows count requests instead of milliseconds."""
     model = "up_proj_bf16"
     md = grpcclient.InferenceServerClient(server.url).get_model_metadata(model, as_json=True)
     dtype = next(i["datatype"] for i in md["inputs"] if i["name"] == "X")
-    x = np.random.default_rng(0).standard_normal((4, 4096)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((2, 4096)).astype(np.float32)
     raw = (x.view(np.uint32) >> 16).astype(np.uint16).tobytes() if dtype == "BF16" else x.astype(np.float16).tobytes()
     data = tmp_dir / "x.json"
     data.write_text(json.dumps({"data": [{"X": {"content": {"b64": base64.b64encode(raw).decode()},
-                                               "shape": [4, 4096]}}]}))
+                                               "shape": [2, 4096]}}]}))
     rows, text = run_pa(["-i", "grpc", "-u", server.url, "-m", model, "--input-data", str(data),
-                         "--shape", "X:4,4096", "--concurrency-range", "1:2"], tmp_dir)
+                         "--concurrency-range", "1:2"], tmp_dir,
+                        common=["--measurement-mode", "count_windows", "--measurement-request-count", "3",
+                                "--max-trials", "3", "--stability-percentage", "100", "--percentile", "99"])
     assert len(rows) == 2 and all(float(r["Inferences/Second"]) > 0 for r in rows), rows
