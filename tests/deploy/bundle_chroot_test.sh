@@ -10,6 +10,7 @@
 #
 # Needs root (debootstrap, chroot, mount); exits 77 (ctest: skipped) otherwise.
 # The debootstrapped root is cached as BUILD_DIR/deploy-cache/bookworm-minbase.tar
+# (or $FLASHQ_DEPLOY_CACHE/bookworm-minbase.tar)
 # (about 35-60 s once); each run unpacks a fresh copy (a few seconds).
 # When the server is built with CUDA it needs the host's libcublasLt.so.13, which the
 # bundle never carries: the test then bind-mounts (read-only, in a private mount
@@ -33,7 +34,10 @@ done
 PY="$SRC/.venv/bin/python"
 "$PY" -c 'import tritonclient.grpc, numpy' 2>/dev/null || fail "$PY lacks tritonclient[grpc]/numpy (run scripts/setup.sh)"
 
-WORK=$(mktemp -d "$BUILD/deploy-cache/run.XXXXXX" 2>/dev/null || { mkdir -p "$BUILD/deploy-cache"; mktemp -d "$BUILD/deploy-cache/run.XXXXXX"; })
+# FLASHQ_DEPLOY_CACHE moves the cached root elsewhere (e.g. to outlive fresh CI clones).
+CACHE=${FLASHQ_DEPLOY_CACHE:-$BUILD/deploy-cache}
+mkdir -p "$CACHE"
+WORK=$(mktemp -d "$BUILD/deploy-run.XXXXXX")
 ROOTFS="$WORK/root"
 SERVER_PID=
 cleanup() {
@@ -47,7 +51,7 @@ trap cleanup EXIT
 
 # 1. A clean Debian 12 root.
 t=$(date +%s.%N)
-ROOT_TAR=$("$SRC/tests/deploy/debian_root.sh" "$BUILD/deploy-cache")
+ROOT_TAR=$("$SRC/tests/deploy/debian_root.sh" "$CACHE")
 mkdir -p "$ROOTFS"
 tar -C "$ROOTFS" -xf "$ROOT_TAR"
 log "clean root ready in $(elapsed "$t") s ($(du -sh "$ROOTFS" | cut -f1)): $(. "$ROOTFS/etc/os-release"; echo "$PRETTY_NAME")"
@@ -85,7 +89,17 @@ for s in ss: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in ss])
 PY
 )
-mkdir -p "$ROOTFS/var/cache/flashq-demo"
+# The demo repository (~400 MB of generated weights, 30-45 s to generate here) is
+# generated inside the root on the first run and kept in the cache; later runs hard-link
+# it in. The server regenerates it if its stamp (generator version, seed) changed.
+DEMO_CACHE="$CACHE/demo-repository"
+if [ -d "$DEMO_CACHE" ]; then
+  cp -al "$DEMO_CACHE" "$ROOTFS/var/cache/flashq-demo"
+  log "demo repository linked in from $DEMO_CACHE"
+else
+  mkdir -p "$ROOTFS/var/cache/flashq-demo"
+  log "demo repository will be generated in the root (first run)"
+fi
 SERVER_ARGS=(--backend=cpu --host=127.0.0.1 --grpc-port="$GRPC_PORT" --metrics-port="$METRICS_PORT"
              --demo-cache-dir=/var/cache/flashq-demo ${FLASHQ_BUNDLE_TEST_SERVER_ARGS:-})
 INNER='mount -t proc proc "$R/proc"
@@ -105,7 +119,10 @@ for _ in $(seq 1 600); do
   sleep 0.2
 done
 [ -n "$ready" ] || { tail -n 40 "$WORK/server.log"; fail "not SERVING within 120 s"; }
-log "SERVING after $(elapsed "$t") s (gRPC health, from outside the root)"
+log "SERVING after $(elapsed "$t") s (gRPC health, from outside the root); server: $(grep -o 'ready in.*' "$WORK/server.log" || true)"
+if [ ! -d "$DEMO_CACHE" ]; then
+  rm -rf "$DEMO_CACHE.tmp" && cp -al "$ROOTFS/var/cache/flashq-demo" "$DEMO_CACHE.tmp" && mv "$DEMO_CACHE.tmp" "$DEMO_CACHE"
+fi
 # The bundled health tool works inside the root too (same launcher, same libraries).
 R="$ROOTFS" unshare --mount --propagation private -- sh -c \
   'mount -t proc proc "$R/proc"; exec chroot "$R" /usr/bin/env -i PATH=/usr/bin:/bin /opt/flashq/bin/flashq-health --addr "127.0.0.1:$1"' \

@@ -213,7 +213,11 @@ def check_compose(src):
         tool = ["docker", "compose"]
     elif shutil.which("docker-compose"):
         tool = ["docker-compose"]
-    if ok(tool is not None, "a compose implementation to lint with (docker compose plugin or Debian's docker-compose)"):
+    if tool is None:
+        print("  SKIPPED: no compose implementation to lint with: install Debian's docker-compose "
+              "(scripts/setup.sh) or the docker compose plugin")
+        sys.exit(77)
+    if True:
         for files in variants:
             cmd = tool + sum((["-f", f] for f in files), []) + ["config", "-q"]
             rc, out = run(cmd, cwd=d)
