@@ -1,8 +1,10 @@
 // Varlen prefill attention for Hopper (sm_90a): wgmma tensor-core MMAs, FlashAttention-style.
 //
 // Algorithm: one CTA of two warpgroups per (128-query tile, query head, sequence); warpgroup w owns
-// query rows [64w, 64w + 64). K/V tiles of 128 keys stream through a 2-stage cp.async ring in
-// shared memory (tile n+1 loads while tile n computes). Per tile: S = Q K^T with
+// query rows [64w, 64w + 64). K/V tiles of 128 keys stream through a 3-stage cp.async ring in
+// shared memory. Iteration j loads tile j+1, issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} back
+// to back, and runs softmax(S_j) while P_{j-1} V_{j-1} is still on the tensor cores (the
+// intra-warpgroup overlap of FlashAttention-3). Per tile: S = Q K^T with
 // wgmma m64n128k16 (A = Q and B = K both from shared memory, K-major), online softmax on the
 // FP32 accumulators in registers (exp2 domain), then O += P V with wgmma m64nDk16 where A = P
 // comes straight from registers (the accumulator layout is the A-fragment layout) and B = V from
@@ -12,7 +14,7 @@
 // (chunk ^ row % 8), the canonical wgmma SWIZZLE_128B layout; panel p of a tile with R rows
 // sits at p * R * 128 bytes. Tiles are 1024-byte aligned.
 // Limits: D in {64, 128}; sm_90a only (the launcher falls back to mma.sync elsewhere). No TMA,
-// no warp specialisation, no softmax/MMA overlap yet: all 256 threads load, then compute.
+// no warp specialisation or inter-warpgroup ping-pong: all 256 threads load, then compute.
 // Measured: see bench/results/attention-*.md.
 #pragma once
 
@@ -36,7 +38,9 @@ struct WgmmaPrefillTraits {
   static constexpr int kPanels = D / 64;
   static constexpr int kQBytes = kBM * D * 2;
   static constexpr int kKVBytes = kBN * D * 2;  // one of K or V, one stage
-  static constexpr int kSmemBytes = kQBytes + 2 * 2 * kKVBytes + 1024;  // + alignment slack
+  static constexpr int kStages = 3;  // tile j+1 loading, tile j in QK^T, tile j-1's V in P*V
+  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kKVBytes + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(D == 64 || D == 128, "wgmma prefill: head dim 64 or 128");
 };
 
@@ -81,8 +85,8 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(const VarlenAttenti
   const uint32_t raw_addr = SmemAddr(smem_raw);
   unsigned char* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
   T* sQ = reinterpret_cast<T*>(smem);                                          // panels of (kBM, 64)
-  T* sKV = reinterpret_cast<T*>(smem + Tr::kQBytes);                           // 2 x [K, V], panels of (kBN, 64)
-  auto sK = [&](int st) { return sKV + st * 2 * (kBN * D); };
+  T* sKV = reinterpret_cast<T*>(smem + Tr::kQBytes);  // kStages x [K, V], panels of (kBN, 64)
+  auto sK = [&](int st) { return sKV + st * 2 * (kBN * D); };  // stage st: K then V
   auto sV = [&](int st) { return sKV + st * 2 * (kBN * D) + kBN * D; };
 
   const int b = blockIdx.z, h = blockIdx.y;
@@ -112,43 +116,32 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(const VarlenAttenti
   const float scale_log2 = p.softmax_scale * kLog2e;
   const int row0 = m0 + wg * 64 + wl * 16 + g;  // this thread's rows: row0 and row0 + 8
 
-  if (n_blocks > 0) {
-    LoadPanelTile<D, kThreads, kBM>(sQ, q, p.q_row_stride, lq - m0, tid);
-    LoadPanelTile<D, kThreads, kBN>(sK(0), k, p.k_row_stride, lk, tid);
-    LoadPanelTile<D, kThreads, kBN>(sV(0), v, p.v_row_stride, lk, tid);
-    CpAsyncCommit();
-  }
   const uint32_t q_addr = SmemAddr(sQ) + wg * 64 * 128;
+  float s[kSN];
+  uint32_t a[kBN / 16][4], a_next[kBN / 16][4];
 
-  for (int nb = 0; nb < n_blocks; ++nb) {
-    const int st = nb & 1, n0 = nb * kBN;
-    if (nb + 1 < n_blocks) {
-      const int n1 = n0 + kBN;
-      LoadPanelTile<D, kThreads, kBN>(sK(st ^ 1), k + int64_t(n1) * p.k_row_stride, p.k_row_stride, lk - n1, tid);
-      LoadPanelTile<D, kThreads, kBN>(sV(st ^ 1), v + int64_t(n1) * p.v_row_stride, p.v_row_stride, lk - n1, tid);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
-    __syncthreads();
-
-    // S = Q K^T: D/16 k-steps of m64 n128 k16.
-    float s[kSN];
+  // S = Q K^T for the tile in stage st: D/16 k-steps of m64 n128 k16 (not waited on here).
+  auto issue_qk = [&](int st) {
     const uint32_t k_addr = SmemAddr(sK(st));
-    WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint64_t da = SmemDesc(q_addr + (kk / 4) * kBM * 128 + (kk % 4) * 32, 16, 1024);
       const uint64_t db = SmemDesc(k_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
       Wgmma<kBN, kBf16>::SS(s, da, db, kk > 0 ? 1 : 0);
     }
-    WgmmaCommit();
-    WgmmaWait<0>();
+  };
+  // O += P V for the tile in stage st: kBN/16 k-steps of m64 nD k16, A = P (registers), B = V MN-major.
+  auto issue_pv = [&](int st) {
+    const uint32_t v_addr = SmemAddr(sV(st));
 #pragma unroll
-    for (int i = 0; i < kSN; ++i) RegFence(s[i]);
-
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      const uint64_t db = SmemDesc(v_addr + kk * 16 * 128, kBN * 128, 1024);
+      Wgmma<D, kBf16>::RS(o, a[kk], db, 1);
+    }
+  };
+  // Mask and online softmax of the tile starting at key n0; P goes to a_next; returns alpha
+  // (the rescale O needs once the previous P*V has landed) for rows g and g + 8.
+  auto softmax = [&](int n0, float (&alpha)[2]) {
     const bool tail = n0 + kBN > lk;
     const bool diag = kCausal && (n0 + kBN - 1 > m0 + lk - lq);
     if (tail || diag) {
@@ -170,7 +163,7 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(const VarlenAttenti
       for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
       mx = QuadMax(mx);
       const float m_use = mx == -INFINITY ? 0.0f : mx * scale_log2;
-      const float alpha = exp2f(row_max[r] * scale_log2 - m_use);
+      alpha[r] = exp2f(row_max[r] * scale_log2 - m_use);
       row_max[r] = mx;
       float sum = 0.0f;
 #pragma unroll
@@ -179,39 +172,94 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(const VarlenAttenti
         s[4 * j + 2 * r + 1] = exp2f(fmaf(s[4 * j + 2 * r + 1], scale_log2, -m_use));
         sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
       }
-      row_sum[r] = row_sum[r] * alpha + sum;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[4 * j + 2 * r] *= alpha;
-        o[4 * j + 2 * r + 1] *= alpha;
-      }
+      row_sum[r] = row_sum[r] * alpha[r] + sum;
     }
-
-    // O += P V: kBN/16 k-steps of m64 nD k16, A = P from registers, B = V (MN-major).
-    uint32_t a[kBN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
-      a[kk][0] = Pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-      a[kk][1] = Pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-      a[kk][2] = Pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-      a[kk][3] = Pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+      a_next[kk][0] = Pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+      a_next[kk][1] = Pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      a_next[kk][2] = Pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      a_next[kk][3] = Pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
     }
-    const uint32_t v_addr = SmemAddr(sV(st));
-    WgmmaFence();
+  };
+  auto rescale_and_take_p = [&](const float (&alpha)[2]) {
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      const uint64_t db = SmemDesc(v_addr + kk * 16 * 128, kBN * 128, 1024);
-      Wgmma<D, kBf16>::RS(o, a[kk], db, 1);
+    for (int j = 0; j < D / 8; ++j) {
+      o[4 * j] *= alpha[0]; o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1]; o[4 * j + 3] *= alpha[1];
     }
-    WgmmaCommit();
-    WgmmaWait<0>();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[kk][i] = a_next[kk][i];
+  };
+  auto fence_s = [&] {
+#pragma unroll
+    for (int i = 0; i < kSN; ++i) RegFence(s[i]);
+  };
+  auto fence_o_a = [&] {
 #pragma unroll
     for (int i = 0; i < kON; ++i) RegFence(o[i]);
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      RegFence(a[kk][0]); RegFence(a[kk][1]); RegFence(a[kk][2]); RegFence(a[kk][3]);
+    for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) RegFence(a[kk][i]);
+  };
+  auto load_tile = [&](int j) {
+    const int n1 = j * kBN, st = j % Tr::kStages;
+    LoadPanelTile<D, kThreads, kBN>(sK(st), k + int64_t(n1) * p.k_row_stride, p.k_row_stride, lk - n1, tid);
+    LoadPanelTile<D, kThreads, kBN>(sV(st), v + int64_t(n1) * p.v_row_stride, p.v_row_stride, lk - n1, tid);
+  };
+
+  // Pipeline (3 stages): iteration j loads tile j+1, runs S_j = Q K_j^T and O += P_{j-1} V_{j-1}
+  // back to back on the tensor cores, and computes softmax(S_j) while P_{j-1} V_{j-1} is in flight.
+  if (n_blocks > 0) {
+    LoadPanelTile<D, kThreads, kBM>(sQ, q, p.q_row_stride, lq - m0, tid);
+    load_tile(0);
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+    FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
+    __syncthreads();
+    if (n_blocks > 1) {
+      load_tile(1);
+      CpAsyncCommit();
     }
-    __syncthreads();  // stage st is free for the load issued next iteration
+    WgmmaFence();
+    issue_qk(0);
+    WgmmaCommit();
+    WgmmaWait<0>();
+    fence_s();
+    float alpha[2];
+    softmax(0, alpha);
+    rescale_and_take_p(alpha);  // o is still zero
+  }
+  for (int j = 1; j < n_blocks; ++j) {
+    CpAsyncWait<0>();  // tile j
+    FenceProxyAsync();
+    __syncthreads();   // tile j visible; everyone's P_{j-2} V_{j-2} finished, so its stage is free
+    if (j + 1 < n_blocks) {
+      load_tile(j + 1);
+      CpAsyncCommit();
+    }
+    WgmmaFence();
+    issue_qk(j % Tr::kStages);
+    WgmmaCommit();
+    issue_pv((j - 1) % Tr::kStages);
+    WgmmaCommit();
+    WgmmaWait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+    fence_s();
+    float alpha[2];
+    softmax(j * kBN, alpha);
+    WgmmaWait<0>();
+    fence_o_a();
+    rescale_and_take_p(alpha);
+  }
+  if (n_blocks > 0) {
+    WgmmaFence();
+    issue_pv((n_blocks - 1) % Tr::kStages);
+    WgmmaCommit();
+    WgmmaWait<0>();
+    fence_o_a();
   }
 
   // Epilogue (as prefill_kernel.cuh): normalise, stage rows in sQ (Swz layout), 16-byte stores.
