@@ -113,12 +113,12 @@ log "server started in the root (pid $SERVER_PID): /opt/flashq/bin/flashq ${SERV
 
 # 4. Health from outside, with the build's flashq-health.
 ready=
-for _ in $(seq 1 600); do
+for _ in $(seq 1 1500); do
   kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/server.log"; fail "server exited before it became healthy"; }
   if "$BUILD/bin/flashq-health" --addr "127.0.0.1:$GRPC_PORT" --timeout-ms 500 --quiet 2>/dev/null; then ready=1; break; fi
   sleep 0.2
 done
-[ -n "$ready" ] || { tail -n 40 "$WORK/server.log"; fail "not SERVING within 120 s"; }
+[ -n "$ready" ] || { tail -n 40 "$WORK/server.log"; fail "not SERVING within 300 s"; }
 log "SERVING after $(elapsed "$t") s (gRPC health, from outside the root); server: $(grep -o 'ready in.*' "$WORK/server.log" || true)"
 if [ ! -d "$DEMO_CACHE" ]; then
   rm -rf "$DEMO_CACHE.tmp" && cp -al "$ROOTFS/var/cache/flashq-demo" "$DEMO_CACHE.tmp" && mv "$DEMO_CACHE.tmp" "$DEMO_CACHE"
