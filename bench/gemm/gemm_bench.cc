@@ -293,6 +293,31 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   cudaFree(ws);
 }
 
+// --profile: a few eager launches for ncu (K=N=4096, group 128): W4A16 M=1, M=16, W8A16 M=1.
+void ProfileLaunches() {
+  const int K = 4096, N = 4096, M = 16;
+  auto wf = Random(size_t(N) * K, 5);
+  Int4Weights w4 = QuantizeInt4(wf.data(), N, K, 128, false);
+  std::unique_ptr<W4A16Weights> d4;
+  OK(W4A16Weights::Create(w4, &d4));
+  std::unique_ptr<Fp8DeviceWeights> d8;
+  OK(Fp8DeviceWeights::Create(QuantizeFp8(wf.data(), N, K, true), &d8));
+  auto xf = Random(size_t(M) * K, 6);
+  std::vector<uint16_t> xb(xf.size());
+  for (size_t i = 0; i < xf.size(); ++i) xb[i] = FloatToBf16(xf[i]);
+  void *x, *y, *ws;
+  CK(cudaMalloc(&x, xb.size() * 2));
+  CK(cudaMemcpy(x, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&y, size_t(M) * N * 2));
+  const size_t wsb = std::max(W4A16WorkspaceBytes(*d4, M, true), W8A16WorkspaceBytes(*d8, M));
+  CK(cudaMalloc(&ws, wsb));
+  CK(cudaMemset(ws, 0, wsb));
+  for (int m : {1, 1, 16, 16}) OK(run_w4a16(*d4, LinearArgs{x, y, m, ActType::kBF16, true, ws, wsb}, nullptr, nullptr));
+  for (int m : {1, 1}) OK(run_w8a16(*d8, LinearArgs{x, y, m, ActType::kBF16, true, ws, wsb}, nullptr));
+  CK(cudaDeviceSynchronize());
+  std::printf("profile launches done\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -302,6 +327,10 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--out" && i + 1 < argc) out = argv[++i];
     if (a == "--quick") quick = true;
+    if (a == "--profile") {
+      ProfileLaunches();
+      return 0;
+    }
   }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
