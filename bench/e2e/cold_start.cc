@@ -1,0 +1,145 @@
+// flashq-coldstart: cold-start figures of a server process.
+//   - process start -> "flashq-server ready" (and the same minus the weight upload
+//     time the server reports);
+//   - latency of the very first request of each model against the steady-state p50
+//     of the next requests of the same shape (sequential, one client).
+// Writes one JSON object to stdout.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <regex>
+#include <sstream>
+
+#include "client/bench/spawn.h"
+#include "client/lib/client.h"
+#include "client/lib/tensor.h"
+
+namespace {
+
+using flashq::DType;
+using Clock = std::chrono::steady_clock;
+using Shape = std::vector<int64_t>;
+
+std::vector<float> Randn(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+struct Probe {
+  std::string name;
+  std::function<inference::ModelInferRequest(int i)> make;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  flashq::bench::SpawnOptions so;
+  so.backend = "auto";
+  int steady = 100;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--server-binary=", 0) == 0) so.binary = a.substr(16);
+    else if (a.rfind("--backend=", 0) == 0) so.backend = a.substr(10);
+    else if (a.rfind("--server-arg=", 0) == 0) so.extra_args.push_back(a.substr(13));
+    else if (a.rfind("--steady=", 0) == 0) steady = std::stoi(a.substr(9));
+    else if (a.rfind("--log=", 0) == 0) so.log_path = a.substr(6);
+    else {
+      std::cerr << "usage: flashq-coldstart [--server-binary=PATH] [--backend=auto|cpu|cuda] [--server-arg=ARG]... "
+                   "[--steady=N] [--log=PATH]\n";
+      return 2;
+    }
+  }
+  if (so.log_path.empty()) so.log_path = "/tmp/flashq-coldstart-server.log";
+  auto server = flashq::bench::ServerProcess::Start(so);
+  if (!server.ok()) {
+    std::cerr << server.status() << "\n";
+    return 1;
+  }
+  const double ready_s = (*server)->startup_s();
+  double upload_s = 0, reported_s = 0;
+  {
+    std::ifstream log(so.log_path);
+    std::stringstream ss;
+    ss << log.rdbuf();
+    std::smatch m;
+    std::string text = ss.str();
+    if (std::regex_search(text, m, std::regex(R"(ready in ([0-9.eE+-]+) s \(weight upload ([0-9.eE+-]+) s\))"))) {
+      reported_s = std::stod(m[1]);
+      upload_s = std::stod(m[2]);
+    }
+  }
+  auto client = flashq::client::Client::Create({.endpoints = {(*server)->endpoint()}});
+  if (!client.ok()) return 1;
+  std::mt19937 rng(5);
+  const auto x = Randn(4096, rng);
+  const auto q = Randn(size_t(512) * 32 * 128, rng), kv = Randn(size_t(512) * 8 * 128, rng);
+  std::vector<Probe> probes = {
+      {"up_proj_int4 (M=1)",
+       [&](int) {
+         inference::ModelInferRequest r;
+         r.set_model_name("up_proj_int4");
+         (void)flashq::client::AddFloatInput(r, "X", DType::kF16, Shape{1, 4096}, x);
+         return r;
+       }},
+      {"attention (1 x 512 tokens, 32/8 heads, hd 128, causal)",
+       [&](int) {
+         inference::ModelInferRequest r;
+         r.set_model_name("attention");
+         (void)flashq::client::AddFloatInput(r, "Q", DType::kF16, Shape{512, 32, 128}, q);
+         (void)flashq::client::AddFloatInput(r, "K", DType::kF16, Shape{512, 8, 128}, kv);
+         (void)flashq::client::AddFloatInput(r, "V", DType::kF16, Shape{512, 8, 128}, kv);
+         (*r.mutable_parameters())["causal"].set_bool_param(true);
+         return r;
+       }},
+      {"kv_attention (decode step after a 512-token prefill)",
+       [&](int i) {
+         // Request 0 of each session is the prefill; the probe times the decode steps.
+         inference::ModelInferRequest r;
+         r.set_model_name("kv_attention");
+         const int n = i % 2 == 0 ? 512 : 1;
+         (void)flashq::client::AddFloatInput(r, "Q", DType::kF16, Shape{n, 32, 128}, std::span(q).first(size_t(n) * 32 * 128));
+         (void)flashq::client::AddFloatInput(r, "K", DType::kF16, Shape{n, 8, 128}, std::span(kv).first(size_t(n) * 8 * 128));
+         (void)flashq::client::AddFloatInput(r, "V", DType::kF16, Shape{n, 8, 128}, std::span(kv).first(size_t(n) * 8 * 128));
+         flashq::client::SetSequence(r, 1000 + i / 2, i % 2 == 0, i % 2 == 1);
+         return r;
+       }},
+  };
+  std::cout << "{\"backend\": \"" << so.backend << "\", \"ready_s\": " << ready_s << ", \"server_reported_ready_s\": "
+            << reported_s << ", \"weight_upload_s\": " << upload_s << ", \"ready_without_upload_s\": "
+            << ready_s - upload_s << ", \"probes\": [";
+  int rc = 0;
+  for (size_t pi = 0; pi < probes.size(); ++pi) {
+    const Probe& p = probes[pi];
+    const bool kv_probe = p.name.rfind("kv_attention", 0) == 0;
+    std::vector<double> lat;
+    double first = -1;
+    for (int i = 0; i < (kv_probe ? 2 * (steady + 1) : steady + 1); ++i) {
+      auto req = p.make(i);
+      inference::ModelInferResponse resp;
+      const auto t0 = Clock::now();
+      grpc::Status s = (*client)->Infer(req, &resp);
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (!s.ok()) {
+        std::cerr << p.name << ": " << s.error_message() << "\n";
+        rc = 1;
+        break;
+      }
+      if (kv_probe && i % 2 == 0) continue;  // prefill
+      if (first < 0) first = ms;
+      else lat.push_back(ms);
+    }
+    std::sort(lat.begin(), lat.end());
+    const double p50 = lat.empty() ? 0 : lat[lat.size() / 2];
+    std::cout << (pi ? ", " : "") << "{\"probe\": \"" << p.name << "\", \"first_ms\": " << first
+              << ", \"steady_p50_ms\": " << p50 << ", \"ratio\": " << (p50 > 0 ? first / p50 : 0)
+              << ", \"steady_n\": " << lat.size() << "}";
+  }
+  const std::string exit = (*server)->Stop();
+  std::cout << "], \"server_exit\": \"" << exit << "\"}" << std::endl;
+  return rc;
+}
