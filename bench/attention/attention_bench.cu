@@ -318,10 +318,13 @@ double CopyCeilingGBps(Timer& timer) {
 int main(int argc, char** argv) {
   std::string json_path = "attention_ours.json";
   bool quick = false;
+  std::string filter;  // run only configurations whose name contains this (profiling)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
   }
+  auto wanted = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -353,9 +356,22 @@ int main(int argc, char** argv) {
   const int reps = quick ? 5 : 30;
   std::string out = "{\"device\": \"" + std::string(prop.name) + "\", \"sms\": " +
                     std::to_string(prop.multiProcessorCount) + ", " + Json("copy_gbps", copy) + ", \"prefill\": [";
-  for (size_t i = 0; i < prefill.size(); ++i) out += (i ? ", " : "") + RunPrefill(timer, prefill[i], reps);
+  bool first = true;
+  for (size_t i = 0; i < prefill.size(); ++i) {
+    if (!wanted(prefill[i].name)) continue;
+    out += (first ? "" : ", ") + RunPrefill(timer, prefill[i], reps);
+    first = false;
+  }
   out += "], \"decode\": [";
-  for (size_t i = 0; i < decode.size(); ++i) out += (i ? ", " : "") + RunDecode(timer, decode[i], reps * 2);
+  first = true;
+  for (size_t i = 0; i < decode.size(); ++i) {
+    const DecodeCfg& c = decode[i];
+    const std::string name = "decode_b" + std::to_string(c.batch) + "_l" + std::to_string(c.len) + "_page" +
+                             std::to_string(c.page) + "_split" + std::to_string(c.split);
+    if (!wanted(name)) continue;
+    out += (first ? "" : ", ") + RunDecode(timer, c, reps * 2);
+    first = false;
+  }
   out += "]}\n";
   FILE* f = std::fopen(json_path.c_str(), "w");
   if (!f) return 1;
