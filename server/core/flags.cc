@@ -1,5 +1,6 @@
 #include "server/core/flags.h"
 
+#include <cerrno>
 #include <cstdlib>
 
 namespace flashq::server {
@@ -21,8 +22,9 @@ bool FlagSet::Set(Flag& f, const std::string& value, std::string* error) {
   }
   if (auto* i = std::get_if<int64_t*>(&f.target)) {
     char* end = nullptr;
+    errno = 0;
     long long v = std::strtoll(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0') {
+    if (value.empty() || *end != '\0' || errno == ERANGE) {  // ERANGE: strtoll clamps out-of-range values
       *error = "--" + f.name + " expects an integer, got '" + value + "'";
       return false;
     }

@@ -69,7 +69,14 @@ absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& r
       }
       t.shape.push_back(d);
     }
-    const int64_t expected = NumElements(t.shape) * DTypeSize(t.dtype);
+    // Byte count with overflow checks: a wrapped product could "match" a small payload.
+    int64_t expected = DTypeSize(t.dtype);
+    for (int64_t d : t.shape) {
+      if (__builtin_mul_overflow(expected, d, &expected)) {
+        return absl::InvalidArgumentError(absl::StrCat("input '", in.name(), "': shape ", ShapeString(t.shape),
+                                                       " of ", in.datatype(), " is too large"));
+      }
+    }
     if (n_raw) {
       t.data = request.raw_input_contents(i);
     } else {

@@ -98,18 +98,34 @@ absl::StatusOr<std::unique_ptr<Work>> KvAttentionModel::Prepare(const inference:
 }
 
 void KvAttentionModel::Execute(const std::vector<Work*>& batch) {
-  KvBatch b;
-  b.dtype = static_cast<const KvWork&>(*batch[0]).q->dtype;
-  b.softmax_scale = float(1.0 / std::sqrt(double(geometry_.head_dim)));
+  // A sequence aborted after this request was admitted (an earlier request of it was
+  // dropped) has a gap in its cache: fail the request instead of computing on it.
+  std::vector<KvWork*> run;
   for (Work* wp : batch) {
-    const auto& w = static_cast<const KvWork&>(*wp);
-    b.items.push_back({w.exclusive_key, w.q->data, w.k->data, w.v->data, int(w.q->shape[0]), w.reservation.start_pos,
-                       &w.reservation.blocks});
+    auto& w = static_cast<KvWork&>(*wp);
+    if (sessions_->Valid(w.reservation)) {
+      run.push_back(&w);
+      continue;
+    }
+    w.status = absl::FailedPreconditionError(absl::StrCat(
+        "sequence '", w.reservation.sequence_id,
+        "' was dropped before this request ran (an earlier request of it was cancelled, timed out or failed); "
+        "start it again with sequence_start"));
+    sessions_->Abort(w.reservation, std::string(w.status.message()));
+    w.reserved = false;
+  }
+  if (run.empty()) return;
+  KvBatch b;
+  b.dtype = run[0]->q->dtype;
+  b.softmax_scale = float(1.0 / std::sqrt(double(geometry_.head_dim)));
+  for (const KvWork* w : run) {
+    b.items.push_back({w->exclusive_key, w->q->data, w->k->data, w->v->data, int(w->q->shape[0]),
+                       w->reservation.start_pos, &w->reservation.blocks});
   }
   std::vector<std::string> outs;
   absl::Status s = executor_->Run(b, &outs);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    auto& w = static_cast<KvWork&>(*batch[i]);
+  for (size_t i = 0; i < run.size(); ++i) {
+    auto& w = *run[i];
     w.status = s;
     if (s.ok()) {
       sessions_->Commit(w.reservation);

@@ -1,0 +1,566 @@
+// Scheduler (per-model bounded queue + dynamic batcher) with a fake Model that
+// records every batch, can hold a batch on a gate to simulate long compute, and
+// sets one output per work. Real ServerMetrics and ModelStats.
+//
+// Most tests "plug" the single worker first: a work whose Execute blocks on a gate.
+// Everything enqueued while the plug runs is queued before the next batch forms, so
+// the batches are deterministic however loaded the machine is.
+#include "server/batcher/scheduler.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace flashq::server {
+namespace {
+
+using std::chrono::milliseconds;
+
+bool Contains(const absl::Status& s, const std::string& text) {
+  return std::string(s.message()).find(text) != std::string::npos;
+}
+
+class Gate {
+ public:
+  void Open() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+struct FakeWork : Work {
+  int id = 0;
+  bool block = false;  // Execute of its batch waits on the model's gate
+};
+
+inference::ModelConfig FakeConfig() {
+  inference::ModelConfig c;
+  c.set_name("fake");
+  return c;
+}
+
+class FakeModel : public Model {
+ public:
+  FakeModel() : Model(FakeConfig()) {}
+
+  absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest&) override {
+    return absl::UnimplementedError("not used");
+  }
+
+  void Execute(const std::vector<Work*>& batch) override {
+    std::vector<int> ids;
+    bool block = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      std::set<std::string> in_batch;
+      for (Work* w : batch) {
+        const auto& fw = static_cast<const FakeWork&>(*w);
+        ids.push_back(fw.id);
+        block |= fw.block;
+        const std::string& ex = w->exclusive_key;
+        if (ex.empty()) continue;
+        if (!in_batch.insert(ex).second) ++exclusive_shared_batch_;
+        if (running_exclusive_.count(ex)) ++exclusive_concurrent_;
+        running_exclusive_.insert(ex);
+      }
+      batches_.push_back(ids);
+      batch_keys_.push_back(batch.empty() ? "" : batch[0]->batch_key);
+      for (Work* w : batch) mixed_keys_ += w->batch_key != batch[0]->batch_key;
+      ++running_;
+      max_running_ = std::max(max_running_, running_);
+    }
+    cv_.notify_all();
+    if (block) gate.Wait();
+    if (compute_time.count() > 0) std::this_thread::sleep_for(compute_time);
+    for (Work* w : batch) {
+      const int id = static_cast<const FakeWork&>(*w).id;
+      w->status = absl::OkStatus();
+      w->outputs.push_back({"OUT", DType::kI32, {1}, std::string(reinterpret_cast<const char*>(&id), 4)});
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (Work* w : batch) {
+        if (!w->exclusive_key.empty()) running_exclusive_.erase(w->exclusive_key);
+      }
+      --running_;
+    }
+  }
+
+  void Drop(Work& work, const absl::Status& why) override {
+    std::lock_guard<std::mutex> l(mu_);
+    drops_[static_cast<FakeWork&>(work).id].push_back(why.code());
+  }
+
+  // Waits until Execute has been entered `n` times in all.
+  bool WaitForBatches(size_t n, milliseconds timeout = milliseconds(10000)) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, timeout, [&] { return batches_.size() >= n; });
+  }
+
+  std::vector<std::vector<int>> batches() const { std::lock_guard<std::mutex> l(mu_); return batches_; }
+  std::vector<std::string> batch_keys() const { std::lock_guard<std::mutex> l(mu_); return batch_keys_; }
+  std::map<int, std::vector<absl::StatusCode>> drops() const { std::lock_guard<std::mutex> l(mu_); return drops_; }
+  int exclusive_shared_batch() const { std::lock_guard<std::mutex> l(mu_); return exclusive_shared_batch_; }
+  int exclusive_concurrent() const { std::lock_guard<std::mutex> l(mu_); return exclusive_concurrent_; }
+  int max_running() const { std::lock_guard<std::mutex> l(mu_); return max_running_; }
+  int mixed_keys() const { std::lock_guard<std::mutex> l(mu_); return mixed_keys_; }
+  bool Executed(int id) const {
+    for (const auto& b : batches()) {
+      if (std::count(b.begin(), b.end(), id)) return true;
+    }
+    return false;
+  }
+
+  Gate gate;
+  milliseconds compute_time{0};
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::vector<int>> batches_;
+  std::vector<std::string> batch_keys_;
+  std::map<int, std::vector<absl::StatusCode>> drops_;
+  std::multiset<std::string> running_exclusive_;
+  int exclusive_shared_batch_ = 0, exclusive_concurrent_ = 0, mixed_keys_ = 0;
+  int running_ = 0, max_running_ = 0;
+};
+
+// Every `done` call, by request id.
+class Answers {
+ public:
+  void Record(int id, const absl::Status& s, const Pending& p) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      codes_[id].push_back(s.code());
+      messages_[id] = std::string(s.message());
+      queue_ns_[id] = p.queue_ns;
+      if (s.ok()) {
+        bool good = p.work->status.ok() && p.work->outputs.size() == 1 && p.work->outputs[0].data.size() == 4;
+        int out = -1;
+        if (good) std::memcpy(&out, p.work->outputs[0].data.data(), 4);
+        if (!good || out != id) bad_outputs_.push_back(id);
+      }
+      ++total_;
+    }
+    cv_.notify_all();
+  }
+  bool WaitFor(int n, milliseconds timeout = milliseconds(10000)) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, timeout, [&] { return total_ >= n; });
+  }
+  // Each id in `ids` was answered exactly once, and nothing else was answered.
+  void ExpectEachOnce(const std::vector<int>& ids) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (int id : ids) EXPECT_EQ(codes_[id].size(), 1u) << "request " << id << " answered " << codes_[id].size() << " times";
+    EXPECT_EQ(total_, int(ids.size())) << "answers in all";
+    EXPECT_TRUE(bad_outputs_.empty()) << "requests answered OK without their output: " << bad_outputs_.size();
+  }
+  absl::StatusCode code(int id) {
+    std::lock_guard<std::mutex> l(mu_);
+    return codes_[id].empty() ? absl::StatusCode::kUnknown : codes_[id][0];
+  }
+  int count(int id) {
+    std::lock_guard<std::mutex> l(mu_);
+    return int(codes_[id].size());
+  }
+  std::string message(int id) { std::lock_guard<std::mutex> l(mu_); return messages_[id]; }
+  uint64_t queue_ns(int id) { std::lock_guard<std::mutex> l(mu_); return queue_ns_[id]; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int, std::vector<absl::StatusCode>> codes_;
+  std::map<int, std::string> messages_;
+  std::map<int, uint64_t> queue_ns_;
+  std::vector<int> bad_outputs_;
+  int total_ = 0;
+};
+
+struct Req {
+  int id = 0;
+  int64_t tokens = 1;
+  std::string batch_key;
+  std::string exclusive_key;
+  bool block = false;
+  std::optional<Clock::time_point> deadline;
+  std::function<bool()> cancelled;
+};
+
+// Members are destroyed in reverse order: the scheduler (joins its workers) first.
+struct Harness {
+  explicit Harness(SchedulerOptions o) : options(o) {
+    scheduler = std::make_unique<Scheduler>(model, options, metrics.ForModel("fake"), stats);
+  }
+
+  absl::Status Enqueue(const Req& r) {
+    auto w = std::make_unique<FakeWork>();
+    w->id = r.id;
+    w->block = r.block;
+    w->tokens = r.tokens;
+    w->batch_key = r.batch_key;
+    w->exclusive_key = r.exclusive_key;
+    auto p = std::make_unique<Pending>();
+    p->work = std::move(w);
+    p->deadline = r.deadline;
+    p->cancelled = r.cancelled;
+    const int id = r.id;
+    p->done = [this, id](Pending& p, const absl::Status& s) { answers.Record(id, s, p); };
+    return scheduler->Enqueue(std::move(p));
+  }
+
+  // Enqueues a work that holds the (single) worker until model.gate opens, and waits
+  // until it is executing.
+  void Plug(int id) {
+    Req r;
+    r.id = id;
+    r.batch_key = "plug";
+    r.block = true;
+    ASSERT_TRUE(Enqueue(r).ok());
+    ASSERT_TRUE(model.WaitForBatches(1));
+  }
+
+  prometheus::ClientMetric::Histogram Hist(prometheus::Histogram* h) { return h->Collect().histogram; }
+
+  SchedulerOptions options;
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  ServerMetrics metrics{registry};
+  ModelStats stats;
+  FakeModel model;
+  Answers answers;
+  std::unique_ptr<Scheduler> scheduler;
+};
+
+SchedulerOptions Options(milliseconds delay, int64_t budget = 16384, int workers = 1, int64_t queue = 1024) {
+  SchedulerOptions o;
+  o.max_queue_delay = delay;
+  o.max_batch_tokens = budget;
+  o.workers = workers;
+  o.max_queue_size = queue;
+  return o;
+}
+
+std::vector<int> Range(int a, int b) {
+  std::vector<int> v;
+  for (int i = a; i < b; ++i) v.push_back(i);
+  return v;
+}
+
+TEST(SchedulerTest, MergesRequestsWithinTheDelay) {
+  // The first request opens a batch that stays open for 250 ms; the other seven
+  // arrive within microseconds, so all eight run as one batch, in arrival order.
+  Harness h(Options(milliseconds(250)));
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(h.Enqueue({.id = i, .tokens = 3}).ok());
+  ASSERT_TRUE(h.answers.WaitFor(8));
+  h.scheduler->Shutdown();
+  EXPECT_EQ(h.model.batches(), (std::vector<std::vector<int>>{Range(0, 8)}));
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(h.answers.code(i), absl::StatusCode::kOk);
+  h.answers.ExpectEachOnce(Range(0, 8));
+  EXPECT_TRUE(h.model.drops().empty());
+
+  ServerMetrics::Model& m = h.metrics.ForModel("fake");
+  auto requests = h.Hist(m.batch_requests);
+  EXPECT_EQ(requests.sample_count, 1u);
+  EXPECT_DOUBLE_EQ(requests.sample_sum, 8.0);
+  auto tokens = h.Hist(m.batch_tokens);
+  EXPECT_EQ(tokens.sample_count, 1u);
+  EXPECT_DOUBLE_EQ(tokens.sample_sum, 24.0);
+  EXPECT_EQ(h.Hist(m.queue_seconds).sample_count, 8u) << "one queue-time sample per request";
+  EXPECT_EQ(h.Hist(m.compute_seconds).sample_count, 8u);
+  EXPECT_DOUBLE_EQ(m.queue_depth->Value(), 0.0);
+
+  inference::ModelStatistics st;
+  h.stats.Fill(&st);
+  EXPECT_EQ(st.execution_count(), 1u);
+  ASSERT_EQ(st.batch_stats_size(), 1);
+  EXPECT_EQ(st.batch_stats(0).batch_size(), 8u);
+  EXPECT_EQ(st.batch_stats(0).compute_infer().count(), 1u);
+}
+
+TEST(SchedulerTest, TokenBudgetSplitsBatches) {
+  Harness h(Options(milliseconds(20), /*budget=*/10));
+  h.Plug(100);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(h.Enqueue({.id = i, .tokens = 4}).ok());  // 16 tokens, budget 10
+  h.model.gate.Open();
+  ASSERT_TRUE(h.answers.WaitFor(5));
+  h.scheduler->Shutdown();
+  EXPECT_EQ(h.model.batches(), (std::vector<std::vector<int>>{{100}, {0, 1}, {2, 3}}));
+  h.answers.ExpectEachOnce({100, 0, 1, 2, 3});
+  auto tokens = h.Hist(h.metrics.ForModel("fake").batch_tokens);
+  EXPECT_EQ(tokens.sample_count, 3u);
+  EXPECT_DOUBLE_EQ(tokens.sample_sum, 17.0);  // plug 1 + 8 + 8
+  // Bucket le=8 holds the two 8-token batches and the plug (cumulative counts).
+  for (const auto& b : tokens.bucket) {
+    if (b.upper_bound == 8.0) EXPECT_EQ(b.cumulative_count, 3u);
+    if (b.upper_bound == 4.0) EXPECT_EQ(b.cumulative_count, 1u);
+  }
+}
+
+TEST(SchedulerTest, RequestOverTheBudgetRunsAlone) {
+  Harness h(Options(milliseconds(20), /*budget=*/10));
+  h.Plug(100);
+  ASSERT_TRUE(h.Enqueue({.id = 0, .tokens = 3}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 1, .tokens = 25}).ok());  // larger than the whole budget
+  ASSERT_TRUE(h.Enqueue({.id = 2, .tokens = 3}).ok());
+  h.model.gate.Open();
+  ASSERT_TRUE(h.answers.WaitFor(4));
+  // Arrival order within the key is kept inside each batch; the big one never waits forever.
+  ASSERT_TRUE(h.Enqueue({.id = 3, .tokens = 40}).ok());  // alone in an empty queue
+  ASSERT_TRUE(h.answers.WaitFor(5));
+  h.scheduler->Shutdown();
+  EXPECT_EQ(h.model.batches(), (std::vector<std::vector<int>>{{100}, {0, 2}, {1}, {3}}));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(h.answers.code(i), absl::StatusCode::kOk);
+  h.answers.ExpectEachOnce({100, 0, 1, 2, 3});
+}
+
+TEST(SchedulerTest, LoneRequestWaitsAboutTheDelay) {
+  const milliseconds delay(60);
+  Harness h(Options(delay));
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(h.Enqueue({.id = 0}).ok());
+  ASSERT_TRUE(h.answers.WaitFor(1));
+  const auto waited = std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
+  EXPECT_GE(waited.count(), delay.count()) << "a lone request waits for company up to max_queue_delay";
+  EXPECT_LT(waited.count(), delay.count() + 500) << "and not much longer (generous bound: shared CI machine)";
+  EXPECT_GE(h.answers.queue_ns(0), uint64_t(delay.count()) * 1000000);
+  h.answers.ExpectEachOnce({0});
+
+  // A full budget closes the batch at once, without waiting for the delay.
+  Harness big(Options(milliseconds(5000), /*budget=*/4));
+  const auto t1 = Clock::now();
+  ASSERT_TRUE(big.Enqueue({.id = 0, .tokens = 4}).ok());
+  ASSERT_TRUE(big.answers.WaitFor(1));
+  EXPECT_LT(std::chrono::duration_cast<milliseconds>(Clock::now() - t1).count(), 2500)
+      << "a batch that fills the budget does not wait for max_queue_delay";
+}
+
+TEST(SchedulerTest, BatchKeysNeverMix) {
+  Harness h(Options(milliseconds(20)));
+  h.Plug(100);
+  const std::vector<std::string> keys = {"a", "b", "a", "b", "a", "c", "b", "a"};
+  for (int i = 0; i < int(keys.size()); ++i) ASSERT_TRUE(h.Enqueue({.id = i, .batch_key = keys[i]}).ok());
+  h.model.gate.Open();
+  ASSERT_TRUE(h.answers.WaitFor(9));
+  h.scheduler->Shutdown();
+  // The oldest's key is served first; arrival order is kept within each key.
+  EXPECT_EQ(h.model.batches(), (std::vector<std::vector<int>>{{100}, {0, 2, 4, 7}, {1, 3, 6}, {5}}));
+  EXPECT_EQ(h.model.batch_keys(), (std::vector<std::string>{"plug", "a", "b", "c"}));
+  EXPECT_EQ(h.model.mixed_keys(), 0);
+  std::vector<int> all = Range(0, 8);
+  all.push_back(100);
+  h.answers.ExpectEachOnce(all);
+}
+
+TEST(SchedulerTest, BatchKeysNeverMixUnderLoad) {
+  // No plug: requests of three keys from three threads; whatever the timing, a batch
+  // holds one key and each key's requests run in the order they were enqueued.
+  Harness h(Options(milliseconds(2), 16384, /*workers=*/2));
+  constexpr int kPerThread = 60;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&h, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        ASSERT_TRUE(h.Enqueue({.id = t * 1000 + i, .batch_key = std::string(1, char('a' + t))}).ok());
+        if (i % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(h.answers.WaitFor(3 * kPerThread));
+  h.scheduler->Shutdown();
+  EXPECT_EQ(h.model.mixed_keys(), 0);
+  std::vector<int> all;
+  for (int t = 0; t < 3; ++t) {
+    for (int i = 0; i < kPerThread; ++i) all.push_back(t * 1000 + i);
+  }
+  h.answers.ExpectEachOnce(all);
+  // With one key per thread and one batch per key at a time per worker, the order
+  // inside each batch is arrival order.
+  for (const auto& b : h.model.batches()) EXPECT_TRUE(std::is_sorted(b.begin(), b.end()));
+}
+
+TEST(SchedulerTest, ExclusiveKeysNeverShareNorOverlap) {
+  Harness h(Options(milliseconds(1), 16384, /*workers=*/2));
+  h.model.compute_time = milliseconds(3);
+  // Two sequences (exclusive keys) and stateless work, all with one batch key.
+  std::vector<int> ids;
+  for (int i = 0; i < 12; ++i) {
+    Req r{.id = i};
+    if (i % 3 == 0) r.exclusive_key = "s1";
+    if (i % 3 == 1) r.exclusive_key = "s2";
+    ASSERT_TRUE(h.Enqueue(r).ok());
+    ids.push_back(i);
+    if (i % 4 == 3) std::this_thread::sleep_for(milliseconds(1));
+  }
+  ASSERT_TRUE(h.answers.WaitFor(12));
+  h.scheduler->Shutdown();
+  EXPECT_EQ(h.model.exclusive_shared_batch(), 0) << "two works of one sequence in one batch";
+  EXPECT_EQ(h.model.exclusive_concurrent(), 0) << "two batches of one sequence ran at once";
+  // Each sequence's works ran in arrival order.
+  std::map<int, int> position;
+  int pos = 0;
+  for (const auto& b : h.model.batches()) {
+    for (int id : b) position[id] = pos++;
+  }
+  for (int first : {0, 1}) {
+    for (int i = first; i + 3 < 12; i += 3) EXPECT_LT(position[i], position[i + 3]) << "sequence order " << i;
+  }
+  h.answers.ExpectEachOnce(ids);
+}
+
+TEST(SchedulerTest, ExclusiveKeyWaitsForItsRunningBatch) {
+  // Worker 1 holds s1's first work; worker 2 must not start s1's second work but may
+  // run everything else meanwhile.
+  Harness h(Options(milliseconds(1), 16384, /*workers=*/2));
+  ASSERT_TRUE(h.Enqueue({.id = 0, .exclusive_key = "s1", .block = true}).ok());
+  ASSERT_TRUE(h.model.WaitForBatches(1));
+  ASSERT_TRUE(h.Enqueue({.id = 1, .exclusive_key = "s1"}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 2, .exclusive_key = "s2"}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 3}).ok());
+  ASSERT_TRUE(h.answers.WaitFor(2));  // 2 and 3, on the second worker
+  EXPECT_EQ(h.answers.count(2), 1);
+  EXPECT_EQ(h.answers.count(3), 1);
+  std::this_thread::sleep_for(milliseconds(30));
+  EXPECT_EQ(h.answers.count(1), 0) << "s1's second work ran while its first was running";
+  EXPECT_FALSE(h.model.Executed(1));
+  h.model.gate.Open();
+  ASSERT_TRUE(h.answers.WaitFor(4));
+  h.scheduler->Shutdown();
+  EXPECT_EQ(h.model.exclusive_concurrent(), 0);
+  EXPECT_EQ(h.model.batches().back(), std::vector<int>{1});
+  h.answers.ExpectEachOnce({0, 1, 2, 3});
+}
+
+TEST(SchedulerTest, ExpiredDeadlineIsAnsweredAndNeverComputed) {
+  Harness h(Options(milliseconds(5)));
+  h.Plug(100);
+  ASSERT_TRUE(h.Enqueue({.id = 0, .deadline = Clock::now() + milliseconds(10)}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 1, .deadline = Clock::now() + std::chrono::seconds(60)}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 2}).ok());
+  std::this_thread::sleep_for(milliseconds(40));  // 0's deadline passes while it waits
+  h.model.gate.Open();
+  ASSERT_TRUE(h.answers.WaitFor(4));
+  // Already expired on arrival: dropped too.
+  ASSERT_TRUE(h.Enqueue({.id = 3, .deadline = Clock::now() - milliseconds(1)}).ok());
+  ASSERT_TRUE(h.answers.WaitFor(5));
+  h.scheduler->Shutdown();
+
+  for (int id : {0, 3}) {
+    EXPECT_EQ(h.answers.code(id), absl::StatusCode::kDeadlineExceeded) << id;
+    EXPECT_TRUE(h.answers.message(id).find("deadline") != std::string::npos) << h.answers.message(id);
+    EXPECT_FALSE(h.model.Executed(id)) << "expired request " << id << " reached Execute";
+    EXPECT_EQ(h.model.drops()[id], std::vector<absl::StatusCode>{absl::StatusCode::kDeadlineExceeded}) << id;
+  }
+  EXPECT_EQ(h.answers.code(1), absl::StatusCode::kOk);
+  EXPECT_EQ(h.answers.code(2), absl::StatusCode::kOk);
+  EXPECT_EQ(h.model.drops().size(), 2u);
+  h.answers.ExpectEachOnce({100, 0, 1, 2, 3});
+}
+
+TEST(SchedulerTest, CancelledRequestIsDroppedBeforeCompute) {
+  Harness h(Options(milliseconds(5)));
+  h.Plug(100);
+  std::atomic<bool> cancelled{false};
+  ASSERT_TRUE(h.Enqueue({.id = 0, .cancelled = [&] { return cancelled.load(); }}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 1, .cancelled = [] { return false; }}).ok());
+  cancelled = true;  // the client goes away while the request waits
+  h.model.gate.Open();
+  ASSERT_TRUE(h.answers.WaitFor(3));
+  h.scheduler->Shutdown();
+  EXPECT_EQ(h.answers.code(0), absl::StatusCode::kCancelled);
+  EXPECT_FALSE(h.model.Executed(0));
+  EXPECT_EQ(h.model.drops()[0], std::vector<absl::StatusCode>{absl::StatusCode::kCancelled});
+  EXPECT_EQ(h.answers.code(1), absl::StatusCode::kOk);
+  EXPECT_EQ(h.model.batches(), (std::vector<std::vector<int>>{{100}, {1}}));
+  h.answers.ExpectEachOnce({100, 0, 1});
+}
+
+TEST(SchedulerTest, FullQueueRejectsAtOnce) {
+  Harness h(Options(milliseconds(5), 16384, 1, /*queue=*/2));
+  h.Plug(100);  // executing, so no longer queued
+  ASSERT_TRUE(h.Enqueue({.id = 0}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 1}).ok());
+  EXPECT_EQ(h.scheduler->depth(), 2);
+  absl::Status s = h.Enqueue({.id = 2});
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_TRUE(Contains(s, "max_queue_size")) << s;
+  EXPECT_TRUE(Contains(s, "2")) << s;
+  EXPECT_EQ(h.model.drops()[2], std::vector<absl::StatusCode>{absl::StatusCode::kResourceExhausted});
+  EXPECT_DOUBLE_EQ(h.metrics.ForModel("fake").queue_depth->Value(), 2.0);
+  h.model.gate.Open();
+  ASSERT_TRUE(h.answers.WaitFor(3));
+  h.scheduler->Shutdown();
+  EXPECT_EQ(h.answers.count(2), 0) << "done must not be called for a rejected request";
+  EXPECT_FALSE(h.model.Executed(2));
+  h.answers.ExpectEachOnce({100, 0, 1});
+}
+
+TEST(SchedulerTest, ShutdownDrainsTheQueue) {
+  // A long delay: nothing would run for 10 s, but Shutdown runs everything queued
+  // at once, including the batch in flight, and answers each request once.
+  Harness h(Options(milliseconds(10000), /*budget=*/8, /*workers=*/2));
+  ASSERT_TRUE(h.Enqueue({.id = 100, .tokens = 8, .block = true}).ok());  // full budget: runs at once
+  ASSERT_TRUE(h.model.WaitForBatches(1));
+  std::vector<int> ids = {100};
+  for (int i = 0; i < 20; ++i) {
+    Req r{.id = i, .tokens = 3, .batch_key = i % 2 ? "x" : "y"};
+    if (i % 5 == 0) r.exclusive_key = "seq";
+    ASSERT_TRUE(h.Enqueue(r).ok());
+    ids.push_back(i);
+  }
+  const auto t0 = Clock::now();
+  std::thread stopper([&] { h.scheduler->Shutdown(); });
+  std::this_thread::sleep_for(milliseconds(50));
+  h.model.gate.Open();
+  stopper.join();
+  EXPECT_LT(std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count(), 5000)
+      << "Shutdown waited for max_queue_delay";
+  EXPECT_EQ(h.scheduler->depth(), 0);
+  for (int id : ids) EXPECT_EQ(h.answers.code(id), absl::StatusCode::kOk) << id;
+  int executed = 0;
+  for (const auto& b : h.model.batches()) executed += int(b.size());
+  EXPECT_EQ(executed, int(ids.size())) << "each request executed exactly once";
+  EXPECT_EQ(h.model.exclusive_shared_batch(), 0);
+  EXPECT_EQ(h.model.mixed_keys(), 0);
+  h.answers.ExpectEachOnce(ids);
+
+  absl::Status late = h.Enqueue({.id = 500});
+  EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable) << late;
+  EXPECT_EQ(h.model.drops()[500], std::vector<absl::StatusCode>{absl::StatusCode::kUnavailable});
+  EXPECT_EQ(h.answers.count(500), 0) << "done must not be called for a rejected request";
+  h.scheduler->Shutdown();  // idempotent
+}
+
+TEST(SchedulerTest, ShutdownOfAnIdleSchedulerReturns) {
+  Harness h(Options(milliseconds(10000), 16384, /*workers=*/3));
+  h.scheduler->Shutdown();
+  EXPECT_EQ(h.Enqueue({.id = 0}).code(), absl::StatusCode::kUnavailable);
+  h.answers.ExpectEachOnce({});
+}
+
+}  // namespace
+}  // namespace flashq::server
