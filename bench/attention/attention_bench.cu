@@ -201,18 +201,19 @@ std::string RunPrefill(Timer& timer, const PrefillCfg& cfg, int reps) {
   std::printf("prefill %-24s %8.3f ms  %7.1f TFLOP/s  check max_err %.3g %s\n", cfg.name.c_str(), ms, tflops, max_err,
               ok ? "ok" : "FAIL");
   std::string variant;
-  // Variants (not what run_varlen_attention picks on Hopper): the mma.sync kernel as shipped for
-  // sm_80/sm_89 (two m-tiles per warp) and its first version (one m-tile per warp).
+  // Variants (not what run_varlen_attention picks on Hopper): the wgmma kernel without warp
+  // specialisation, and the mma.sync kernel shipped for sm_80/sm_89.
   std::vector<std::pair<std::string, std::function<Status()>>> variants;
   using detail::LaunchPrefill;
   using detail::LaunchPrefillImpl;
   using BF = __nv_bfloat16;
+  using detail::LaunchPrefillWgmma;
   if (d == 128) {
+    variants.push_back({"wgmma_nows", [&] { return cfg.causal ? LaunchPrefillWgmma<BF, 128, true>(p, nullptr) : LaunchPrefillWgmma<BF, 128, false>(p, nullptr); }});
     variants.push_back({"mma_mt2", [&] { return cfg.causal ? LaunchPrefill<BF, 128, true>(p, nullptr) : LaunchPrefill<BF, 128, false>(p, nullptr); }});
-    variants.push_back({"mma_mt1", [&] { return cfg.causal ? LaunchPrefillImpl<BF, 128, true, 64, 1>(p, nullptr) : LaunchPrefillImpl<BF, 128, false, 64, 1>(p, nullptr); }});
   } else if (d == 64) {
+    variants.push_back({"wgmma_nows", [&] { return cfg.causal ? LaunchPrefillWgmma<BF, 64, true>(p, nullptr) : LaunchPrefillWgmma<BF, 64, false>(p, nullptr); }});
     variants.push_back({"mma_mt2", [&] { return cfg.causal ? LaunchPrefill<BF, 64, true>(p, nullptr) : LaunchPrefill<BF, 64, false>(p, nullptr); }});
-    variants.push_back({"mma_mt1", [&] { return cfg.causal ? LaunchPrefillImpl<BF, 64, true, 128, 1>(p, nullptr) : LaunchPrefillImpl<BF, 64, false, 128, 1>(p, nullptr); }});
   }
   for (auto& variant_entry : variants) {
     const std::string& vname = variant_entry.first;

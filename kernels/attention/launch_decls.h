@@ -15,6 +15,10 @@ Status LaunchPrefill(const VarlenAttentionParams& p, cudaStream_t stream);
 template <typename T, int D, bool kCausal>
 Status LaunchPrefillWgmma(const VarlenAttentionParams& p, cudaStream_t stream);
 
+// sm_90a warp-specialised wgmma prefill (producer warpgroup + 2 ping-pong consumers), D in {64, 128}.
+template <typename T, int D, bool kCausal>
+Status LaunchPrefillWs(const VarlenAttentionParams& p, cudaStream_t stream);
+
 template <typename T, int D>
 Status LaunchPagedDecode(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream);
 

@@ -1,0 +1,6 @@
+// Instantiation: varlen prefill for sm_90a (warp-specialised wgmma), fp16, head dim 128, non-causal.
+#include "kernels/attention/prefill_wgmma_ws.cuh"
+
+namespace flashq::attention::detail {
+template Status LaunchPrefillWs<__half, 128, false>(const VarlenAttentionParams&, cudaStream_t);
+}  // namespace flashq::attention::detail
