@@ -5,7 +5,10 @@ Starts flashq-server --backend=cpu on free ports, then for each concurrency runs
 perf_analyzer and flashq-bench one after the other (alternating, --rounds times)
 against the same model and input shape, and checks that flashq-bench's throughput
 and p50 latency agree with perf_analyzer's within --tolerance (15%). Both tools
-use the same rule: measurement windows until the last 3 agree within 10%.
+use the same rule: measurement windows until the last 3 agree within 10% on
+throughput and p50 latency (perf_analyzer --percentile=50, flashq-bench
+--stability-latency=p50). The machine may be shared: the tools alternate and the
+medians over --rounds are compared.
 
   bench/crosscheck_perf_analyzer.py                    # results under build/crosscheck/
   bench/crosscheck_perf_analyzer.py --record           # also bench/results/perf_analyzer_crosscheck-cpu-<date>.{json,md}
@@ -17,6 +20,7 @@ import csv
 import datetime
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -60,23 +64,54 @@ def start_server(args, outdir):
     raise RuntimeError("flashq-server not ready after %ss" % args.server_timeout)
 
 
-def run_perf_analyzer(args, port, conc, outdir, rnd):
+def write_input_data(args, outdir):
+    """The request perf_analyzer sends: the same shapes and value range as flashq-bench's."""
+    import base64
+    import random
+    import struct
+    rng = random.Random(1)
+    t, hq, hkv, d = args.tokens, args.heads_q, args.heads_kv, args.head_dim
+
+    def fp16(n):
+        return base64.b64encode(struct.pack("<%de" % n, *[rng.uniform(-1, 1) for _ in range(n)])).decode()
+    data = {"data": [{
+        "Q": {"b64": fp16(t * hq * d), "shape": [t, hq, d]},
+        "K": {"b64": fp16(t * hkv * d), "shape": [t, hkv, d]},
+        "V": {"b64": fp16(t * hkv * d), "shape": [t, hkv, d]},
+        "CU_SEQLENS_Q": {"content": [0, t], "shape": [2]},
+        "CU_SEQLENS_K": {"content": [0, t], "shape": [2]},
+    }]}
+    path = os.path.join(outdir, "pa-input.json")
+    with open(path, "w") as f:
+        json.dump(data, f)
+    return path
+
+
+def avg_ms(stdout):
+    m = re.search(r"Avg latency: (\d+) usec", stdout)
+    return float(m.group(1)) / 1e3 if m else None
+
+
+def run_perf_analyzer(args, port, conc, outdir, rnd, input_json):
     csv_path = os.path.join(outdir, "pa-c%d-r%d.csv" % (conc, rnd))
     cmd = [os.path.join(ROOT, "scripts", "perf_analyzer"), "-i", "grpc", "-u", "127.0.0.1:%d" % port,
-           "-m", args.model, "--shape", "%s:%s" % (args.input, args.shape),
-           "--input-data", "random", "--concurrency-range", "%d:%d" % (conc, conc),
+           "-m", "attention", "--input-data", input_json, "--request-parameter", "causal:true:bool",
+           "--concurrency-range", "%d:%d" % (conc, conc),
            "--measurement-interval", str(int(args.window * 1000)), "--stability-percentage", "10",
-           "--max-trials", str(args.max_windows), "-f", csv_path]
+           "--percentile", "50", "--max-trials", str(args.max_windows), "-f", csv_path]
     log("$ " + " ".join(cmd))
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     with open(os.path.join(outdir, "pa-c%d-r%d.log" % (conc, rnd)), "w") as f:
         f.write(r.stdout)
+    if r.returncode != 0 and "Failed to obtain stable measurement" in r.stdout:
+        return None
     if r.returncode != 0 or not os.path.exists(csv_path):
         raise RuntimeError("perf_analyzer failed (rc %d):\n%s" % (r.returncode, r.stdout[-3000:]))
     with open(csv_path) as f:
         row = next(csv.DictReader(f))
     return {"throughput_rps": float(row["Inferences/Second"]), "p50_ms": float(row["p50 latency"]) / 1e3,
-            "p99_ms": float(row["p99 latency"]) / 1e3, "avg_ms": float(row["Avg latency"]) / 1e3,
+            "p99_ms": float(row["p99 latency"]) / 1e3, "avg_ms": avg_ms(r.stdout),
+            "stable": "Failed to obtain stable measurement" not in r.stdout,
             "server_queue_ms": float(row["Server Queue"]) / 1e3,
             "server_compute_ms": (float(row["Server Compute Input"]) + float(row["Server Compute Infer"]) +
                                   float(row["Server Compute Output"])) / 1e3}
@@ -84,10 +119,11 @@ def run_perf_analyzer(args, port, conc, outdir, rnd):
 
 def run_flashq_bench(args, port, conc, outdir, rnd):
     js = os.path.join(outdir, "fb-c%d-r%d.json" % (conc, rnd))
-    rows = args.shape.split(",")[0]
     cmd = [os.path.join(args.build_dir, "bin", "flashq-bench"), "--endpoints=127.0.0.1:%d" % port,
-           "--model=" + args.model, "--m=fixed:" + rows, "--dtype=" + args.dtype.lower(), "--concurrency=%d" % conc,
-           "--window=%g" % args.window, "--stability=10", "--stable-windows=3",
+           "--model=attention", "--seq-len=fixed:%d" % args.tokens, "--seqs-per-request=fixed:1",
+           "--heads-q=%d" % args.heads_q, "--heads-kv=%d" % args.heads_kv, "--head-dim=%d" % args.head_dim,
+           "--dtype=fp16", "--causal", "--concurrency=%d" % conc,
+           "--window=%g" % args.window, "--stability=10", "--stability-latency=p50", "--stable-windows=3",
            "--max-time=%g" % (args.window * args.max_windows), "--warmup=%g" % args.window, "--min-requests=1",
            "--json=" + js, "--csv=" + js[:-5] + ".csv", "--output-dir=" + outdir, "--no-plot", "--progress=off"]
     log("$ " + " ".join(cmd))
@@ -107,14 +143,15 @@ def run_flashq_bench(args, port, conc, outdir, rnd):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--model", default="up_proj_int4")
-    ap.add_argument("--input", default="X")
-    ap.add_argument("--shape", default="4,4096", help="input shape, rows first (flashq-bench --m=fixed:ROWS)")
-    ap.add_argument("--dtype", default="FP16", help="must match the model metadata's datatype (perf_analyzer uses it)")
+    ap.add_argument("--tokens", type=int, default=128, help="attention: one causal sequence of this many tokens")
+    ap.add_argument("--heads-q", type=int, default=8)
+    ap.add_argument("--heads-kv", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--concurrency", default="1,4")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating runs of each tool; medians are compared")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating runs of each tool; medians are compared")
     ap.add_argument("--window", type=float, default=2.0, help="measurement window, s (both tools)")
-    ap.add_argument("--max-windows", type=int, default=10)
+    ap.add_argument("--max-windows", type=int, default=15)
+    ap.add_argument("--retries", type=int, default=2, help="reruns of a tool that found no stable measurement")
     ap.add_argument("--tolerance", type=float, default=0.15)
     ap.add_argument("--server-arg", action="append", default=[])
     ap.add_argument("--server-timeout", type=float, default=300)
@@ -136,6 +173,7 @@ def main():
                             text=True).stdout.strip()
     date = datetime.datetime.now(datetime.timezone.utc)
 
+    input_json = write_input_data(args, outdir)
     server, port = start_server(args, outdir)
     results = []
     ok = True
@@ -143,9 +181,21 @@ def main():
         for conc in [int(c) for c in args.concurrency.split(",")]:
             pa, fb = [], []
             for rnd in range(args.rounds):
-                pa.append(run_perf_analyzer(args, port, conc, outdir, rnd))
+                for attempt in range(args.retries + 1):
+                    res = run_perf_analyzer(args, port, conc, outdir, rnd, input_json)
+                    if res is not None:
+                        break
+                    log("  perf_analyzer: no stable measurement (attempt %d)" % (attempt + 1))
+                if res is None:
+                    raise RuntimeError("perf_analyzer found no stable measurement at c=%d; is the machine busy?" % conc)
+                pa.append(res)
                 log("  perf_analyzer c=%d: %.2f req/s p50 %.2f ms" % (conc, pa[-1]["throughput_rps"], pa[-1]["p50_ms"]))
-                fb.append(run_flashq_bench(args, port, conc, outdir, rnd))
+                for attempt in range(args.retries + 1):
+                    res = run_flashq_bench(args, port, conc, outdir, rnd)
+                    if res["stable"]:
+                        break
+                    log("  flashq-bench: no stable measurement (attempt %d)" % (attempt + 1))
+                fb.append(res)
                 log("  flashq-bench  c=%d: %.2f req/s p50 %.2f ms" % (conc, fb[-1]["throughput_rps"], fb[-1]["p50_ms"]))
             med = lambda runs, k: statistics.median(r[k] for r in runs)
             row = {"concurrency": conc, "perf_analyzer": pa, "flashq_bench": fb}
@@ -164,15 +214,18 @@ def main():
             server.kill()
 
     report = {"date": date.strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": commit, "host": socket.gethostname(),
-              "backend": "cpu", "model": args.model, "input": "%s [%s] %s" % (args.input, args.shape, args.dtype),
+              "backend": "cpu", "model": "attention",
+              "input": "Q [%d,%d,%d], K/V [%d,%d,%d] FP16, CU_SEQLENS [0,%d], causal" % (
+                  args.tokens, args.heads_q, args.head_dim, args.tokens, args.heads_kv, args.head_dim, args.tokens),
               "tolerance": args.tolerance, "rounds": args.rounds, "window_s": args.window,
               "rule": "median over rounds; |flashq-bench - perf_analyzer| / perf_analyzer <= tolerance, "
-                      "for throughput and p50; both tools: windows until the last 3 are within 10%",
+                      "for throughput and p50; both tools: windows until the last 3 agree within 10% "
+                      "(throughput and p50 latency)",
               "pass": ok, "results": results}
     lines = ["# flashq-bench vs perf_analyzer (CPU backend)", "",
              "Date %s, commit %s, host %s. Model `%s`, input %s; perf_analyzer from tritonclient 2.50.0. "
              "Each tool ran %d time(s) per concurrency, alternating; medians compared; tolerance %d%%." % (
-                 report["date"], commit, report["host"], args.model, report["input"], args.rounds,
+                 report["date"], commit, report["host"], "attention", report["input"], args.rounds,
                  round(args.tolerance * 100)), "",
              "| concurrency | perf_analyzer req/s | flashq-bench req/s | diff | perf_analyzer p50 ms | flashq-bench p50 ms | diff | result |",
              "|---|---|---|---|---|---|---|---|"]

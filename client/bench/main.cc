@@ -102,6 +102,9 @@ void DefineFlags(fb::Flags& f) {
                                      "(at most 4 windows' time).", S5});
   f.Add({"stability", "PCT", "10", "Stable when each of the last --stable-windows windows' throughput and mean "
                                    "latency are within PCT% of their average (perf_analyzer's rule).", S5});
+  f.Add({"stability-latency", "mean|pNN", "mean", "Latency statistic the stability rule compares: the mean (as "
+                                                  "perf_analyzer by default) or a percentile such as p50 (as "
+                                                  "perf_analyzer --percentile=50).", S5});
   f.Add({"stable-windows", "N", "3", "Windows the stability rule looks at; the result merges them.", S5});
   f.Add({"max-time", "SECONDS", "8", "Time cap per load point (after warm-up). Unstable points are reported as such.", S5});
   f.Add({"warmup", "SECONDS", "0.5", "Load before measuring, per load point; discarded.", S5});
@@ -277,6 +280,11 @@ int main(int argc, char** argv) {
   if (!ParseNum(f.Get("request-timeout"), &request_timeout) || request_timeout < 0) return bad("--request-timeout: need seconds >= 0");
   if (!ParseNum(f.Get("server-timeout"), &server_timeout) || server_timeout <= 0) return bad("--server-timeout: need seconds > 0");
   mo.seed = uint64_t(seed);
+  if (const std::string sl = f.Get("stability-latency"); sl != "mean") {
+    if (sl.size() < 2 || sl[0] != 'p' || !ParseNum(sl.substr(1), &mo.stability_percentile) ||
+        mo.stability_percentile <= 0 || mo.stability_percentile > 100)
+      return bad("--stability-latency: mean or pNN (e.g. p50, p99.9)");
+  }
   mo.max_outstanding = int(max_out);
 
   std::vector<fb::LoadPoint> points;
@@ -371,6 +379,7 @@ int main(int argc, char** argv) {
   info.measure = mo;
   std::unique_ptr<fb::ServerProcess> server;
   std::vector<std::string> endpoints = SplitList(f.Get("endpoints"));
+  std::string server_log;
   if (f.GetBool("spawn-server")) {
     fb::SpawnOptions so;
     so.binary = f.Get("server-binary");
@@ -378,6 +387,7 @@ int main(int argc, char** argv) {
     so.extra_args = f.GetAll("server-arg");
     so.log_path = f.IsSet("server-log") ? f.Get("server-log") : out_dir + "/" + name + "-server.log";
     so.timeout_s = server_timeout;
+    server_log = so.log_path;
     fprintf(stderr, "flashq-bench: starting flashq-server (backend %s; log %s) ...\n", so.backend.c_str(), so.log_path.c_str());
     auto sp = fb::ServerProcess::Start(so);
     if (!sp.ok()) {
@@ -404,6 +414,7 @@ int main(int argc, char** argv) {
   auto& client = **client_or;
   if (absl::Status s = client.WaitUntilReady(absl::Seconds(server ? 30 : 10)); !s.ok()) {
     fprintf(stderr, "flashq-bench: %s\n", std::string(s.message()).c_str());
+    if (server) fprintf(stderr, "flashq-bench: spawned server: %s; see %s\n", server->Stop().c_str(), server_log.c_str());
     return 1;
   }
 

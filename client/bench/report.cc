@@ -143,7 +143,8 @@ std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& resul
                   info.spawned_server ? "true" : "false", ",\n  \"server_backend\": ", Json(info.server_backend), ",\n");
   const auto& mo = info.measure;
   absl::StrAppend(&s, "  \"measurement\": {\"window_s\": ", Num(mo.window_s), ", \"stability_pct\": ", Num(mo.stability_pct),
-                  ", \"stable_windows\": ", mo.stable_windows, ", \"max_time_s\": ", Num(mo.max_time_s),
+                  ", \"stable_windows\": ", mo.stable_windows,
+                  ", \"stability_latency\": ", mo.stability_percentile > 0 ? absl::StrCat("\"p", mo.stability_percentile, "\"") : "\"mean\"", ", \"max_time_s\": ", Num(mo.max_time_s),
                   ", \"warmup_s\": ", Num(mo.warmup_s), ", \"latency\": \"ms; percentiles from a log-bucketed histogram (<=0.4% error)\"},\n");
   s += "  \"scenarios\": [\n";
   for (size_t si = 0; si < results.size(); ++si) {

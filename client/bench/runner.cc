@@ -257,7 +257,11 @@ PointResult RunPoint(Workload& workload, Transport& transport, const LoadPoint& 
     report(false, elapsed, opts.max_time_s, r);
     const bool long_enough = in_window >= opts.window_s &&
                              (in_this >= opts.min_requests_per_window || in_window >= 4 * opts.window_s);
-    const bool out_of_time = elapsed >= opts.max_time_s;
+    // A point that has not completed a single request yet gets up to 3x the cap:
+    // a slow model at high concurrency should still report something.
+    bool any_done = in_this > 0;
+    for (const auto& w : windows) any_done |= w.ok + w.error_count() > 0;
+    const bool out_of_time = elapsed >= opts.max_time_s * (any_done ? 1 : 3);
     if (!long_enough && !out_of_time) continue;
     if (in_window < 0.25 * opts.window_s && !windows.empty()) break;  // a sliver at the cap: drop it
     Measurement m = swap_window();
@@ -268,7 +272,9 @@ PointResult RunPoint(Workload& workload, Transport& transport, const LoadPoint& 
       prev = cur;
     }
     ws = now;
-    r.window_summaries.push_back({m.rps(), m.latency.mean()});
+    r.window_summaries.push_back({m.rps(), opts.stability_percentile > 0
+                                               ? double(m.latency.Percentile(opts.stability_percentile))
+                                               : m.latency.mean()});
     windows.push_back(std::move(m));
     r.windows = int(windows.size());
     if (IsStable(r.window_summaries, opts.stable_windows, opts.stability_pct)) {

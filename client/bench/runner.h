@@ -65,6 +65,7 @@ struct MeasureOptions {
   double window_s = 2.0;
   double stability_pct = 10.0;
   int stable_windows = 3;
+  double stability_percentile = 0;  // 0: the stability rule compares mean latency, else this percentile
   double max_time_s = 20.0;  // per load point, after warm-up
   double warmup_s = 1.0;
   int64_t min_requests_per_window = 5;  // a window stretches (up to 4x) until it holds this many

@@ -6,9 +6,9 @@ namespace flashq::bench {
 
 const std::vector<PresetInfo>& Presets() {
   static const std::vector<PresetInfo> kPresets = {
-      {"attention_ragged", "attention FP16, GQA Hq=8 Hkv=2 D=64, 1-4 causal sequences/request, lengths lognormal:96:0.6:16:512"},
+      {"attention_ragged", "attention FP16, GQA Hq=8 Hkv=2 D=64, 1-4 causal sequences/request, lengths lognormal:64:0.5:16:256"},
       {"attention_fixed", "attention FP16, Hq=32 Hkv=8 D=128, one causal sequence of 128 tokens (perf_analyzer-comparable)"},
-      {"linear_int4", "up_proj_int4 (W4A16, X[M,4096] -> Y[M,14336]) FP16, M uniform:1:16"},
+      {"linear_int4", "up_proj_int4 (W4A16, X[M,4096] -> Y[M,14336]) FP16, M uniform:1:4"},
       {"linear_bf16", "up_proj_bf16, FP16 X, M uniform:1:16"},
       {"linear_fp8", "up_proj_fp8, FP16 X, M uniform:1:16"},
       {"down_int4", "down_proj_int4 (X[M,14336] -> Y[M,4096]), M uniform:1:16"},
@@ -42,7 +42,7 @@ absl::StatusOr<ScenarioSpec> Preset(std::string_view name) {
     s.kind = ScenarioSpec::Kind::kAttention;
     s.model = "attention";
     s.heads_q = 8, s.heads_kv = 2, s.head_dim = 64;
-    s.seq_len = "lognormal:96:0.6:16:512";
+    s.seq_len = "lognormal:64:0.5:16:256";
     s.seqs_per_request = "uniform:1:4";
   } else if (name == "attention_fixed") {
     s.kind = ScenarioSpec::Kind::kAttention;
@@ -50,7 +50,7 @@ absl::StatusOr<ScenarioSpec> Preset(std::string_view name) {
     s.heads_q = 32, s.heads_kv = 8, s.head_dim = 128;
     s.seq_len = "fixed:128";
   } else if (name == "linear_int4") {
-    linear("up_proj_int4", "uniform:1:16");
+    linear("up_proj_int4", "uniform:1:4");
   } else if (name == "linear_bf16") {
     linear("up_proj_bf16", "uniform:1:16");
   } else if (name == "linear_fp8") {

@@ -9,7 +9,7 @@ namespace flashq::bench {
 
 struct WindowSummary {
   double throughput = 0;  // requests/s
-  double latency = 0;     // the latency statistic compared (we use the mean, as perf_analyzer does by default)
+  double latency = 0;     // the latency statistic compared: the mean (perf_analyzer's default) or a percentile
 };
 
 bool IsStable(const std::vector<WindowSummary>& windows, int count, double pct);
