@@ -91,32 +91,80 @@ class CpuKvAttention : public KvAttentionExecutor {
   std::vector<float> k_cache_, v_cache_;  // [num_blocks, page_size, Hkv, D]
 };
 
+// Slices of a layer along N: rows [n0, n1) of W, as a layer of its own.
+LinearWeights SliceN(const LinearWeights& w, int n0, int n1) {
+  LinearWeights s;
+  s.format = w.format;
+  s.K = w.K;
+  s.N = n1 - n0;
+  s.fp8_activations = w.fp8_activations;
+  const size_t K = size_t(w.K);
+  switch (w.format) {
+    case WeightFormat::kBf16: s.bf16.assign(w.bf16.begin() + n0 * K, w.bf16.begin() + n1 * K); break;
+    case WeightFormat::kInt4: {
+      const size_t g = size_t(w.int4.num_groups());
+      s.int4 = w.int4;
+      s.int4.N = s.N;
+      s.int4.q.assign(w.int4.q.begin() + n0 * K, w.int4.q.begin() + n1 * K);
+      s.int4.scales.assign(w.int4.scales.begin() + n0 * g, w.int4.scales.begin() + n1 * g);
+      s.int4.zeros.assign(w.int4.zeros.begin() + n0 * g, w.int4.zeros.begin() + n1 * g);
+      break;
+    }
+    case WeightFormat::kFp8:
+      s.fp8.K = w.K;
+      s.fp8.N = s.N;
+      s.fp8.w.assign(w.fp8.w.begin() + n0 * K, w.fp8.w.begin() + n1 * K);
+      s.fp8.scale = w.fp8.scale.size() == 1 ? w.fp8.scale
+                                            : std::vector<float>(w.fp8.scale.begin() + n0, w.fp8.scale.begin() + n1);
+      break;
+  }
+  return s;
+}
+
+// The layer is cut along N into one slice per thread, so even M = 1 uses every core.
+// Each output element is computed by the same code whatever the slicing or M, so the
+// result is deterministic and batch-invariant.
 class CpuLinear : public LinearExecutor {
  public:
-  explicit CpuLinear(LinearWeights w) : w_(std::move(w)) {}
+  CpuLinear(const LinearWeights& w, std::shared_ptr<ThreadPool> pool) : K_(w.K), N_(w.N), pool_(std::move(pool)) {
+    const int parts = std::max(1, std::min(pool_->size(), w.N / 64));
+    for (int p = 0; p < parts; ++p) {
+      const int n0 = int(int64_t(w.N) * p / parts), n1 = int(int64_t(w.N) * (p + 1) / parts);
+      slices_.push_back({n0, SliceN(w, n0, n1)});
+    }
+  }
 
   absl::Status Run(DType dtype, int M, std::string_view x_bytes, std::string* y_bytes) override {
     std::vector<float> x;
     AppendAsFloat(dtype, x_bytes, &x);
-    std::vector<float> y(size_t(M) * w_.N);
-    switch (w_.format) {
-      case WeightFormat::kBf16: gemm::LinearRefBf16<float>(x.data(), M, w_.K, w_.bf16.data(), w_.N, y.data()); break;
-      case WeightFormat::kInt4: gemm::LinearRefInt4<float>(x.data(), M, w_.int4, y.data()); break;
-      case WeightFormat::kFp8:
-        if (w_.fp8_activations) {
-          gemm::LinearRefFp8W8A8<float>(x.data(), M, w_.fp8, /*per_row_act=*/true, y.data());
-        } else {
-          gemm::LinearRefFp8W8A16<float>(x.data(), M, w_.fp8, y.data());
-        }
-        break;
-    }
+    std::vector<float> y(size_t(M) * N_);
+    pool_->ParallelFor(int(slices_.size()), [&](int p) {
+      const auto& [n0, w] = slices_[p];
+      std::vector<float> part(size_t(M) * w.N);
+      switch (w.format) {
+        case WeightFormat::kBf16: gemm::LinearRefBf16<float>(x.data(), M, K_, w.bf16.data(), w.N, part.data()); break;
+        case WeightFormat::kInt4: gemm::LinearRefInt4<float>(x.data(), M, w.int4, part.data()); break;
+        case WeightFormat::kFp8:
+          if (w.fp8_activations) {
+            gemm::LinearRefFp8W8A8<float>(x.data(), M, w.fp8, /*per_row_act=*/true, part.data());
+          } else {
+            gemm::LinearRefFp8W8A16<float>(x.data(), M, w.fp8, part.data());
+          }
+          break;
+      }
+      for (int m = 0; m < M; ++m) {
+        std::copy(part.begin() + size_t(m) * w.N, part.begin() + size_t(m + 1) * w.N, y.begin() + size_t(m) * N_ + n0);
+      }
+    });
     y_bytes->clear();
     AppendFromFloat(dtype, y.data(), int64_t(y.size()), y_bytes);
     return absl::OkStatus();
   }
 
  private:
-  LinearWeights w_;
+  const int K_, N_;
+  std::shared_ptr<ThreadPool> pool_;
+  std::vector<std::pair<int, LinearWeights>> slices_;
 };
 
 }  // namespace
@@ -134,7 +182,7 @@ absl::StatusOr<std::unique_ptr<KvAttentionExecutor>> CpuBackend::CreateKvAttenti
 }
 
 absl::StatusOr<std::unique_ptr<LinearExecutor>> CpuBackend::CreateLinear(LinearWeights weights) {
-  return std::unique_ptr<LinearExecutor>(new CpuLinear(std::move(weights)));
+  return std::unique_ptr<LinearExecutor>(new CpuLinear(weights, pool_));
 }
 
 }  // namespace flashq::server

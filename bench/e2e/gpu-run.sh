@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One call on the GPU machine for the CUDA backend (issue 5): GPU tests through the
+# server's executors, fatbin contents, cold start with JIT disabled and eager module
+# loading, and the end-to-end scenarios. Prepare here with bench/e2e/gpu-prep.sh, then
+#   run(command="bash bench/e2e/gpu-run.sh", carry=[".gpu"])
+# Results land in $OUT (JSON + markdown); a short table is printed last.
+set -uo pipefail
+OUT=${OUT:-/tmp/flashq-gpu-out}
+mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+tar xzf "$ROOT"/.gpu/flashq-bundle-*.tar.gz -C /tmp
+B=$(ls -d /tmp/flashq-bundle-* | head -n1)
+export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export CUDA_DISABLE_PTX_JIT=1 CUDA_MODULE_LOADING=EAGER
+CACHE=/tmp/flashq-demo
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "commit: $(cat "$ROOT"/.gpu/COMMIT 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+} | tee "$OUT/device.txt"
+
+echo "== fatbin contents (cuobjdump)"
+{ cuobjdump --list-elf "$B/libexec/flashq-server" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' | sort | uniq -c
+  echo "ptx entries: $(cuobjdump --list-ptx "$B/libexec/flashq-server" 2>/dev/null | wc -l)"; } | tee "$OUT/cuobjdump.txt"
+
+echo "== GPU tests through the server's executors"
+"$ROOT"/.gpu/bin/flashq_server_gpu_tests --gtest_brief=1 2>&1 | tail -n 15 | tee "$OUT/server_gpu_tests.txt"
+
+echo "== demo repository (generated once, not timed)"
+timeout 300 "$ROOT"/.gpu/bin/flashq-coldstart --server-binary="$B/libexec/flashq-server" --backend=cuda \
+  --server-arg=--demo-cache-dir=$CACHE --steady=5 --log="$OUT/server-first.log" > /dev/null
+echo "== cold start (JIT disabled, eager loading), twice"
+for i in 1 2; do
+  timeout 300 "$ROOT"/.gpu/bin/flashq-coldstart --server-binary="$B/libexec/flashq-server" --backend=cuda \
+    --server-arg=--demo-cache-dir=$CACHE --steady=100 --log="$OUT/server-cold$i.log" | tee "$OUT/coldstart$i.json"
+done
+
+echo "== end-to-end scenarios"
+"$B/libexec/flashq-server" --backend=cuda --demo-cache-dir=$CACHE --grpc-port=18001 --metrics-port=18002 \
+  --kv-cache-blocks=40000 --gpu-arena-mb=12288 --workers-per-model=2 > "$OUT/server-e2e.log" 2>&1 &
+SPID=$!
+for _ in $(seq 1 240); do grep -q "flashq-server ready" "$OUT/server-e2e.log" && break; sleep 0.5; done
+timeout 420 python3 "$ROOT"/bench/e2e/gpu_e2e.py --bench="$B/libexec/flashq-bench" --endpoint=localhost:18001 \
+  --metrics=http://localhost:18002/metrics --out-dir="$OUT/e2e" --max-time=5 | tail -n 20
+kill -TERM $SPID; wait $SPID; echo "server exit status: $?" | tee -a "$OUT/server-e2e.log"
+cp "$OUT"/e2e/e2e.json "$OUT"/e2e/e2e.md "$OUT"/ 2>/dev/null
+echo "== summary"
+cat "$OUT/device.txt" "$OUT/server_gpu_tests.txt" | tail -n 8
+cat "$OUT"/coldstart2.json
+cat "$OUT"/e2e.md
