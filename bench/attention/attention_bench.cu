@@ -29,6 +29,8 @@ using namespace flashq::attention;
 namespace flashq::attention::detail {  // bench-only variants, prefill_variants.cu
 template <typename T, int D, bool kCausal, int kBMOverride, int kMTOverride>
 Status LaunchPrefillImpl(const VarlenAttentionParams& p, cudaStream_t stream);
+template <typename T, int D, bool kCausal, bool kPingPong>
+Status LaunchPrefillWsImpl(const VarlenAttentionParams& p, cudaStream_t stream);
 }
 
 #define CK(x)                                                                                  \
@@ -201,18 +203,21 @@ std::string RunPrefill(Timer& timer, const PrefillCfg& cfg, int reps) {
   std::printf("prefill %-24s %8.3f ms  %7.1f TFLOP/s  check max_err %.3g %s\n", cfg.name.c_str(), ms, tflops, max_err,
               ok ? "ok" : "FAIL");
   std::string variant;
-  // Variants (not what run_varlen_attention picks on Hopper): the wgmma kernel without warp
-  // specialisation, and the mma.sync kernel shipped for sm_80/sm_89.
+  // Variants (not what run_varlen_attention picks on Hopper): the warp-specialised wgmma kernel
+  // with and without consumer ping-pong, and the mma.sync kernel shipped for sm_80/sm_89.
   std::vector<std::pair<std::string, std::function<Status()>>> variants;
   using detail::LaunchPrefill;
   using detail::LaunchPrefillImpl;
   using BF = __nv_bfloat16;
-  using detail::LaunchPrefillWgmma;
+  using detail::LaunchPrefillWs;
+  using detail::LaunchPrefillWsImpl;
   if (d == 128) {
-    variants.push_back({"wgmma_nows", [&] { return cfg.causal ? LaunchPrefillWgmma<BF, 128, true>(p, nullptr) : LaunchPrefillWgmma<BF, 128, false>(p, nullptr); }});
+    variants.push_back({"ws_pingpong", [&] { return cfg.causal ? LaunchPrefillWs<BF, 128, true>(p, nullptr) : LaunchPrefillWs<BF, 128, false>(p, nullptr); }});
+    variants.push_back({"ws", [&] { return cfg.causal ? LaunchPrefillWsImpl<BF, 128, true, false>(p, nullptr) : LaunchPrefillWsImpl<BF, 128, false, false>(p, nullptr); }});
     variants.push_back({"mma_mt2", [&] { return cfg.causal ? LaunchPrefill<BF, 128, true>(p, nullptr) : LaunchPrefill<BF, 128, false>(p, nullptr); }});
   } else if (d == 64) {
-    variants.push_back({"wgmma_nows", [&] { return cfg.causal ? LaunchPrefillWgmma<BF, 64, true>(p, nullptr) : LaunchPrefillWgmma<BF, 64, false>(p, nullptr); }});
+    variants.push_back({"ws_pingpong", [&] { return cfg.causal ? LaunchPrefillWs<BF, 64, true>(p, nullptr) : LaunchPrefillWs<BF, 64, false>(p, nullptr); }});
+    variants.push_back({"ws", [&] { return cfg.causal ? LaunchPrefillWsImpl<BF, 64, true, false>(p, nullptr) : LaunchPrefillWsImpl<BF, 64, false, false>(p, nullptr); }});
     variants.push_back({"mma_mt2", [&] { return cfg.causal ? LaunchPrefill<BF, 64, true>(p, nullptr) : LaunchPrefill<BF, 64, false>(p, nullptr); }});
   }
   for (auto& variant_entry : variants) {

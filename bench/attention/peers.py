@@ -143,8 +143,8 @@ def main():
           f"torch {torch.__version__}. BF16, FP32 accumulation. Medians; L2 flushed before each run. "
           f"Copy ceiling (D2D, read+write) {ours['copy_gbps']:.0f} GB/s.", "",
           "## Prefill (Hq = Hkv = 32), TFLOP/s", "",
-          "| shape | ours | ours wgmma, no WS | ours mma.sync (sm80 path) | SDPA flash | SDPA cuDNN | varlen_attn | ours/flash | ours/cuDNN | ours/varlen |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+          "| shape | ours | ours WS+pingpong | ours WS | ours mma.sync (sm80 path) | SDPA flash | SDPA cuDNN | varlen_attn | ours/flash | ours/cuDNN | ours/varlen |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in ours["prefill"]:
         peers, notes = prefill_peers(row)
         entry = dict(row)
@@ -158,14 +158,15 @@ def main():
         result["prefill"].append(entry)
         g = lambda n: None if peers.get(n) is None else peers[n]["tflops"]
         var = row.get("variant_mma_mt2", {}).get("tflops")
-        var_nows = row.get("variant_wgmma_nows", {}).get("tflops")
-        md.append(f"| {row['name']} | {row['tflops']:.1f} | {fmt(var_nows)} | {fmt(var)} | {fmt(g('sdpa_flash'))} | {fmt(g('sdpa_cudnn'))} | "
+        var_pp = row.get("variant_ws_pingpong", {}).get("tflops")
+        var_ws = row.get("variant_ws", {}).get("tflops")
+        md.append(f"| {row['name']} | {row['tflops']:.1f} | {fmt(var_pp)} | {fmt(var_ws)} | {fmt(var)} | {fmt(g('sdpa_flash'))} | {fmt(g('sdpa_cudnn'))} | "
                   f"{fmt(g('varlen_attn'))} | {fmt(ratios.get('sdpa_flash'), '.2f')} | "
                   f"{fmt(ratios.get('sdpa_cudnn'), '.2f')} | {fmt(ratios.get('varlen_attn'), '.2f')} |")
         print(md[-1], flush=True)
     md += ["", "## Decode (Hq 32, Hkv 8, hd 128, 1 new token), GB/s of K+V read", "",
            "| B | L | page | split | ours GB/s | % of copy | SDPA flash | SDPA cuDNN | ours/flash | ours/cuDNN |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     peer_cache = {}
     for row in ours["decode"]:
         key = (row["batch"], row["len"])

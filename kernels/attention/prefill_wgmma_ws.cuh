@@ -80,7 +80,7 @@ __device__ __forceinline__ void ProducerLoadTile(T* smem, const T* base, int64_t
   }
 }
 
-template <typename T, int D, bool kCausal>
+template <typename T, int D, bool kCausal, bool kPingPong = true>
 __global__ void __launch_bounds__(384, 1) PrefillWsKernel(const VarlenAttentionParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = WsPrefillTraits<D>;
@@ -242,18 +242,24 @@ __global__ void __launch_bounds__(384, 1) PrefillWsKernel(const VarlenAttentionP
   // Ping-pong: warpgroup w waits on named barrier 1 + w before issuing its MMAs, then releases
   // the other one; warpgroup 0 goes first. Each warpgroup has n_blocks + 1 issue points.
   const int my_bar = 1 + wg, other_bar = 2 - wg;
+  auto bar_sync = [&] {
+    if constexpr (kPingPong) NamedBarSync(my_bar, 256);
+  };
+  auto bar_arrive = [&](int id) {
+    if constexpr (kPingPong) NamedBarArrive(id, 256);
+  };
   auto wait_full = [&](int j) {
     MbarWait(full_bar(j % kStages), (j / kStages) & 1);
     FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
   };
   if (n_blocks > 0) {
-    if (wg == 1) NamedBarArrive(1, 256);
+    if (wg == 1) bar_arrive(1);
     wait_full(0);
-    NamedBarSync(my_bar, 256);
+    bar_sync();
     WgmmaFence();
     issue_qk(0);
     WgmmaCommit();
-    NamedBarArrive(other_bar, 256);
+    bar_arrive(other_bar);
     WgmmaWait<0>();
     fence_s();
     float alpha[2];
@@ -262,13 +268,13 @@ __global__ void __launch_bounds__(384, 1) PrefillWsKernel(const VarlenAttentionP
   }
   for (int j = 1; j < n_blocks; ++j) {
     wait_full(j);
-    NamedBarSync(my_bar, 256);
+    bar_sync();
     WgmmaFence();
     issue_qk(j % kStages);
     WgmmaCommit();
     issue_pv((j - 1) % kStages);
     WgmmaCommit();
-    NamedBarArrive(other_bar, 256);
+    bar_arrive(other_bar);
     WgmmaWait<1>();
     fence_s();
     float alpha[2];
@@ -279,11 +285,11 @@ __global__ void __launch_bounds__(384, 1) PrefillWsKernel(const VarlenAttentionP
     MbarArrive(empty_bar((j - 1) % kStages));
   }
   if (n_blocks > 0) {
-    NamedBarSync(my_bar, 256);
+    bar_sync();
     WgmmaFence();
     issue_pv((n_blocks - 1) % kStages);
     WgmmaCommit();
-    if (wg == 0) NamedBarArrive(other_bar, 256);  // warpgroup 1 has no issue point left to release
+    if (wg == 0) bar_arrive(other_bar);  // warpgroup 1 has no issue point left to release
     WgmmaWait<0>();
     fence_o_a();
   }
@@ -328,15 +334,20 @@ __global__ void __launch_bounds__(384, 1) PrefillWsKernel(const VarlenAttentionP
 #endif
 }
 
-template <typename T, int D, bool kCausal>
-Status LaunchPrefillWs(const VarlenAttentionParams& p, cudaStream_t stream) {
+template <typename T, int D, bool kCausal, bool kPingPong>
+Status LaunchPrefillWsImpl(const VarlenAttentionParams& p, cudaStream_t stream) {
   using Tr = WsPrefillTraits<D>;
-  auto kernel = PrefillWsKernel<T, D, kCausal>;
+  auto kernel = PrefillWsKernel<T, D, kCausal, kPingPong>;
   FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const dim3 grid((p.max_seqlen_q + Tr::kBM - 1) / Tr::kBM, p.num_heads_q, p.batch);
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   FQ_CUDA_RETURN_LAUNCH();
   return Status::Ok();
+}
+
+template <typename T, int D, bool kCausal>
+Status LaunchPrefillWs(const VarlenAttentionParams& p, cudaStream_t stream) {
+  return LaunchPrefillWsImpl<T, D, kCausal, true>(p, stream);
 }
 
 }  // namespace flashq::attention::detail
