@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -199,9 +200,25 @@ LinearFormats MakeLinearFormats(uint64_t seed, uint64_t tag, int K, int N) {
       for (int r = 0; r < nc; ++r) out.fp8_scale[n0 + r] = f.scale_of(r);
     }
   };
-  std::thread helper(worker);
-  worker();
+  // Exceptions (bad_alloc) are carried out of the threads and rethrown to Generate's handler.
+  std::exception_ptr errors[2];
+  std::thread helper([&] {
+    try {
+      worker();
+    } catch (...) {
+      errors[1] = std::current_exception();
+      next_chunk = N;  // stop the other worker early
+    }
+  });
+  try {
+    worker();
+  } catch (...) {
+    errors[0] = std::current_exception();
+    next_chunk = N;
+  }
   helper.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
   return out;
 }
 

@@ -420,7 +420,8 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<SafeTen
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t(header.size()) >> (8 * i));
   bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(header.data(), 1, header.size(), f) == header.size();
   for (size_t i = 0; ok && i < tensors.size(); ++i)
-    ok = std::fwrite(tensors[i].data.data(), 1, tensors[i].data.size(), f) == tensors[i].data.size();
+    if (!tensors[i].data.empty())  // fwrite's pointer must not be null, even for 0 bytes
+      ok = std::fwrite(tensors[i].data.data(), 1, tensors[i].data.size(), f) == tensors[i].data.size();
   int err = errno;
   if (std::fclose(f) != 0 && ok) {
     ok = false;
