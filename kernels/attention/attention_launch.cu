@@ -53,12 +53,13 @@ template <typename T>
 Status DispatchHeadDim(const VarlenAttentionParams& p, cudaStream_t s) {
   using detail::LaunchPrefill;
   using detail::LaunchPrefillWgmma;
-  // The warp-specialised kernel (LaunchPrefillWs) is correct but measured slower on H200
-  // (bench/results), so Hopper runs the plain wgmma kernel.
+  using detail::LaunchPrefillWs;
+  // Measured on H200 (bench/results/attention-h200-2026-11-22.md): head dim 64 is fastest with the
+  // warp-specialised ping-pong kernel, head dim 128 with the plain wgmma kernel.
   bool hopper = false;
   FQ_RETURN_IF_ERROR(IsHopper(&hopper));
   if (hopper && p.head_dim == 64)
-    return p.causal ? LaunchPrefillWgmma<T, 64, true>(p, s) : LaunchPrefillWgmma<T, 64, false>(p, s);
+    return p.causal ? LaunchPrefillWs<T, 64, true>(p, s) : LaunchPrefillWs<T, 64, false>(p, s);
   if (hopper && p.head_dim == 128)
     return p.causal ? LaunchPrefillWgmma<T, 128, true>(p, s) : LaunchPrefillWgmma<T, 128, false>(p, s);
   switch (p.head_dim) {
