@@ -7,7 +7,7 @@
 // compiler (only IEEE-exact operations: + - * / sqrt and bit operations; no libm).
 // Each float row is generated once and the BF16, GPTQ-int4 (v2, asymmetric, group 128)
 // and FP8 (per-channel scale, W8A16) variants are derived from it, so the three formats
-// of a layer approximate the same weights. About 4 s and 470 MB for the whole folder.
+// of a layer approximate the same weights: 470 MB, a few seconds on two cores.
 // The folder is built under a temporary name and renamed into place, so a reader never
 // sees half of it; STAMP (version + seed) is written last.
 #include "server/repository/demo_repository.h"

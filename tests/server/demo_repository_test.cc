@@ -33,50 +33,17 @@ uint16_t Bf16At(const SafeTensor& t, size_t i) {
   return v;
 }
 
-// The generated repository is shared by the tests below (it takes a few seconds).
-class DemoRepositoryTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    cache_ = new fs::path(fs::temp_directory_path() / ("fq_demo_" + std::to_string(getpid())));
-    fs::remove_all(*cache_);
-    const auto t0 = std::chrono::steady_clock::now();
-    auto path = EnsureDemoRepository(cache_->string(), 20261122);
-    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    status_ = new absl::Status(path.status());
-    if (path.ok()) root_ = new std::string(*path);
-  }
-  static void TearDownTestSuite() {
-    fs::remove_all(*cache_);
-    delete cache_;
-    delete root_;
-    delete status_;
-  }
-  void SetUp() override { ASSERT_TRUE(status_->ok()) << *status_; }
+std::unique_ptr<SafetensorsFile> Weights(const std::string& root, const std::string& model) {
+  auto f = SafetensorsFile::Open(root + "/" + model + "/model.safetensors");
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f.ok() ? std::move(*f) : nullptr;
+}
 
-  static std::unique_ptr<SafetensorsFile> Weights(const std::string& model) {
-    auto f = SafetensorsFile::Open(*root_ + "/" + model + "/model.safetensors");
-    EXPECT_TRUE(f.ok()) << f.status();
-    return f.ok() ? std::move(*f) : nullptr;
-  }
+void CheckLayoutAndConfigs(const std::string& root) {
+  EXPECT_EQ(fs::path(root).filename(), "demo-v1-20261122");
+  EXPECT_TRUE(fs::exists(fs::path(root) / "STAMP"));
 
-  static fs::path* cache_;
-  static std::string* root_;
-  static absl::Status* status_;
-  static double seconds_;
-};
-fs::path* DemoRepositoryTest::cache_ = nullptr;
-std::string* DemoRepositoryTest::root_ = nullptr;
-absl::Status* DemoRepositoryTest::status_ = nullptr;
-double DemoRepositoryTest::seconds_ = 0;
-
-TEST_F(DemoRepositoryTest, LayoutAndConfigs) {
-  std::printf("demo repository generated in %.2f s\n", seconds_);
-  EXPECT_EQ(fs::path(*root_).filename(), "demo-v1-20261122");
-  EXPECT_TRUE(fs::exists(fs::path(*root_) / "STAMP"));
-  // Nothing left behind but the repository itself.
-  EXPECT_EQ(std::distance(fs::directory_iterator(*cache_), fs::directory_iterator{}), 1);
-
-  auto models = ScanModelRepository(*root_);
+  auto models = ScanModelRepository(root);
   ASSERT_TRUE(models.ok()) << models.status();
   std::map<std::string, inference::ModelConfig> by_name;
   for (const auto& m : *models) by_name[m.config.name()] = m.config;
@@ -146,16 +113,16 @@ TEST_F(DemoRepositoryTest, LayoutAndConfigs) {
   }
 }
 
-TEST_F(DemoRepositoryTest, TensorsHaveTheCheckpointDtypesAndShapes) {
+void CheckTensorDtypesAndShapes(const std::string& root) {
   for (const auto& [prefix, K, N] : {std::tuple{"up_proj", 4096, 14336}, std::tuple{"down_proj", 14336, 4096}}) {
     const std::string p = prefix;
-    auto bf16 = Weights(p + "_bf16");
+    auto bf16 = Weights(root, p + "_bf16");
     ASSERT_TRUE(bf16);
     auto w = bf16->Get("weight", "BF16");
     ASSERT_TRUE(w.ok()) << w.status();
     EXPECT_EQ(w->shape, (std::vector<int64_t>{N, K}));
 
-    auto i4 = Weights(p + "_int4");
+    auto i4 = Weights(root, p + "_int4");
     ASSERT_TRUE(i4);
     const int64_t G = K / 128;
     auto qw = i4->Get("qweight", "I32");
@@ -166,7 +133,7 @@ TEST_F(DemoRepositoryTest, TensorsHaveTheCheckpointDtypesAndShapes) {
     EXPECT_EQ(qz->shape, (std::vector<int64_t>{G, N / 8}));
     EXPECT_EQ(sc->shape, (std::vector<int64_t>{G, N}));
 
-    auto f8 = Weights(p + "_fp8");
+    auto f8 = Weights(root, p + "_fp8");
     ASSERT_TRUE(f8);
     auto fw = f8->Get("weight", "F8_E4M3");
     auto fs_ = f8->Get("weight_scale", "F32");
@@ -177,11 +144,11 @@ TEST_F(DemoRepositoryTest, TensorsHaveTheCheckpointDtypesAndShapes) {
 }
 
 // The three formats of a layer approximate the same N(0, 1/K) matrix.
-TEST_F(DemoRepositoryTest, FormatsAgreeAndWeightsAreNormal) {
+void CheckFormatsAgreeAndWeightsAreNormal(const std::string& root) {
   const int K = 4096, N = 14336;
-  auto bf16_file = Weights("up_proj_bf16");
-  auto i4_file = Weights("up_proj_int4");
-  auto f8_file = Weights("up_proj_fp8");
+  auto bf16_file = Weights(root, "up_proj_bf16");
+  auto i4_file = Weights(root, "up_proj_int4");
+  auto f8_file = Weights(root, "up_proj_fp8");
   ASSERT_TRUE(bf16_file && i4_file && f8_file);
   const SafeTensor w = *bf16_file->Get("weight", "BF16");
 
@@ -233,8 +200,8 @@ TEST_F(DemoRepositoryTest, FormatsAgreeAndWeightsAreNormal) {
 }
 
 // Fixed seed -> fixed bits, on every machine: these values were recorded once.
-TEST_F(DemoRepositoryTest, WeightsAreDeterministic) {
-  auto bf16_file = Weights("down_proj_bf16");
+void CheckWeightsAreDeterministic(const std::string& root) {
+  auto bf16_file = Weights(root, "down_proj_bf16");
   ASSERT_TRUE(bf16_file);
   const SafeTensor w = *bf16_file->Get("weight", "BF16");
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the first two rows
@@ -245,16 +212,48 @@ TEST_F(DemoRepositoryTest, WeightsAreDeterministic) {
   EXPECT_EQ(Bf16At(w, 1), 0xbc79);
 }
 
-TEST_F(DemoRepositoryTest, SecondCallReusesTheStampedFolder) {
-  const fs::path weights = fs::path(*root_) / "up_proj_bf16" / "model.safetensors";
-  const auto mtime = fs::last_write_time(weights);
+// One test, so that ctest (one process per test) generates the repository only once.
+TEST(DemoRepositoryTest, GeneratesValidatesAndReuses) {
+  const fs::path cache = fs::temp_directory_path() / ("fq_demo_" + std::to_string(getpid()));
+  fs::remove_all(cache);
   const auto t0 = std::chrono::steady_clock::now();
-  auto again = EnsureDemoRepository(cache_->string(), 20261122);
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto path = EnsureDemoRepository(cache.string(), 20261122);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(path.ok()) << path.status();
+  std::printf("demo repository generated in %.2f s\n", seconds);
+  const std::string root = *path;
+  EXPECT_EQ(fs::path(root).parent_path(), cache);
+  // Nothing left behind but the repository itself.
+  EXPECT_EQ(std::distance(fs::directory_iterator(cache), fs::directory_iterator{}), 1);
+
+  {
+    SCOPED_TRACE("layout and configs");
+    CheckLayoutAndConfigs(root);
+  }
+  {
+    SCOPED_TRACE("tensor dtypes and shapes");
+    CheckTensorDtypesAndShapes(root);
+  }
+  {
+    SCOPED_TRACE("formats agree");
+    CheckFormatsAgreeAndWeightsAreNormal(root);
+  }
+  {
+    SCOPED_TRACE("deterministic bits");
+    CheckWeightsAreDeterministic(root);
+  }
+
+  // A second call finds the stamp and returns at once without rewriting anything.
+  const fs::path weights = fs::path(root) / "up_proj_bf16" / "model.safetensors";
+  const auto mtime = fs::last_write_time(weights);
+  const auto t1 = std::chrono::steady_clock::now();
+  auto again = EnsureDemoRepository(cache.string(), 20261122);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(*again, *root_);
+  EXPECT_EQ(*again, root);
   EXPECT_LT(dt, 0.5);
   EXPECT_EQ(fs::last_write_time(weights), mtime);
+  fs::remove_all(cache);
 }
 
 }  // namespace
