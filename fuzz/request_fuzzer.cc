@@ -1,0 +1,202 @@
+// libFuzzer target over the server's request path (ASan + UBSan, clang):
+//
+//   bytes -> inference::ModelInferRequest::ParseFromArray
+//         -> Model::Prepare (decode + validation) of the real models on a CPU backend
+//         -> Model::Execute alone and merged with copies of itself (batch assembly,
+//            ragged concatenation, output split), checked bitwise: batch invariance
+//         -> InferenceServer::Infer (bounded queue, scheduler, Execute, the one answer)
+//
+// The repository is small and in a temp folder: `attention` (head dims 8 and 16),
+// `kv_attention` (4/2 heads, head dim 8, 16 blocks of 4 tokens) and `lin` (BF16
+// weights, K=16, N=8), with tight token, tensor-byte and sequence limits so that
+// every input runs in microseconds. Invariants (abort on violation): `done` is
+// called exactly once per Infer; an OK work has one output per requested tensor,
+// whose bytes match shape x datatype; merged and alone outputs are identical.
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/core/inference_server.h"
+#include "server/frontend/grpc_service.h"
+#include "server/models/model_factory.h"
+#include "server/repository/model_repository.h"
+#include "server/repository/safetensors.h"
+
+namespace fs = std::filesystem;
+using namespace flashq::server;
+
+namespace {
+
+[[noreturn]] void Fail(const char* what, const std::string& detail = "") {
+  std::fprintf(stderr, "request_fuzzer: invariant violated: %s %s\n", what, detail.c_str());
+  std::abort();
+}
+
+std::string Param(const char* key, const std::string& value) {
+  return std::string("parameters { key: \"") + key + "\" value: { string_value: \"" + value + "\" } }\n";
+}
+
+const char* kQueue = "dynamic_batching { max_queue_delay_microseconds: 0 default_queue_policy { max_queue_size: 8 } }\n";
+
+void WriteText(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+}
+
+std::string MakeRepository() {
+  char tmpl[] = "/tmp/flashq-fuzz-repo-XXXXXX";
+  if (!mkdtemp(tmpl)) Fail("mkdtemp");
+  const fs::path root(tmpl);
+  WriteText(root / "attention/config.pbtxt",
+            std::string("name: \"attention\"\nmax_batch_size: 0\ninput [\n"
+                        " { name: \"Q\" data_type: TYPE_FP16 dims: [ -1, -1, -1 ] },\n"
+                        " { name: \"K\" data_type: TYPE_FP16 dims: [ -1, -1, -1 ] },\n"
+                        " { name: \"V\" data_type: TYPE_FP16 dims: [ -1, -1, -1 ] },\n"
+                        " { name: \"CU_SEQLENS_Q\" data_type: TYPE_INT32 dims: [ -1 ] optional: true },\n"
+                        " { name: \"CU_SEQLENS_K\" data_type: TYPE_INT32 dims: [ -1 ] optional: true }\n]\n"
+                        "output [\n { name: \"O\" data_type: TYPE_FP16 dims: [ -1, -1, -1 ] },\n"
+                        " { name: \"LSE\" data_type: TYPE_FP32 dims: [ -1, -1 ] }\n]\n") +
+                kQueue + Param("kind", "attention") + Param("max_batch_tokens", "64") + Param("head_dims", "8,16") +
+                Param("max_sequences_per_request", "8") + Param("max_tensor_bytes", "16384"));
+  WriteText(root / "kv_attention/config.pbtxt",
+            std::string("name: \"kv_attention\"\nmax_batch_size: 0\ninput [\n"
+                        " { name: \"Q\" data_type: TYPE_FP16 dims: [ -1, 4, 8 ] },\n"
+                        " { name: \"K\" data_type: TYPE_FP16 dims: [ -1, 2, 8 ] },\n"
+                        " { name: \"V\" data_type: TYPE_FP16 dims: [ -1, 2, 8 ] }\n]\n"
+                        "output [ { name: \"O\" data_type: TYPE_FP16 dims: [ -1, 4, 8 ] } ]\n") +
+                Param("kind", "kv_attention") + Param("num_heads_q", "4") + Param("num_heads_kv", "2") +
+                Param("head_dim", "8") + Param("page_size", "4") + Param("num_blocks", "16") +
+                Param("max_tokens_per_sequence", "32") + Param("session_idle_timeout_s", "1") +
+                Param("max_queue_delay_us", "0") + Param("max_queue_size", "8") + Param("max_tensor_bytes", "16384"));
+  WriteText(root / "lin/config.pbtxt",
+            std::string("name: \"lin\"\nmax_batch_size: 0\n"
+                        "input [ { name: \"X\" data_type: TYPE_FP16 dims: [ -1, 16 ] } ]\n"
+                        "output [ { name: \"Y\" data_type: TYPE_FP16 dims: [ -1, 8 ] } ]\n") +
+                kQueue + Param("kind", "linear") + Param("in_features", "16") + Param("out_features", "8") +
+                Param("max_batch_tokens", "32") + Param("weight_format", "bf16") + Param("max_tensor_bytes", "16384"));
+  std::vector<uint16_t> w(8 * 16);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = uint16_t(0x3c00 + (i * 37) % 512);  // BF16 values near 1
+  absl::Status s = WriteSafetensors((root / "lin/model.safetensors").string(),
+                                    {{"weight", "BF16", {8, 16}, std::string_view(reinterpret_cast<char*>(w.data()), w.size() * 2)}});
+  if (!s.ok()) Fail("writing lin weights", s.ToString());
+  return root.string();
+}
+
+struct Harness {
+  std::string repo;
+  std::unique_ptr<CpuBackend> backend;
+  std::shared_ptr<prometheus::Registry> registry;
+  std::unique_ptr<ServerMetrics> metrics;
+  std::map<std::string, std::unique_ptr<Model>> direct;  // used without a scheduler
+  std::unique_ptr<InferenceServer> server;
+
+  Harness() {
+    repo = MakeRepository();
+    auto entries = ScanModelRepository(repo);
+    if (!entries.ok()) Fail("scan", entries.status().ToString());
+    BackendOptions bo;
+    bo.cpu_threads = 1;
+    backend = std::make_unique<CpuBackend>(bo);
+    registry = std::make_shared<prometheus::Registry>();
+    metrics = std::make_unique<ServerMetrics>(registry);
+    for (const ModelEntry& e : *entries) {
+      auto m = CreateModel(e, *backend, {});
+      if (!m.ok()) Fail("load", m.status().ToString());
+      direct[e.config.name()] = std::move(*m);
+    }
+    InferenceServerOptions so;
+    so.workers_per_model = 2;
+    auto srv = InferenceServer::Create(*entries, *backend, *metrics, so);
+    if (!srv.ok()) Fail("server", srv.status().ToString());
+    server = std::move(*srv);
+    std::error_code ec;
+    fs::remove_all(repo, ec);  // the weights were copied into the backend
+  }
+};
+
+Harness& H() {
+  static Harness* h = new Harness();  // never destroyed: the scheduler threads keep running
+  return *h;
+}
+
+void CheckOutputs(const Work& w) {
+  for (const OutputTensor& t : w.outputs) {
+    int64_t n = DTypeSize(t.dtype);
+    for (int64_t d : t.shape) n *= d;
+    if (n != int64_t(t.data.size())) Fail("output size", t.name + " " + ShapeString(t.shape));
+  }
+}
+
+void Direct(const inference::ModelInferRequest& req) {
+  auto it = H().direct.find(req.model_name());
+  if (it == H().direct.end()) return;
+  Model& m = *it->second;
+  auto a = m.Prepare(req);
+  if (!a.ok()) return;
+  const bool stateful = !(*a)->exclusive_key.empty();
+  m.Execute({a->get()});
+  if ((*a)->status.ok()) CheckOutputs(**a);
+  if (stateful) {
+    m.Tick(std::chrono::steady_clock::now() + std::chrono::hours(1));  // reap: keeps the cache from filling
+    return;
+  }
+  // The same request merged with itself: each copy's outputs must equal the alone run's.
+  auto b = m.Prepare(req), c = m.Prepare(req);
+  if (!b.ok() || !c.ok()) Fail("Prepare is not deterministic");
+  if ((*b)->batch_key != (*a)->batch_key) Fail("batch key is not deterministic");
+  m.Execute({b->get(), c->get()});
+  for (const Work* w : {b->get(), c->get()}) {
+    if (w->status.code() != (*a)->status.code()) Fail("merged status differs", w->status.ToString());
+    if (!w->status.ok()) continue;
+    CheckOutputs(*w);
+    if (w->outputs.size() != (*a)->outputs.size()) Fail("merged output count differs");
+    for (size_t i = 0; i < w->outputs.size(); ++i) {
+      if (w->outputs[i].data != (*a)->outputs[i].data) Fail("batch invariance: merged output differs", w->outputs[i].name);
+    }
+  }
+}
+
+void Served(const inference::ModelInferRequest& req) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int answers = 0;
+  H().server->Infer(req, std::nullopt, [] { return false; }, [&](const absl::Status& st, Work* work) {
+    if (st.ok()) {
+      if (!work) Fail("OK without a work");
+      CheckOutputs(*work);
+      inference::ModelInferResponse resp;
+      FillInferResponse(req, *work, &resp);
+    }
+    std::lock_guard<std::mutex> l(mu);
+    ++answers;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> l(mu);
+  if (!cv.wait_for(l, std::chrono::seconds(20), [&] { return answers > 0; })) Fail("no answer within 20 s");
+  l.unlock();
+  std::this_thread::sleep_for(std::chrono::microseconds(50));  // a second answer would show here
+  l.lock();
+  if (answers != 1) Fail("answered more than once");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  H();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  inference::ModelInferRequest req;
+  if (!req.ParseFromArray(data, int(size))) return -1;  // not a request: keep it out of the corpus
+  Direct(req);
+  Served(req);
+  return 0;
+}
