@@ -166,7 +166,7 @@ def main():
         print(md[-1], flush=True)
     md += ["", "## Decode (Hq 32, Hkv 8, hd 128, 1 new token), GB/s of K+V read", "",
            "| B | L | page | split | ours GB/s | % of copy | SDPA flash | SDPA cuDNN | ours/flash | ours/cuDNN |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|"]
     peer_cache = {}
     for row in ours["decode"]:
         key = (row["batch"], row["len"])
