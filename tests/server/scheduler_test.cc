@@ -356,6 +356,7 @@ TEST(SchedulerTest, LoneRequestWaitsAboutTheDelay) {
   ASSERT_TRUE(big.answers.WaitFor(1));
   EXPECT_LT(std::chrono::duration_cast<milliseconds>(Clock::now() - t1).count(), 2500)
       << "a batch that fills the budget does not wait for max_queue_delay";
+  big.answers.ExpectEachOnce({0});
 }
 
 TEST(SchedulerTest, BatchKeysNeverMix) {
