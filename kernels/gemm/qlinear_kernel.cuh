@@ -25,7 +25,12 @@
 //   scales   fp16 [G][strips][t][s][2]: n = 64*strip + 8s + 2t + e (the C fragment's columns)
 //   zeros    uint8 [G][strips][g][s]:   n = 64*strip + 8s + g    (the B fragment's column)
 // Limits: K % 8 == 0; group_size % 32 == 0 or channelwise; M per launch <= 128.
-// Measured: see bench/results/gemm-*.md.
+// Measured (H200, 2026-11-22, bench/results/gemm-nvidia-h200-2026-11-22.md): W4A16 g128 M=1
+// 11.8 / 26.0 / 23.6 / 26.7 µs on (K,N) = 4096², 4096x14336, 14336x4096, 8192² = 1.06-1.31x
+// cuBLASLt BF16, 19-33% of the copy ceiling; M=16 0.68-0.92x; M=64 0.25-0.39x. Far below
+// the issue's bars: the loop is issue-bound (ncu: ~1.5 IPC/SM, 16 warps/SM, long dependent
+// chains) and spends many instructions on per-step integer divisions and address math;
+// bench/gemm/next-qlinear-nodiv.patch removes them (compiled, not yet run on a GPU).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -54,11 +59,11 @@ template <> struct Act<__nv_bfloat16> {
 template <typename T>
 __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same_v<T, __half>) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
@@ -93,20 +98,19 @@ __device__ __forceinline__ uint32_t Fp8Pair(uint32_t two_bytes) {
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool pred) {
   unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   int n = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
-__device__ __forceinline__ void CpAsync16Ca(void* smem, const void* gmem, bool pred) {
+__device__ __forceinline__ void CpAsync16Ca(void* smem, const void* gmem) {
   unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  int n = pred ? 16 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
 __device__ __forceinline__ void CpAsync8(void* smem, const void* gmem) {
   unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem) : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
 }
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
-__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 template <bool kFp8, int MT>
 struct Smem {
@@ -136,50 +140,33 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) QLinearKernel(const
   const T* x = static_cast<const T*>(p.x);
 
   auto slot = [&](int st, int s) -> uint4* { return smem + (size_t(st) * S::kSlots + s) * kThreads + tid; };
-  // Per-thread streams, advanced incrementally (no divisions in the main loop).
-  constexpr int kWStride = 32 * S::kB;  // uint4 per k32 step of one strip
-  const uint4* wsrc = static_cast<const uint4*>(p.qw) + ((size_t(strip) * p.nk32 + j0) * 32 + lane) * S::kB;
-  // Row g of the tile; rows g + 8h + 16mt are at fixed offsets. Only dereferenced for rows < M.
-  const T* xp = x + size_t(m0 + g) * p.K + j0 * kStepK + 8 * t;
-  unsigned rowmask = 0;
-#pragma unroll
-  for (int r = 0; r < 2 * MT; ++r)
-    if (m0 + g + 8 * r < p.M) rowmask |= 1u << r;
-  int kk = j0 * kStepK + 8 * t;  // this thread's first channel at the next issue
-  const int grp0 = j0 / p.gsteps, gpos0 = j0 - grp0 * p.gsteps;
-  const size_t gstride = size_t(p.strips) * 64;  // scales (halves) and zeros (bytes) per group
-  const uint16_t* ssrc = kFp8 ? nullptr : p.scales + (size_t(grp0) * gstride + size_t(strip) * 64 + t * 16);
-  const uint8_t* zsrc = kFp8 ? nullptr : static_cast<const uint8_t*>(p.zeros) + (size_t(grp0) * gstride + size_t(strip) * 64 + g * 8);
-  int igpos = gpos0, ist = 0, issued = 0;
+  auto new_group = [&](int i) { return i == 0 || (j0 + i) / p.gsteps != (j0 + i - 1) / p.gsteps; };
 
-  auto issue_next = [&]() {
+  auto issue = [&](int i) {
+    const int j = j0 + i, st = i % kStages;
+    const uint4* wsrc = static_cast<const uint4*>(p.qw) + ((size_t(strip) * p.nk32 + j) * 32 + lane) * S::kB;
 #pragma unroll
-    for (int b = 0; b < S::kB; ++b) CpAsync16(slot(ist, b), wsrc + b, true);
-    wsrc += kWStride;
-    const bool kin = kk < p.K;
+    for (int b = 0; b < S::kB; ++b) CpAsync16(slot(st, b), wsrc + b, true);
+    const int k = j * kStepK + 8 * t;
+    const bool kin = k < p.K;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const bool pred = kin && (rowmask >> (2 * mt + h) & 1u);
-        CpAsync16Ca(slot(ist, S::kB + 2 * mt + h), pred ? xp + (16 * mt + 8 * h) * p.K : x, pred);
+        const int row = m0 + mt * 16 + g + 8 * h;
+        const bool pred = kin && row < p.M;
+        CpAsync16(slot(st, S::kB + 2 * mt + h), pred ? x + size_t(row) * p.K + k : x, pred);
       }
-    xp += kStepK;
-    kk += kStepK;
     if constexpr (!kFp8) {
-      if (issued == 0 || igpos == 0) {
-        CpAsync16Ca(slot(ist, S::kB + S::kA), ssrc, true);
-        CpAsync16Ca(slot(ist, S::kB + S::kA + 1), ssrc + 8, true);
-        CpAsync8(zsm + ist * kThreads + tid, zsrc);
-      }
-      if (++igpos == p.gsteps) {
-        igpos = 0;
-        ssrc += gstride;
-        zsrc += gstride;
+      if (new_group(i)) {
+        const int grp = j / p.gsteps;
+        const size_t gs = size_t(grp) * p.strips + strip;
+        const uint16_t* ssrc = p.scales + (gs * 4 + t) * 16;
+        CpAsync16Ca(slot(st, S::kB + S::kA), ssrc);
+        CpAsync16Ca(slot(st, S::kB + S::kA + 1), ssrc + 8);
+        CpAsync8(zsm + st * kThreads + tid, static_cast<const uint8_t*>(p.zeros) + (gs * 8 + g) * 8);
       }
     }
-    ist = ist + 1 == kStages ? 0 : ist + 1;
-    ++issued;
   };
 
   float acc[MT][8][4], c[MT][8][4];
@@ -189,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) QLinearKernel(const
     for (int s = 0; s < 8; ++s)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][s][e] = c[mt][s][e] = 0.0f;
-  float scl[kFp8 ? 16 : 1];
+  float scl[16];
   uint32_t nzm[8];
   if constexpr (kFp8) {
     const float4* fs = reinterpret_cast<const float4*>(p.fscales + (size_t(strip) * 4 + t) * 16);
@@ -200,48 +187,39 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) QLinearKernel(const
     }
   }
 
-  uint32_t sclh[8];  // int4: the group's fp16 scales as half2 (s, e=0/1), converted at flush
   auto flush = [&]() {
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      float s0, s1;
-      if constexpr (kFp8) {
-        s0 = scl[2 * s];
-        s1 = scl[2 * s + 1];
-      } else {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sclh[s]));
-        s0 = f.x;
-        s1 = f.y;
-      }
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int s = 0; s < 8; ++s)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          acc[mt][s][e] = fmaf((e & 1) ? s1 : s0, c[mt][s][e], acc[mt][s][e]);
+          acc[mt][s][e] = fmaf(scl[2 * s + (e & 1)], c[mt][s][e], acc[mt][s][e]);
           c[mt][s][e] = 0.0f;
         }
-    }
   };
 
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < nsteps) issue_next();
+    if (i < nsteps) issue(i);
     CpAsyncCommit();
   }
 
-  int cgpos = gpos0;
   for (int i = 0; i < nsteps; ++i) {
     CpAsyncWait<kStages - 2>();
     __syncwarp();
     const int st = i % kStages;
     if constexpr (!kFp8) {
-      const bool newg = i == 0 || cgpos == 0;
-      if (++cgpos == p.gsteps) cgpos = 0;
-      if (newg) {
+      if (new_group(i)) {
         if (i > 0) flush();
         const uint4 s0 = *slot(st, S::kB + S::kA), s1 = *slot(st, S::kB + S::kA + 1);
-        sclh[0] = s0.x; sclh[1] = s0.y; sclh[2] = s0.z; sclh[3] = s0.w;
-        sclh[4] = s1.x; sclh[5] = s1.y; sclh[6] = s1.z; sclh[7] = s1.w;
+        const uint32_t sw[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sw[q]));
+          scl[2 * q] = f.x;
+          scl[2 * q + 1] = f.y;
+        }
         const uint2 z = zsm[st * kThreads + tid];
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
@@ -288,7 +266,8 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) QLinearKernel(const
       }
     }
     __syncwarp();
-    if (i + kStages - 1 < nsteps) issue_next();
+    const int inext = i + kStages - 1;
+    if (inext < nsteps) issue(inext);
     CpAsyncCommit();
   }
   if (nsteps > 0) flush();
