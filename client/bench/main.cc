@@ -72,7 +72,8 @@ void DefineFlags(fb::Flags& f) {
   f.Add({"workload", "attention|kv|linear", "", "Request generator for --model [default: from the model name; any "
                                                 "other name is a linear layer].", S2});
 
-  f.Add({"concurrency", "LIST", "1,4,16", "Closed loop: requests kept outstanding, one load point each.", S3});
+  f.Add({"concurrency", "LIST", "1,4,16", "Closed loop: requests kept outstanding, one load point each. Without "
+                                          "this flag the linear presets sweep 1,2,4.", S3});
   f.Add({"request-rate", "LIST", "", "Open loop instead: requests/s, one load point each. Latency counts from each "
                                      "request's intended send time (no coordinated omission).", S3});
   f.Add({"arrival", "constant|poisson", "poisson", "Open-loop inter-arrival times.", S3});
@@ -106,7 +107,7 @@ void DefineFlags(fb::Flags& f) {
                                                   "perf_analyzer by default) or a percentile such as p50 (as "
                                                   "perf_analyzer --percentile=50).", S5});
   f.Add({"stable-windows", "N", "3", "Windows the stability rule looks at; the result merges them.", S5});
-  f.Add({"max-time", "SECONDS", "8", "Time cap per load point (after warm-up). Unstable points are reported as such.", S5});
+  f.Add({"max-time", "SECONDS", "6", "Time cap per load point (after warm-up). Unstable points are reported as such.", S5});
   f.Add({"warmup", "SECONDS", "0.5", "Load before measuring, per load point; discarded.", S5});
   f.Add({"min-requests", "N", "5", "Requests a window needs before it can close.", S5});
 
@@ -287,27 +288,35 @@ int main(int argc, char** argv) {
   }
   mo.max_outstanding = int(max_out);
 
-  std::vector<fb::LoadPoint> points;
-  if (f.IsSet("request-rate")) {
-    fb::Arrival arrival;
-    if (f.Get("arrival") == "poisson") arrival = fb::Arrival::kPoisson;
-    else if (f.Get("arrival") == "constant") arrival = fb::Arrival::kConstant;
-    else return bad("--arrival: constant or poisson");
-    for (const auto& r : SplitList(f.Get("request-rate"))) {
-      fb::LoadPoint lp;
-      lp.mode = fb::LoadPoint::Mode::kOpen;
-      lp.arrival = arrival;
-      if (!ParseNum(r, &lp.rate) || lp.rate <= 0) return bad("--request-rate: '" + r + "' is not a rate > 0");
-      points.push_back(lp);
+  fb::Arrival arrival = fb::Arrival::kPoisson;
+  if (f.Get("arrival") == "constant") arrival = fb::Arrival::kConstant;
+  else if (f.Get("arrival") != "poisson") return bad("--arrival: constant or poisson");
+  // The load points of a scenario: --request-rate, else --concurrency, else the preset's sweep.
+  auto make_points = [&](const std::string& preset_concurrency,
+                         std::vector<fb::LoadPoint>* points) -> absl::Status {
+    points->clear();
+    if (f.IsSet("request-rate")) {
+      for (const auto& r : SplitList(f.Get("request-rate"))) {
+        fb::LoadPoint lp;
+        lp.mode = fb::LoadPoint::Mode::kOpen;
+        lp.arrival = arrival;
+        if (!ParseNum(r, &lp.rate) || lp.rate <= 0)
+          return absl::InvalidArgumentError("--request-rate: '" + r + "' is not a rate > 0");
+        points->push_back(lp);
+      }
+    } else {
+      const std::string list =
+          f.IsSet("concurrency") || preset_concurrency.empty() ? f.Get("concurrency") : preset_concurrency;
+      for (const auto& c : SplitList(list)) {
+        fb::LoadPoint lp;
+        if (!ParseNum(c, &lp.concurrency) || lp.concurrency < 1)
+          return absl::InvalidArgumentError("--concurrency: '" + c + "' is not an integer >= 1");
+        points->push_back(lp);
+      }
     }
-  } else {
-    for (const auto& c : SplitList(f.Get("concurrency"))) {
-      fb::LoadPoint lp;
-      if (!ParseNum(c, &lp.concurrency) || lp.concurrency < 1) return bad("--concurrency: '" + c + "' is not an integer >= 1");
-      points.push_back(lp);
-    }
-  }
-  if (points.empty()) return bad("no load points (--concurrency or --request-rate)");
+    if (points->empty()) return absl::InvalidArgumentError("no load points (--concurrency or --request-rate)");
+    return absl::OkStatus();
+  };
 
   // ---- scenarios
   std::vector<fb::ScenarioSpec> specs;
@@ -345,9 +354,11 @@ int main(int argc, char** argv) {
     for (auto [flag, field] : {std::pair{"heads-q", &s.heads_q}, {"heads-kv", &s.heads_kv}, {"head-dim", &s.head_dim}})
       if (f.IsSet(flag) && !ParseNum(f.Get(flag), field)) return bad(absl::StrCat("--", flag, ": need an integer"));
     if (f.IsSet("linear-k") && !ParseNum(f.Get("linear-k"), &s.k)) return bad("--linear-k: need an integer");
-    // Check the shapes now, before any server starts.
+    // Check the shapes and loads now, before any server starts.
     auto w = fb::BuildWorkload(s, 1);
     if (!w.ok()) return bad(absl::StrCat(s.name, ": ", w.status().message()));
+    std::vector<fb::LoadPoint> pts;
+    if (absl::Status ps = make_points(s.concurrency, &pts); !ps.ok()) return bad(std::string(ps.message()));
   }
 
   // ---- output paths
@@ -463,6 +474,8 @@ int main(int argc, char** argv) {
     fb::Workload& w = **wl;
     fprintf(stderr, "scenario %s: %s\n", sr.name.c_str(), sr.description.c_str());
     fb::GrpcServerStats stats(client, spec.model);
+    std::vector<fb::LoadPoint> points;
+    (void)make_points(spec.concurrency, &points);  // checked above
     for (const auto& lp : points) {
       if (g_interrupt) break;
       fb::PointResult pr = fb::RunPoint(w, transport, lp, mo, &stats, &g_interrupt,

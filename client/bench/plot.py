@@ -10,6 +10,7 @@ finds has matplotlib.
 """
 import json
 import sys
+import textwrap
 
 import matplotlib
 
@@ -50,7 +51,7 @@ def main(argv):
         srv = [p["server"]["compute_ms"] for p in pts if p.get("server")]
         if len(srv) == len(pts) and pts:
             ax.plot(x, srv, "x:", color="gray", label="server compute (mean)")
-        ax.set_title(sc["name"] + "\n" + sc.get("description", ""), fontsize=8)
+        ax.set_title(sc["name"] + "\n" + "\n".join(textwrap.wrap(sc.get("description", ""), 70)), fontsize=8)
         ax.set_xlabel("throughput (requests/s)")
         ax.set_ylabel("latency (ms)")
         ax.set_yscale("log")

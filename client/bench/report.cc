@@ -162,7 +162,7 @@ std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& resul
                       open ? (p.load.arrival == Arrival::kPoisson ? "\"poisson\"" : "\"constant\"") : "null",
                       ",\n       \"stable\": ", p.stable ? "true" : "false", ", \"interrupted\": ", p.interrupted ? "true" : "false",
                       ", \"windows\": ", p.windows, ", \"windows_merged\": ", p.windows_merged, ", \"elapsed_s\": ", Num(p.elapsed_s),
-                      ", \"measured_s\": ", Num(m.seconds), ", \"sent\": ", p.sent, ",\n");
+                      ", \"measured_s\": ", Num(m.seconds), ", \"sent\": ", p.sent, ", \"warmup_requests\": ", p.warmup_ok, ", \"warmup_errors\": ", p.warmup_errors, ",\n");
       absl::StrAppend(&s, "       \"requests\": ", m.ok, ", \"throughput_rps\": ", Num(m.rps()), ", \"units_per_s\": ",
                       Num(m.units_per_s()), ",\n       \"latency_ms\": ", HistJson(m.latency), ",\n");
       if (!sc.tags.empty()) {

@@ -236,7 +236,11 @@ PointResult RunPoint(Workload& workload, Transport& transport, const LoadPoint& 
     run_deferred();
     report(true, std::chrono::duration<double>(Clock::now() - w0).count(), opts.warmup_s, r);
   }
-  swap_window();
+  {
+    Measurement w = swap_window();
+    r.warmup_ok = w.ok;
+    r.warmup_errors = w.error_count();
+  }
   ServerCounters prev = stats ? stats->Snapshot() : ServerCounters{};
 
   // ---- measurement windows
@@ -259,11 +263,12 @@ PointResult RunPoint(Workload& workload, Transport& transport, const LoadPoint& 
                              (in_this >= opts.min_requests_per_window || in_window >= 4 * opts.window_s);
     // A point that has not completed a single request yet gets up to 3x the cap:
     // a slow model at high concurrency should still report something.
-    bool any_done = in_this > 0;
-    for (const auto& w : windows) any_done |= w.ok + w.error_count() > 0;
-    const bool out_of_time = elapsed >= opts.max_time_s * (any_done ? 1 : 3);
+    bool done_before = false;
+    for (const auto& w : windows) done_before |= w.ok + w.error_count() > 0;
+    const bool out_of_time = elapsed >= opts.max_time_s * (done_before || in_this > 0 ? 1 : 3);
     if (!long_enough && !out_of_time) continue;
-    if (in_window < 0.25 * opts.window_s && !windows.empty()) break;  // a sliver at the cap: drop it
+    // A sliver of a window at the cap adds noise: drop it, unless it holds the only completions.
+    if (in_window < 0.25 * opts.window_s && done_before) break;
     Measurement m = swap_window();
     m.seconds = in_window;
     if (stats) {

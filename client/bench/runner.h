@@ -106,6 +106,7 @@ struct PointResult {
   int windows_merged = 0;    // windows in `m`
   double elapsed_s = 0;      // measuring time, warm-up excluded
   int64_t sent = 0;
+  int64_t warmup_ok = 0, warmup_errors = 0;  // completions thrown away with the warm-up
   Measurement m;
   std::vector<WindowSummary> window_summaries;
 };

@@ -8,7 +8,7 @@ const std::vector<PresetInfo>& Presets() {
   static const std::vector<PresetInfo> kPresets = {
       {"attention_ragged", "attention FP16, GQA Hq=8 Hkv=2 D=64, 1-4 causal sequences/request, lengths lognormal:64:0.5:16:256"},
       {"attention_fixed", "attention FP16, Hq=32 Hkv=8 D=128, one causal sequence of 128 tokens (perf_analyzer-comparable)"},
-      {"linear_int4", "up_proj_int4 (W4A16, X[M,4096] -> Y[M,14336]) FP16, M uniform:1:4"},
+      {"linear_int4", "up_proj_int4 (W4A16, X[M,4096] -> Y[M,14336]) FP16, M uniform:1:4; concurrency 1,2,4 unless given"},
       {"linear_bf16", "up_proj_bf16, FP16 X, M uniform:1:16"},
       {"linear_fp8", "up_proj_fp8, FP16 X, M uniform:1:16"},
       {"down_int4", "down_proj_int4 (X[M,14336] -> Y[M,4096]), M uniform:1:16"},
@@ -37,6 +37,7 @@ absl::StatusOr<ScenarioSpec> Preset(std::string_view name) {
     s.kind = ScenarioSpec::Kind::kLinear;
     s.model = model;
     s.m = m;
+    s.concurrency = "1,2,4";  // ~0.1-1 s per request on the CPU backend: 16 outstanding is a long queue
   };
   if (name == "attention_ragged") {
     s.kind = ScenarioSpec::Kind::kAttention;

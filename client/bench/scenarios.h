@@ -19,6 +19,7 @@ struct ScenarioSpec {
   Kind kind = Kind::kAttention;
   std::string model;
   std::string dtype = "fp16";
+  std::string concurrency;  // the preset's own sweep, used when neither --concurrency nor --request-rate is given
   // attention and kv_attention
   int heads_q = 8, heads_kv = 2, head_dim = 64;
   // attention

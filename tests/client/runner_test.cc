@@ -168,6 +168,22 @@ TEST(Runner, OpenLoopLatencyCountsASenderStall) {
   EXPECT_GT(r.m.send_lag.max(), 250'000'000);
 }
 
+TEST(Runner, SlowServerStillReportsAResult) {
+  // Each request takes longer than the time cap: the cap stretches (up to 3x)
+  // until something completes rather than report an empty point.
+  FixedWorkload w;
+  SimulatedServer s(900000us);
+  LoadPoint lp;
+  lp.concurrency = 1;
+  MeasureOptions o = Fast();
+  o.warmup_s = 0;
+  o.window_s = 0.2;
+  o.max_time_s = 0.6;
+  PointResult r = RunPoint(w, s, lp, o, nullptr, nullptr, nullptr);
+  EXPECT_GE(r.m.ok, 1);
+  EXPECT_FALSE(r.stable);
+}
+
 TEST(Runner, InterruptStopsPromptly) {
   FixedWorkload w;
   SimulatedServer s(1000us);
