@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs whatever is missing on a Debian 12 machine to build and test flashq:
 # the Debian packages (compilers, gRPC, protobuf, Abseil, prometheus-cpp,
-# GoogleTest, Google Benchmark, the Prometheus server used by the metrics test)
+# GoogleTest, Google Benchmark, the Prometheus server used by the metrics test, clang
+# with its sanitizer/libFuzzer runtimes and openssl for the reliability tests)
 # and a Python virtual environment in .venv with the test clients.
 # Idempotent: with everything present it only checks and exits in a second or two.
 #
@@ -22,6 +23,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev googletest libbenchmark-dev
   prometheus libb64-0d python3-venv python3-pip curl
+  clang libclang-rt-14-dev openssl
 )
 PY_PACKAGES=(numpy pytest matplotlib "tritonclient[grpc]==2.50.0" nvidia-cuda-runtime-cu12 grpcio-health-checking grpcio-reflection kubernetes-validate)
 

@@ -177,6 +177,9 @@ def main():
     ap.add_argument("--out", help="write the JSON result here")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
+    if not os.path.exists(args.server):
+        print(f"soak: {args.server} not built: skipping")
+        return 77
     result = run(args)
     text = json.dumps(result, indent=1)
     if args.out:
