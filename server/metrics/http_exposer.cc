@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -122,6 +123,8 @@ void MetricsHttpServer::Loop() {
     if ((fds[0].revents & POLLIN) == 0) continue;
     int client = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (client < 0) continue;  // EAGAIN (another poller won), ECONNABORTED, EMFILE: try again later
+    timeval send_timeout{kRequestTimeoutMs / 1000, 0};  // a client that stops reading is dropped too
+    ::setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
 
     // Read the request head; a slow or silent client must not stall shutdown.
     std::string req;
