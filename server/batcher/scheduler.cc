@@ -121,11 +121,24 @@ void Scheduler::WorkerLoop() {
       if (queue_.empty() || !HasRunnable()) continue;
       FormBatch(Clock::now(), &batch, &dropped);
     }
-    for (auto& [p, why] : dropped) {
-      model_.Drop(*p->work, why);
-      p->done(*p, why);
-    }
+    // A dropped request of a sequence that also has an earlier request in this batch is
+    // answered after the batch runs: dropping it aborts the sequence, which must not
+    // happen before the earlier request has used it.
+    std::set<std::string> batch_keys;
+    for (const auto& p : batch) batch_keys.insert(p->work->exclusive_key);
+    auto answer_drops = [&](bool after_run) {
+      for (auto& [p, why] : dropped) {
+        if (!p) continue;
+        const std::string& ex = p->work->exclusive_key;
+        if (!after_run && !ex.empty() && batch_keys.count(ex)) continue;
+        model_.Drop(*p->work, why);
+        p->done(*p, why);
+        p.reset();
+      }
+    };
+    answer_drops(false);
     if (!batch.empty()) Run(batch);
+    answer_drops(true);
     {
       std::lock_guard<std::mutex> l(mu_);
       for (const auto& p : batch) {
