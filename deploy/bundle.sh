@@ -17,7 +17,8 @@
 #     the build machine's (Debian 12: 2.36) and its libstdc++ at least GCC 12's.
 #   - the CUDA driver (libcuda.so.1, libnvidia-*): belongs to the host's kernel driver.
 #   - cuBLASLt/cuBLAS (libcublasLt.so.13 is 517 MB): the launcher finds the host's, see bin/flashq.
-#   cudart is linked statically, so it is not a shared library to carry.
+#   The CUDA runtime (libcudart.so.13, under 1 MB, redistributable) IS carried when the server
+#   links it dynamically: it only needs a driver at least as new as the build's CUDA.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD_DIR=build
