@@ -149,13 +149,14 @@ def main():
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--rounds", type=int, default=3, help="alternating runs of each tool; medians are compared")
-    ap.add_argument("--window", type=float, default=2.0, help="measurement window, s (both tools)")
+    ap.add_argument("--window", type=float, default=3.0, help="measurement window, s (both tools)")
     ap.add_argument("--max-windows", type=int, default=15)
     ap.add_argument("--retries", type=int, default=2, help="reruns of a tool that found no stable measurement")
     ap.add_argument("--tolerance", type=float, default=0.15)
     ap.add_argument("--server-arg", action="append", default=[])
     ap.add_argument("--server-timeout", type=float, default=300)
     ap.add_argument("--out-dir", default=None, help="default: <build-dir>/crosscheck")
+    ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse of the checkout)")
     ap.add_argument("--record", action="store_true", help="write bench/results/perf_analyzer_crosscheck-cpu-<date>.{json,md}")
     args = ap.parse_args()
 
@@ -169,8 +170,15 @@ def main():
         return 77
     outdir = args.out_dir or os.path.join(args.build_dir, "crosscheck")
     os.makedirs(outdir, exist_ok=True)
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], stdout=subprocess.PIPE,
-                            text=True).stdout.strip()
+    commit = args.commit or subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout.strip()
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        pass
+    load_before = os.getloadavg()
     date = datetime.datetime.now(datetime.timezone.utc)
 
     input_json = write_input_data(args, outdir)
@@ -214,6 +222,9 @@ def main():
             server.kill()
 
     report = {"date": date.strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": commit, "host": socket.gethostname(),
+              "cpus": os.cpu_count(), "cpu_model": cpu,
+              "load_average_before": [round(x, 2) for x in load_before],
+              "load_average_after": [round(x, 2) for x in os.getloadavg()],
               "backend": "cpu", "model": "attention",
               "input": "Q [%d,%d,%d], K/V [%d,%d,%d] FP16, CU_SEQLENS [0,%d], causal" % (
                   args.tokens, args.heads_q, args.head_dim, args.tokens, args.heads_kv, args.head_dim, args.tokens),
@@ -223,9 +234,11 @@ def main():
                       "(throughput and p50 latency)",
               "pass": ok, "results": results}
     lines = ["# flashq-bench vs perf_analyzer (CPU backend)", "",
-             "Date %s, commit %s, host %s. Model `%s`, input %s; perf_analyzer from tritonclient 2.50.0. "
+             "Date %s, commit %s, host %s (%d CPUs, %s; load average %.1f before, %.1f after). "
+             "Model `%s`, input %s; perf_analyzer from tritonclient 2.50.0. "
              "Each tool ran %d time(s) per concurrency, alternating; medians compared; tolerance %d%%." % (
-                 report["date"], commit, report["host"], "attention", report["input"], args.rounds,
+                 report["date"], commit, report["host"], report["cpus"], cpu or "unknown CPU",
+                 report["load_average_before"][0], report["load_average_after"][0], "attention", report["input"], args.rounds,
                  round(args.tolerance * 100)), "",
              "| concurrency | perf_analyzer req/s | flashq-bench req/s | diff | perf_analyzer p50 ms | flashq-bench p50 ms | diff | result |",
              "|---|---|---|---|---|---|---|---|"]
