@@ -20,7 +20,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <thread>
 
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/core/inference_server.h"

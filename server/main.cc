@@ -12,6 +12,7 @@
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/core/flags.h"
 #include "server/core/inference_server.h"
+#include "server/frontend/auth.h"
 #include "server/frontend/grpc_service.h"
 #include "server/metrics/http_exposer.h"
 #include "server/repository/demo_repository.h"
@@ -31,6 +32,9 @@ struct Options {
   int64_t kv_cache_blocks = 0, workers_per_model = 2, cpu_threads = 0;
   int64_t gpu_streams = 2, gpu_staging_mb = 256, gpu_arena_mb = 2048;
   bool batch_invariant = true;
+  int64_t max_tensor_bytes = 0, max_sequences_per_request = 0;
+  std::string tls_cert, tls_key, tls_ca, auth_token, auth_token_file;
+  bool auth_inference = true;
 };
 
 void AddFlags(FlagSet& f, Options& o) {
@@ -49,6 +53,22 @@ void AddFlags(FlagSet& f, Options& o) {
   f.Add("max-batch-tokens", &o.max_batch_tokens, "Override every model's token budget per batch (-1: each model's config).");
   f.Add("grpc-max-message-bytes", &o.grpc_max_message_bytes,
         "Largest gRPC message accepted or sent; a larger request gets RESOURCE_EXHAUSTED.");
+  f.Add("max-tensor-bytes", &o.max_tensor_bytes,
+        "Largest input tensor accepted, in bytes (shape x datatype), checked before any copy; a larger one gets "
+        "RESOURCE_EXHAUSTED. 0: only --grpc-max-message-bytes applies.");
+  f.Add("max-sequences-per-request", &o.max_sequences_per_request,
+        "attention: most sequences (CU_SEQLENS entries - 1) in one request; more gets RESOURCE_EXHAUSTED. 0: no limit "
+        "beyond the token budget.");
+  f.Add("tls-cert", &o.tls_cert, "PEM certificate chain of the gRPC server; with --tls-key, gRPC is served over TLS only.");
+  f.Add("tls-key", &o.tls_key, "PEM private key for --tls-cert.");
+  f.Add("tls-ca", &o.tls_ca,
+        "PEM CA bundle: mutual TLS, every client must present a certificate signed by it (needs --tls-cert/--tls-key).");
+  f.Add("auth-token", &o.auth_token,
+        "Bearer token (gRPC metadata 'authorization: Bearer <token>') required on inference, metadata, config and "
+        "statistics RPCs; liveness, readiness and grpc.health.v1 stay open. Prefer --auth-token-file (argv is visible).");
+  f.Add("auth-token-file", &o.auth_token_file, "File whose first line is the bearer token (see --auth-token).");
+  f.Add("auth-inference", &o.auth_inference,
+        "With a token: require it on ModelInfer/ModelStreamInfer too (false: only the administrative RPCs need it).");
   f.Add("kv-cache-blocks", &o.kv_cache_blocks, "Override kv_attention's number of KV-cache blocks (0: the model's config).");
   f.Add("batch-invariant", &o.batch_invariant,
         "Batch-invariant mode: a request's output is bitwise identical whatever else shares its batch.");
@@ -107,14 +127,25 @@ int Run(const Options& o) {
     metrics_http = std::move(*m);
   }
 
+  auto credentials = MakeServerCredentials({o.tls_cert, o.tls_key, o.tls_ca});
+  if (!credentials.ok()) {
+    std::cerr << "flashq-server: TLS: " << credentials.status() << "\n";
+    return 2;
+  }
+  auto auth = TokenAuth::Create(o.auth_token, o.auth_token_file);
+  if (!auth.ok()) {
+    std::cerr << "flashq-server: auth: " << auth.status() << "\n";
+    return 2;
+  }
+
   // gRPC first, so that liveness and health answer while the models load.
   GrpcInferenceService service(FLASHQ_VERSION);
+  service.SetAuth(auth->get(), o.auth_inference);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":", o.grpc_port), grpc::InsecureServerCredentials(),
-                           &bound_port);
+  builder.AddListeningPort(absl::StrCat(host, ":", o.grpc_port), *credentials, &bound_port);
   const int max_msg = int(std::min<int64_t>(o.grpc_max_message_bytes, INT32_MAX));
   builder.SetMaxReceiveMessageSize(max_msg);
   builder.SetMaxSendMessageSize(max_msg);
@@ -126,7 +157,9 @@ int Run(const Options& o) {
   }
   auto* health = grpc_server->GetHealthCheckService();
   health->SetServingStatus(false);
-  std::cerr << "flashq-server: gRPC on " << host << ":" << bound_port << ", metrics on :"
+  std::cerr << "flashq-server: gRPC on " << host << ":" << bound_port
+            << (o.tls_cert.empty() ? "" : o.tls_ca.empty() ? " (TLS)" : " (mutual TLS)")
+            << ((*auth)->enabled() ? " (bearer token)" : "") << ", metrics on :"
             << (metrics_http ? metrics_http->port() : 0) << "\n";
 
   std::string repo = o.model_repository;
@@ -143,6 +176,14 @@ int Run(const Options& o) {
   if (!entries.ok()) {
     std::cerr << "flashq-server: " << entries.status() << "\n";
     return 1;
+  }
+  // Request size limits travel as model parameters (a model's config may also set them).
+  for (ModelEntry& e : *entries) {
+    auto& params = *e.config.mutable_parameters();
+    if (o.max_tensor_bytes > 0) params["max_tensor_bytes"].set_string_value(std::to_string(o.max_tensor_bytes));
+    if (o.max_sequences_per_request > 0) {
+      params["max_sequences_per_request"].set_string_value(std::to_string(o.max_sequences_per_request));
+    }
   }
   BackendOptions bopts;
   bopts.batch_invariant = o.batch_invariant;

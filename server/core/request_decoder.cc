@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/repository/model_repository.h"
 
 namespace flashq::server {
 namespace {
@@ -26,6 +27,16 @@ std::unique_ptr<std::string> ContentsAsRaw(DType t, const inference::InferTensor
   return out;
 }
 
+// Bytes that ContentsAsRaw would produce, known before copying anything.
+int64_t TypedContentsBytes(DType t, const inference::InferTensorContents& c) {
+  switch (t) {
+    case DType::kF32: return int64_t(c.fp32_contents_size()) * 4;
+    case DType::kI32: return int64_t(c.int_contents_size()) * 4;
+    case DType::kI64: return int64_t(c.int64_contents_size()) * 8;
+    default: return 0;
+  }
+}
+
 }  // namespace
 
 const InputTensor* DecodedInputs::Find(const std::string& name) const {
@@ -41,6 +52,9 @@ absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& r
     return absl::InvalidArgumentError(absl::StrCat("model '", model, "': ", request.inputs_size(),
                                                    " inputs but ", n_raw, " raw_input_contents; expected one each"));
   }
+  // Set by --max-tensor-bytes (or the model's config); checked before any tensor is copied.
+  auto max_tensor_bytes = ConfigIntParam(config, "max_tensor_bytes", 0);
+  if (!max_tensor_bytes.ok()) return max_tensor_bytes.status();
   std::vector<std::string> declared;
   for (const auto& in : config.input()) declared.push_back(in.name());
 
@@ -77,16 +91,22 @@ absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& r
                                                        " of ", in.datatype(), " is too large"));
       }
     }
+    if (*max_tensor_bytes > 0 && expected > *max_tensor_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("input '", in.name(), "': shape ", ShapeString(t.shape), " of ",
+                                                       in.datatype(), " is ", expected, " bytes; the limit is ",
+                                                       *max_tensor_bytes, " (--max-tensor-bytes)"));
+    }
+    const int64_t sent = n_raw ? int64_t(request.raw_input_contents(i).size()) : TypedContentsBytes(t.dtype, in.contents());
+    if (sent != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input '", in.name(), "': shape ", ShapeString(t.shape), " of ", in.datatype(), " needs ", expected,
+          " bytes but ", sent, " were sent"));
+    }
     if (n_raw) {
       t.data = request.raw_input_contents(i);
     } else {
       out.owned.push_back(ContentsAsRaw(t.dtype, in.contents()));
       t.data = *out.owned.back();
-    }
-    if (int64_t(t.data.size()) != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input '", in.name(), "': shape ", ShapeString(t.shape), " of ", in.datatype(), " needs ", expected,
-          " bytes but ", t.data.size(), " were sent"));
     }
     out.tensors.emplace(t.name, std::move(t));
   }

@@ -63,6 +63,11 @@ const inference::ModelConfig* GrpcInferenceService::FindConfig(const std::string
   return m ? &m->config() : nullptr;
 }
 
+grpc::Status GrpcInferenceService::Authenticate(const grpc::CallbackServerContext& ctx, bool inference) const {
+  if (!auth_ || (inference && !auth_inference_)) return grpc::Status::OK;
+  return auth_->Check(ctx);
+}
+
 grpc::ServerUnaryReactor* GrpcInferenceService::ServerLive(grpc::CallbackServerContext* ctx,
                                                            const inference::ServerLiveRequest*,
                                                            inference::ServerLiveResponse* resp) {
@@ -88,6 +93,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelReady(grpc::CallbackServerC
 grpc::ServerUnaryReactor* GrpcInferenceService::ServerMetadata(grpc::CallbackServerContext* ctx,
                                                                const inference::ServerMetadataRequest*,
                                                                inference::ServerMetadataResponse* resp) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
   resp->set_name("flashq");
   resp->set_version(version_);
   for (const char* e : {"model_configuration", "statistics", "sequence", "ragged_batching"}) resp->add_extensions(e);
@@ -97,6 +103,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ServerMetadata(grpc::CallbackSer
 grpc::ServerUnaryReactor* GrpcInferenceService::ModelMetadata(grpc::CallbackServerContext* ctx,
                                                               const inference::ModelMetadataRequest* req,
                                                               inference::ModelMetadataResponse* resp) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
   grpc::Status err;
   const inference::ModelConfig* c = FindConfig(req->name(), &err);
   if (!c) return Reply(ctx, err);
@@ -121,6 +128,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelMetadata(grpc::CallbackServ
 grpc::ServerUnaryReactor* GrpcInferenceService::ModelConfig(grpc::CallbackServerContext* ctx,
                                                             const inference::ModelConfigRequest* req,
                                                             inference::ModelConfigResponse* resp) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
   grpc::Status err;
   const inference::ModelConfig* c = FindConfig(req->name(), &err);
   if (!c) return Reply(ctx, err);
@@ -131,6 +139,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelConfig(grpc::CallbackServer
 grpc::ServerUnaryReactor* GrpcInferenceService::ModelStatistics(grpc::CallbackServerContext* ctx,
                                                                 const inference::ModelStatisticsRequest* req,
                                                                 inference::ModelStatisticsResponse* resp) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
   InferenceServer* s = server_.load();
   if (!s) return Reply(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is loading models"));
   if (!req->name().empty()) {
@@ -144,6 +153,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelStatistics(grpc::CallbackSe
 grpc::ServerUnaryReactor* GrpcInferenceService::ModelInfer(grpc::CallbackServerContext* ctx,
                                                            const inference::ModelInferRequest* req,
                                                            inference::ModelInferResponse* resp) {
+  if (grpc::Status a = Authenticate(*ctx, true); !a.ok()) return Reply(ctx, a);
   auto* reactor = ctx->DefaultReactor();
   InferenceServer* s = server_.load();
   if (!s || !ready_.load()) {
@@ -249,7 +259,7 @@ class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferReques
 
 class RejectStream : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
  public:
-  RejectStream() { Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is not ready")); }
+  explicit RejectStream(const grpc::Status& why) { Finish(why); }
   void OnDone() override { delete this; }
 };
 
@@ -257,8 +267,9 @@ class RejectStream : public grpc::ServerBidiReactor<inference::ModelInferRequest
 
 grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
 GrpcInferenceService::ModelStreamInfer(grpc::CallbackServerContext* ctx) {
+  if (grpc::Status a = Authenticate(*ctx, true); !a.ok()) return new RejectStream(a);
   InferenceServer* s = server_.load();
-  if (!s || !ready_.load()) return new RejectStream();
+  if (!s || !ready_.load()) return new RejectStream(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is not ready"));
   return new StreamReactor(ctx, s);
 }
 

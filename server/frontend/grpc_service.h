@@ -7,6 +7,7 @@
 
 #include "grpc_service.grpc.pb.h"
 #include "server/core/inference_server.h"
+#include "server/frontend/auth.h"
 
 namespace flashq::server {
 
@@ -17,6 +18,13 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
   // Until models are loaded the service is live but not ready, and inference gets UNAVAILABLE.
   void SetServer(InferenceServer* server) { server_.store(server); }
   void SetReady(bool ready) { ready_.store(ready); }
+  // Set before the server starts. With a token, the metadata, config and statistics RPCs
+  // need it, and inference too unless `inference` is false; the probes (ServerLive,
+  // ServerReady, ModelReady, grpc.health.v1) stay open. Failures are UNAUTHENTICATED.
+  void SetAuth(const TokenAuth* auth, bool inference) {
+    auth_ = auth;
+    auth_inference_ = inference;
+  }
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext*, const inference::ServerLiveRequest*,
                                        inference::ServerLiveResponse*) override;
@@ -39,9 +47,12 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
 
  private:
   const inference::ModelConfig* FindConfig(const std::string& name, grpc::Status* error) const;
+  grpc::Status Authenticate(const grpc::CallbackServerContext& ctx, bool inference) const;
   const std::string version_;
   std::atomic<InferenceServer*> server_{nullptr};
   std::atomic<bool> ready_{false};
+  const TokenAuth* auth_ = nullptr;
+  bool auth_inference_ = true;
 };
 
 // Copies a finished work's outputs into a response (raw_output_contents).

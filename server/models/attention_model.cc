@@ -46,6 +46,8 @@ absl::Status CheckCu(const InputTensor& t, int64_t total, int* batch) {
 absl::StatusOr<std::unique_ptr<Model>> AttentionModel::Create(inference::ModelConfig config, Backend& backend) {
   auto max_tokens = ConfigIntParam(config, "max_batch_tokens", 16384);
   if (!max_tokens.ok()) return max_tokens.status();
+  auto max_sequences = ConfigIntParam(config, "max_sequences_per_request", 0);
+  if (!max_sequences.ok()) return max_sequences.status();
   std::set<int> dims;
   for (absl::string_view s : absl::StrSplit(ConfigParam(config, "head_dims", "64,128,256"), ',', absl::SkipEmpty())) {
     int d;
@@ -56,12 +58,17 @@ absl::StatusOr<std::unique_ptr<Model>> AttentionModel::Create(inference::ModelCo
   }
   auto exec = backend.CreateAttention();
   if (!exec.ok()) return exec.status();
-  return std::unique_ptr<Model>(new AttentionModel(std::move(config), std::move(*exec), *max_tokens, std::move(dims)));
+  return std::unique_ptr<Model>(new AttentionModel(std::move(config), std::move(*exec), *max_tokens, *max_sequences,
+                                                   std::move(dims)));
 }
 
 AttentionModel::AttentionModel(inference::ModelConfig config, std::unique_ptr<AttentionExecutor> executor,
-                               int64_t max_tokens, std::set<int> head_dims)
-    : Model(std::move(config)), executor_(std::move(executor)), max_tokens_(max_tokens), head_dims_(std::move(head_dims)) {}
+                               int64_t max_tokens, int64_t max_sequences, std::set<int> head_dims)
+    : Model(std::move(config)),
+      executor_(std::move(executor)),
+      max_tokens_(max_tokens),
+      max_sequences_(max_sequences),
+      head_dims_(std::move(head_dims)) {}
 
 absl::StatusOr<std::unique_ptr<Work>> AttentionModel::Prepare(const inference::ModelInferRequest& request) {
   auto w = std::make_unique<AttentionWork>();
@@ -108,8 +115,21 @@ absl::StatusOr<std::unique_ptr<Work>> AttentionModel::Prepare(const inference::M
                                                    w->hkv, ", dim 1 of 'K')"));
   }
   const int64_t total_q = q->shape[0], total_k = k->shape[0];
+  // Limits first, before CU_SEQLENS are read or anything is allocated for the request.
+  w->tokens = std::max(total_q, total_k);
+  if (w->tokens > max_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat("request has ", w->tokens, " tokens; model '", name(),
+                                                   "' takes at most max_batch_tokens=", max_tokens_, " per request"));
+  }
   const InputTensor* cq = w->inputs.Find("CU_SEQLENS_Q");
   const InputTensor* ck = w->inputs.Find("CU_SEQLENS_K");
+  for (const InputTensor* c : {cq, ck}) {
+    if (c && max_sequences_ > 0 && c->shape.size() == 1 && c->shape[0] - 1 > max_sequences_) {
+      return absl::ResourceExhaustedError(absl::StrCat("input '", c->name, "' describes ", c->shape[0] - 1,
+                                                       " sequences; the limit is ", max_sequences_,
+                                                       " per request (--max-sequences-per-request)"));
+    }
+  }
   if (!cq && !ck) {
     w->cu_q = {0, int32_t(total_q)};
     w->cu_k = {0, int32_t(total_k)};
@@ -142,11 +162,6 @@ absl::StatusOr<std::unique_ptr<Work>> AttentionModel::Prepare(const inference::M
   }
   w->want_o = WantsOutput(request, "O", true);
   w->want_lse = WantsOutput(request, "LSE", false);
-  w->tokens = std::max(total_q, total_k);
-  if (w->tokens > max_tokens_) {
-    return absl::InvalidArgumentError(absl::StrCat("request has ", w->tokens, " tokens; model '", name(),
-                                                   "' takes at most max_batch_tokens=", max_tokens_, " per request"));
-  }
   w->batch_key = absl::StrCat(DTypeName(q->dtype), "/", w->hq, "/", w->hkv, "/", w->d, "/", w->causal, "/",
                               FloatBits(w->scale), "/", w->want_lse);
   return std::unique_ptr<Work>(std::move(w));

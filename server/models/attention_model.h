@@ -20,9 +20,10 @@ class AttentionModel : public Model {
 
  private:
   AttentionModel(inference::ModelConfig config, std::unique_ptr<AttentionExecutor> executor, int64_t max_tokens,
-                 std::set<int> head_dims);
+                 int64_t max_sequences, std::set<int> head_dims);
   std::unique_ptr<AttentionExecutor> executor_;
   const int64_t max_tokens_;
+  const int64_t max_sequences_;  // per request; 0: bounded only by max_tokens_
   const std::set<int> head_dims_;
 };
 

@@ -317,6 +317,7 @@ def test_sigterm_under_load():
         unary, streams = Ledger("unary under SIGTERM"), Ledger("stream under SIGTERM")
         stop = threading.Event()
         reqs = [rel.attention_req(rng, tokens=128), rel.lin_req(rng, m=16)]
+        sent_at, code_of = {}, {}
 
         def sender(t):
             i = 0
@@ -326,10 +327,12 @@ def test_sigterm_under_load():
                 key = f"{t}-{i}"
                 i += 1
                 unary.send(key)
+                sent_at[key] = time.monotonic()
                 f = st.ModelInfer.future(reqs[i % 2], timeout=60)
 
                 def done(f, key=key):
-                    unary.answer(key, rel.future_code(f))
+                    code_of[key] = rel.future_code(f).name
+                    unary.answer(key, code_of[key])
                     sem.release()
                 f.add_done_callback(done)
                 time.sleep(0.002)
@@ -358,6 +361,7 @@ def test_sigterm_under_load():
             t.start()
         time.sleep(3.0)
         sent_before = unary.sent
+        t_term = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
         count("sigterm_under_load")
         time.sleep(1.5)
@@ -368,8 +372,12 @@ def test_sigterm_under_load():
         code = srv.stop()
         assert code == 0, f"exit {code} after SIGTERM under load:\n{srv.log()}"
         # Admitted work finished (OK); what came during the drain got UNAVAILABLE; nothing lost.
-        unary.check({"OK", "UNAVAILABLE"})
-        streams.check({"OK", "UNAVAILABLE"})
+        # A call that reaches the port while gRPC itself shuts down (after the drain) may be
+        # cancelled by the gRPC library before our handler sees it: CANCELLED, only after SIGTERM.
+        unary.check({"OK", "UNAVAILABLE", "CANCELLED"})
+        streams.check({"OK", "UNAVAILABLE", "CANCELLED"})
+        early = {code_of[k] for k, t in sent_at.items() if t < t_term - 0.05}
+        assert early <= {"OK", "UNAVAILABLE"}, f"requests sent before SIGTERM got {early}"
         assert unary.codes["OK"] >= min(sent_before, 20), unary.summary()
         rel.record("sigterm", {"unary": unary.summary(), "stream": streams.summary()})
         ch.close()
