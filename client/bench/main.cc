@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <climits>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <memory>
@@ -60,7 +62,7 @@ void DefineFlags(fb::Flags& f) {
   f.Add({"server-backend", "auto|cpu|cuda", "auto", "--backend passed to the spawned server.", S1});
   f.Add({"server-arg", "ARG", "", "Extra argument for the spawned server, e.g. --server-arg=--max-queue-delay-us=500.", S1, true});
   f.Add({"server-log", "PATH", "", "Where the spawned server's output goes [default: <output-dir>/<name>-server.log].", S1});
-  f.Add({"server-timeout", "SECONDS", "180", "How long to wait for the spawned server to become ready.", S1});
+  f.Add({"server-timeout", "SECONDS", "300", "How long to wait for the spawned server to become ready.", S1});
   f.Add({"channels", "N", "1", "gRPC channels (HTTP/2 connections) per endpoint.", S1});
   f.Add({"request-timeout", "SECONDS", "60", "Deadline of each request (0: none). Expired requests count as DEADLINE_EXCEEDED.", S1});
 
@@ -111,7 +113,8 @@ void DefineFlags(fb::Flags& f) {
   f.Add({"warmup", "SECONDS", "0.5", "Load before measuring, per load point; discarded.", S5});
   f.Add({"min-requests", "N", "5", "Requests a window needs before it can close.", S5});
 
-  f.Add({"output-dir", "DIR", "flashq-bench-results", "Directory for the JSON, CSV, PNG and server log.", S6});
+  f.Add({"output-dir", "DIR", "", "Directory for the JSON, CSV, PNG and server log [default: <build dir>/flashq-bench-results "
+                                  "when flashq-bench runs from a build tree, else ./flashq-bench-results].", S6});
   f.Add({"name", "PREFIX", "", "File name prefix [default: flashq-bench-<UTC date>-<time>].", S6});
   f.Add({"json", "PATH", "", "JSON results path [default: <output-dir>/<name>.json].", S6});
   f.Add({"csv", "PATH", "", "CSV results path, one row per load point [default: <output-dir>/<name>.csv].", S6});
@@ -268,7 +271,7 @@ int main(int argc, char** argv) {
   // ---- measurement and load flags
   fb::MeasureOptions mo;
   int64_t seed = 1, channels = 1, max_out = 4096;
-  double request_timeout = 60, server_timeout = 180;
+  double request_timeout = 60, server_timeout = 300;
   if (!ParseNum(f.Get("window"), &mo.window_s) || mo.window_s <= 0) return bad("--window: need seconds > 0");
   if (!ParseNum(f.Get("stability"), &mo.stability_pct) || mo.stability_pct <= 0) return bad("--stability: need a percentage > 0");
   if (!ParseNum(f.Get("stable-windows"), &mo.stable_windows) || mo.stable_windows < 1) return bad("--stable-windows: need N >= 1");
@@ -362,7 +365,13 @@ int main(int argc, char** argv) {
   }
 
   // ---- output paths
-  const std::string out_dir = f.Get("output-dir");
+  std::string out_dir = f.Get("output-dir");
+  if (out_dir.empty()) {
+    const std::string build = fb::ExecutableDir() + "/..";  // build/bin/.. = the build tree (ignored by git)
+    out_dir = Exists(build + "/CMakeCache.txt") ? build + "/flashq-bench-results" : "flashq-bench-results";
+    char buf[PATH_MAX];
+    if (out_dir[0] == '/' && realpath(build.c_str(), buf)) out_dir = std::string(buf) + "/flashq-bench-results";
+  }
   const std::string name = f.IsSet("name") ? f.Get("name") : "flashq-bench-" + UtcNow("%Y%m%d-%H%M%S");
   const std::string json_path = f.IsSet("json") ? f.Get("json") : out_dir + "/" + name + ".json";
   const std::string csv_path = f.IsSet("csv") ? f.Get("csv") : out_dir + "/" + name + ".csv";
