@@ -11,10 +11,12 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 DURATION="${1:-600}"
 SERVER="${2:-$ROOT/build-rel/bin/flashq-server}"
-OUT="$ROOT/bench/results/reliability-soak-$(date -u +%Y%m%d-%H%M)$([ "${SANITIZER:-0}" = 1 ] && echo -asan).json"
+SUFFIX=""
+if [ "${SANITIZER:-0}" = 1 ]; then SUFFIX="-asan"; fi
+OUT="$ROOT/bench/results/reliability-soak-$(date -u +%Y%m%d-%H%M)$SUFFIX.json"
 mkdir -p "$ROOT/bench/results"
 export FLASHQ_TEST_TMP="${FLASHQ_TEST_TMP:-$(dirname "$SERVER")/../reliability/soak}"
 args=(--server "$SERVER" --duration "$DURATION" --clients "${CLIENTS:-4}" --out "$OUT" --verbose)
-[ "${SANITIZER:-0}" = 1 ] && args+=(--sanitizer --rss-bound-mb 0)
+if [ "${SANITIZER:-0}" = 1 ]; then args+=(--sanitizer --rss-bound-mb 0); fi
 "$ROOT/.venv/bin/python" "$ROOT/tests/reliability/soak.py" "${args[@]}"
 echo "soak: result in $OUT"
