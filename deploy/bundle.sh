@@ -72,6 +72,7 @@ is_host_lib() {
 }
 
 needs_cublaslt=0
+cublas_programs=
 declare -A bundled=() left=()
 for exe in "${EXES[@]}"; do
   cp -L "$BIN/$exe" "$DEST/libexec/$exe"
@@ -81,7 +82,7 @@ for exe in "${EXES[@]}"; do
   # is one the host provides (e.g. cuBLASLt on a build machine without CUDA).
   while read -r soname arrow path _; do
     [ "$arrow" = "=>" ] || continue
-    case "$soname" in libcublasLt.so.*) needs_cublaslt=1 ;; esac
+    case "$soname" in libcublasLt.so.*) needs_cublaslt=1; cublas_programs="$cublas_programs ${exe#flashq-}" ;; esac
     if is_host_lib "$soname"; then left[$soname]=1; continue; fi
     if [ "$path" = "not" ]; then log "$exe needs $soname, which ldd cannot find"; exit 1; fi
     if [ -z "${bundled[$soname]:-}" ]; then
@@ -140,7 +141,10 @@ find_cublaslt() {
 
 libpath=$here/lib
 cublas_dir=
-if [ "$FLASHQ_BUNDLE_NEEDS_CUBLASLT" = 1 ]; then
+# Only the programs linked against cuBLASLt need it (flashq-health never does).
+needs=0
+case " ${FLASHQ_BUNDLE_CUBLASLT_PROGRAMS:-} env " in *" $prog "*) needs=$FLASHQ_BUNDLE_NEEDS_CUBLASLT ;; esac
+if [ "$needs" = 1 ]; then
   if cublas_dir=$(find_cublaslt); then
     libpath=$libpath:$cublas_dir
   elif [ "$prog" != env ]; then
@@ -170,6 +174,7 @@ cat >"$DEST/share/flashq/bundle.env" <<EOF
 FLASHQ_BUNDLE_VERSION=$VERSION
 FLASHQ_BUNDLE_FLAVOUR=$flavour
 FLASHQ_BUNDLE_NEEDS_CUBLASLT=$needs_cublaslt
+FLASHQ_BUNDLE_CUBLASLT_PROGRAMS="${cublas_programs# }"
 EOF
 {
   echo "name: $NAME"

@@ -147,17 +147,22 @@ log "server stopped on SIGTERM in $(elapsed "$t") s, exit code $rc"
 # 7. The launcher's cuBLASLt search, in the clean root (no CUDA, empty ldconfig cache):
 # pretend the bundle needs cuBLASLt and check it refuses clearly, then finds a stand-in
 # in the default CUDA folder and through FLASHQ_CUBLASLT_DIR.
-sed -i 's/^FLASHQ_BUNDLE_NEEDS_CUBLASLT=.*/FLASHQ_BUNDLE_NEEDS_CUBLASLT=1/' "$ROOTFS/opt/flashq/share/flashq/bundle.env"
+sed -i -e 's/^FLASHQ_BUNDLE_NEEDS_CUBLASLT=.*/FLASHQ_BUNDLE_NEEDS_CUBLASLT=1/' \
+       -e 's/^FLASHQ_BUNDLE_CUBLASLT_PROGRAMS=.*/FLASHQ_BUNDLE_CUBLASLT_PROGRAMS="server"/' "$ROOTFS/opt/flashq/share/flashq/bundle.env"
 inroot() { chroot "$ROOTFS" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
 rm -rf "$ROOTFS/usr/local/cuda"
 set +e; msg=$(inroot /opt/flashq/bin/flashq --help 2>&1); rc=$?; set -e
 [ "$rc" = 127 ] && grep -q 'needs libcublasLt.so.13' <<<"$msg" || fail "launcher without cuBLASLt: exit $rc, '$msg'"
 mkdir -p "$ROOTFS/usr/local/cuda/lib64" "$ROOTFS/srv/cublas"
 touch "$ROOTFS/usr/local/cuda/lib64/libcublasLt.so.13" "$ROOTFS/srv/cublas/libcublasLt.so.13"
-inroot /opt/flashq/bin/flashq env | grep -q 'found in: /usr/local/cuda/lib64' || fail "launcher did not find /usr/local/cuda/lib64"
-inroot FLASHQ_CUBLASLT_DIR=/srv/cublas /opt/flashq/bin/flashq env | grep -q 'found in: /srv/cublas' ||
-  fail "launcher ignored FLASHQ_CUBLASLT_DIR"
-inroot LD_LIBRARY_PATH=/srv/cublas /opt/flashq/bin/flashq env | grep -q 'LD_LIBRARY_PATH: /opt/flashq/lib:/srv/cublas:/srv/cublas' ||
-  fail "launcher did not search LD_LIBRARY_PATH"
+# (Output captured first: `cmd | grep -q` can fail under pipefail when grep exits early.)
+out=$(inroot /opt/flashq/bin/flashq env)
+grep -q 'found in: /usr/local/cuda/lib64' <<<"$out" || fail "launcher did not find /usr/local/cuda/lib64: $out"
+out=$(inroot FLASHQ_CUBLASLT_DIR=/srv/cublas /opt/flashq/bin/flashq env)
+grep -q 'found in: /srv/cublas' <<<"$out" || fail "launcher ignored FLASHQ_CUBLASLT_DIR: $out"
+out=$(inroot LD_LIBRARY_PATH=/srv/cublas /opt/flashq/bin/flashq env)
+grep -q 'LD_LIBRARY_PATH: /opt/flashq/lib:/srv/cublas:/srv/cublas' <<<"$out" || fail "launcher did not search LD_LIBRARY_PATH: $out"
+set +e; inroot /opt/flashq/bin/flashq-health --addr 127.0.0.1:1 --timeout-ms 200 >/dev/null 2>&1; rc=$?; set -e
+[ "$rc" = 2 ] || fail "flashq-health must run without cuBLASLt (exit $rc, want 2: no server)"
 log "launcher: refuses clearly without cuBLASLt (exit 127); finds it in /usr/local/cuda/lib64, FLASHQ_CUBLASLT_DIR, LD_LIBRARY_PATH"
 log "PASSED in $(elapsed "$t0") s"
