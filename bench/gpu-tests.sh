@@ -8,6 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/tests_device.txt"
@@ -15,7 +16,7 @@ echo "commit: $(cat .gpu/COMMIT 2>/dev/null)" | tee -a "$OUT/tests_device.txt"
 cmake -S . -B build-gpu -G Ninja -DFLASHQ_KERNELS_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real >"$OUT/tests_build.log" 2>&1 &&
   cmake --build build-gpu -j16 >>"$OUT/tests_build.log" 2>&1
 echo "kernel build rc=$? at $(el)s"
-(cd build-gpu && timeout 300 ctest -L gpu --output-on-failure -j1 > "../$OUT/tests_kernels.log" 2>&1)
+(cd build-gpu && timeout 300 ctest -L gpu --output-on-failure -j1 > "$OUT/tests_kernels.log" 2>&1)
 echo "ctest -L gpu rc=$? at $(el)s"; grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/tests_kernels.log" | head -20
 tar xzf .gpu/flashq-bundle-*.tar.gz -C /tmp
 B=$(ls -d /tmp/flashq-bundle-* | head -n1)

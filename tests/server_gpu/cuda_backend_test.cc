@@ -157,6 +157,8 @@ TEST_F(CudaBackendTest, LinearLayersMatchCpuAndAreBatchInvariant) {
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     ASSERT_TRUE(cpu.ok());
     for (DType t : {DType::kF16, DType::kBF16}) {
+      SCOPED_TRACE(::testing::Message() << "format " << int(f.format) << (f.fp8_activations ? " (W8A8)" : "")
+                                        << ", activations " << DTypeName(t));
       const int M = 37;
       std::string x = Random(t, int64_t(M) * K), yg, yc, y1;
       ASSERT_TRUE((*gpu)->Run(t, M, x, &yg).ok());
