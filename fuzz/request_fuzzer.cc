@@ -136,14 +136,19 @@ void CheckOutputs(const Work& w) {
   }
 }
 
+// FLASHQ_FUZZ_TRACE=1: one line per input and path (to check that seeds reach Execute).
+const bool kTrace = std::getenv("FLASHQ_FUZZ_TRACE") != nullptr;
+
 void Direct(const inference::ModelInferRequest& req) {
   auto it = H().direct.find(req.model_name());
   if (it == H().direct.end()) return;
   Model& m = *it->second;
   auto a = m.Prepare(req);
+  if (kTrace) std::fprintf(stderr, "trace: direct %s prepare %s\n", req.model_name().c_str(), a.status().ToString().c_str());
   if (!a.ok()) return;
   const bool stateful = !(*a)->exclusive_key.empty();
   m.Execute({a->get()});
+  if (kTrace) std::fprintf(stderr, "trace: direct %s execute %s\n", req.model_name().c_str(), (*a)->status.ToString().c_str());
   if ((*a)->status.ok()) CheckOutputs(**a);
   if (stateful) {
     m.Tick(std::chrono::steady_clock::now() + std::chrono::hours(1));  // reap: keeps the cache from filling
@@ -170,6 +175,7 @@ void Served(const inference::ModelInferRequest& req) {
   std::condition_variable cv;
   int answers = 0;
   H().server->Infer(req, std::nullopt, [] { return false; }, [&](const absl::Status& st, Work* work) {
+    if (kTrace) std::fprintf(stderr, "trace: served %s %s\n", req.model_name().c_str(), st.ToString().c_str());
     if (st.ok()) {
       if (!work) Fail("OK without a work");
       CheckOutputs(*work);
