@@ -471,7 +471,7 @@ int main(int argc, char** argv) {
       fc::CallOptions po;
       if (request_timeout > 0) po.timeout = absl::Seconds(request_timeout);
       grpc::Status ps = client.Infer(*probe.request, &resp, po);
-      w.Complete(probe, ps.ok());
+      (void)w.Complete(probe, ps.ok(), false);  // a kv probe session is ended by the first point's drain
       if (!ps.ok()) sr.error = absl::StrCat("probe request failed: ", fb::GrpcCodeName(int(ps.error_code())), ": ", ps.error_message());
     }
     if (!sr.error.empty()) {

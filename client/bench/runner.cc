@@ -2,7 +2,9 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <thread>
 
@@ -86,18 +88,21 @@ struct State {
   Measurement window;
   int64_t outstanding = 0;
   int64_t sent = 0;
-  int64_t deferred = 0;  // closed-loop sends handed to the runner thread (see Issue)
+  // Sends handed to the runner thread (see OnDone): a follow-up, or nullopt for Next().
+  // Each holds an `outstanding` slot.
+  std::deque<std::optional<Work>> deferred;
   int64_t errors_total = 0;
   std::atomic<bool> stopping{false};
 };
 
 thread_local int tl_depth = 0;
 
-void Issue(const std::shared_ptr<State>& st, Clock::time_point intended, bool has_intended);
+void Issue(const std::shared_ptr<State>& st, std::optional<Work> work, Clock::time_point intended, bool has_intended);
 
 void OnDone(const std::shared_ptr<State>& st, const Work& w, Clock::time_point t0, int code) {
   const int64_t lat = Ns(Clock::now() - t0);
-  st->workload->Complete(w, code == 0);
+  // The next request of the same kv session, if any: sent at once, in closed and open loop.
+  std::optional<Work> follow = st->workload->Complete(w, code == 0, !st->stopping.load());
   bool reissue = false;
   {
     std::lock_guard<std::mutex> l(st->mu);
@@ -110,26 +115,25 @@ void OnDone(const std::shared_ptr<State>& st, const Work& w, Clock::time_point t
       st->window.errors[code]++;
       st->errors_total++;
     }
-    reissue = st->closed && !st->stopping.load();
+    reissue = follow.has_value() || (st->closed && !st->stopping.load());
     if (reissue && tl_depth > 4) {  // the transport finished inline: avoid unbounded recursion
-      st->deferred++;
+      st->deferred.push_back(std::move(follow));
       reissue = false;
-    }
-    if (!reissue) {
+    } else if (!reissue) {
       st->outstanding--;
       st->cv.notify_all();
     }
   }
   if (reissue) {
     ++tl_depth;
-    Issue(st, {}, false);  // takes over this call's outstanding slot
+    Issue(st, std::move(follow), {}, false);  // takes over this call's outstanding slot
     --tl_depth;
   }
 }
 
-// Sends one request. The caller has counted it in `outstanding` already.
-void Issue(const std::shared_ptr<State>& st, Clock::time_point intended, bool has_intended) {
-  Work w = st->workload->Next();
+// Sends `work`, or the workload's next request. The caller has counted it in `outstanding`.
+void Issue(const std::shared_ptr<State>& st, std::optional<Work> work, Clock::time_point intended, bool has_intended) {
+  Work w = work ? std::move(*work) : st->workload->Next();
   const Clock::time_point now = Clock::now();
   const Clock::time_point t0 = has_intended ? intended : now;
   {
@@ -174,7 +178,7 @@ PointResult RunPoint(Workload& workload, Transport& transport, const LoadPoint& 
       std::lock_guard<std::mutex> l(st->mu);
       st->outstanding += load.concurrency;
     }
-    for (int i = 0; i < load.concurrency; ++i) Issue(st, {}, false);
+    for (int i = 0; i < load.concurrency; ++i) Issue(st, std::nullopt, {}, false);
   } else {
     sender = std::thread([st, load, &opts] {
       ArrivalSchedule sched(load.arrival, load.rate, opts.seed);
@@ -188,23 +192,27 @@ PointResult RunPoint(Workload& workload, Transport& transport, const LoadPoint& 
           if (st->stopping.load()) break;
           st->outstanding++;
         }
-        Issue(st, intended, true);
+        Issue(st, std::nullopt, intended, true);
       }
     });
   }
 
   auto run_deferred = [&] {
-    int64_t n;
+    std::deque<std::optional<Work>> todo;
     {
       std::lock_guard<std::mutex> l(st->mu);
-      n = st->deferred;
-      st->deferred = 0;
+      todo.swap(st->deferred);
     }
-    int64_t i = 0;
-    for (; i < n && !st->stopping.load(); ++i) Issue(st, {}, false);
-    if (i < n) {
+    int64_t dropped = 0;
+    for (auto& d : todo) {
+      // Follow-ups go out even when stopping (their sessions then close in Drain);
+      // new work does not.
+      if (!d && st->stopping.load()) ++dropped;
+      else Issue(st, std::move(d), {}, false);
+    }
+    if (dropped) {
       std::lock_guard<std::mutex> l(st->mu);
-      st->outstanding -= n - i;  // slots given back; nothing will be sent for them
+      st->outstanding -= dropped;  // slots given back; nothing will be sent for them
       st->cv.notify_all();
     }
   };
@@ -298,11 +306,13 @@ PointResult RunPoint(Workload& workload, Transport& transport, const LoadPoint& 
     st->cv.notify_all();
   }
   if (sender.joinable()) sender.join();
-  run_deferred();
-  {
+  for (;;) {  // follow-ups may still be handed over while the last calls finish
+    run_deferred();
     std::unique_lock<std::mutex> lk(st->mu);
-    st->cv.wait(lk, [&] { return st->outstanding <= 0; });
-    r.sent = st->sent;
+    if (st->cv.wait_for(lk, std::chrono::milliseconds(50), [&] { return st->outstanding <= 0 && st->deferred.empty(); })) {
+      r.sent = st->sent;
+      break;
+    }
   }
   // Close sessions that are still open on the server; unmeasured.
   std::vector<Work> drain = workload.Drain();

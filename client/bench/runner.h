@@ -4,7 +4,9 @@
 // Closed loop: `concurrency` requests are always outstanding; each completion sends
 // the next one. Latency is completion - send.
 // Open loop: a sender thread follows an ArrivalSchedule; latency is completion -
-// *intended* send time, so client stalls and server backlog both count.
+// *intended* send time, so client stalls and server backlog both count. For kv
+// sessions the schedule is one of new sessions: each session's later requests go
+// out as soon as the previous one completes (timed from that moment).
 #pragma once
 
 #include <atomic>

@@ -136,7 +136,7 @@ struct Session {
   uint64_t id = 0;
   int64_t prefill = 0;
   int64_t decodes = 0;
-  int64_t step = 0;  // requests sent so far: 0 = prefill pending
+  int64_t step = 0;  // requests completed so far: 0 = prefill pending
   bool ended = false;
 };
 
@@ -162,44 +162,56 @@ class KvWorkload : public Workload {
   int64_t sessions_completed() const override { return completed_.load(); }
 
   Work Next() override {
-    std::shared_ptr<Session> s;
+    auto s = std::make_shared<Session>();
     std::mt19937_64 local;
     {
       std::lock_guard<std::mutex> l(mu_);
-      if (!idle_.empty()) {
-        s = idle_.back();  // LIFO: a closed-loop slot keeps working on its own session
-        idle_.pop_back();
-      } else {
-        s = std::make_shared<Session>();
-        s->id = ++next_id_;
-        s->prefill = std::max<int64_t>(1, o_.prefill_len.Sample(rng_));
-        s->decodes = std::max<int64_t>(0, o_.decode_steps.Sample(rng_));
-      }
+      s->id = ++next_id_;
+      s->prefill = std::max<int64_t>(1, o_.prefill_len.Sample(rng_));
+      s->decodes = std::max<int64_t>(0, o_.decode_steps.Sample(rng_));
       local.seed(rng_());
     }
     return Step(s, local, false);
   }
 
-  void Complete(const Work& w, bool ok) override {
-    if (!w.session) return;
+  std::optional<Work> Complete(const Work& w, bool ok, bool continue_session) override {
+    if (!w.session) return std::nullopt;
     Session& s = *w.session;
+    const bool existed = s.step > 0;  // an earlier request of this session succeeded
     ++s.step;
-    if (s.step > s.decodes) {
+    if (ok && s.step > s.decodes) {  // that was the sequence_end request
       s.ended = true;
-      if (ok) completed_.fetch_add(1);
-      return;
+      completed_.fetch_add(1);
+      return std::nullopt;
     }
-    if (!ok) return;  // the server's session is in an unknown state: abandon it
-    std::lock_guard<std::mutex> l(mu_);
-    idle_.push_back(w.session);
+    if (!ok) {
+      // The server's session is in an unknown state. Abandon it, but ask the server to
+      // end it during Drain() if it may exist, so that its KV blocks come back.
+      s.ended = true;
+      if (existed || s.step > 1) {
+        std::lock_guard<std::mutex> l(mu_);
+        open_.push_back(w.session);
+      }
+      return std::nullopt;
+    }
+    if (!continue_session) {
+      std::lock_guard<std::mutex> l(mu_);
+      open_.push_back(w.session);
+      return std::nullopt;
+    }
+    std::mt19937_64 local;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      local.seed(rng_());
+    }
+    return Step(w.session, local, false);
   }
 
   std::vector<Work> Drain() override {
     std::vector<std::shared_ptr<Session>> open;
     {
       std::lock_guard<std::mutex> l(mu_);
-      open.assign(idle_.begin(), idle_.end());
-      idle_.clear();
+      open.swap(open_);
     }
     std::vector<Work> out;
     std::mt19937_64 local(o_.seed);
@@ -233,7 +245,7 @@ class KvWorkload : public Workload {
   std::mt19937_64 rng_;
   Payload payload_;
   uint64_t next_id_;
-  std::deque<std::shared_ptr<Session>> idle_;
+  std::vector<std::shared_ptr<Session>> open_;  // sessions to end in Drain()
   std::atomic<int64_t> completed_{0};
 };
 

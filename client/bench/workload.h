@@ -8,6 +8,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -36,9 +37,14 @@ class Workload {
   virtual std::string unit_name() const { return "tokens"; }
   // Sub-histograms reported next to the overall one (e.g. prefill, decode).
   virtual std::vector<std::string> tags() const { return {}; }
+  // Starts a new unit of work: a request, or the first request of a kv session.
   virtual Work Next() = 0;
-  // Called once per Work when its call ends, before any Next() it triggers.
-  virtual void Complete(const Work& work, bool ok) {}
+  // Called once per Work when its call ends. Returns the session's next request
+  // when there is one and `continue_session` is set; the runner sends it at once
+  // (closed loop: in the same slot; open loop: outside the arrival schedule, so an
+  // open-loop rate is a rate of new sessions). A session that is not continued stays
+  // open until Drain().
+  virtual std::optional<Work> Complete(const Work& work, bool ok, bool continue_session) { return std::nullopt; }
   // Requests that close whatever is still open (kv sessions); sent unmeasured.
   virtual std::vector<Work> Drain() { return {}; }
   virtual int64_t sessions_completed() const { return 0; }

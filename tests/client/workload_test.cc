@@ -68,10 +68,11 @@ TEST(Workload, KvSessionLifecycle) {
   o.decode_steps = IntDistribution::Fixed(3);
   auto w = MakeKvWorkload(o);
   EXPECT_EQ(w->tags(), (std::vector<std::string>{"prefill", "decode"}));
-  // A single closed-loop slot: start, 3 decodes (the last ends), then a new session.
+  // One slot: start, 3 decodes (the last ends), then a new session.
   std::vector<uint64_t> ids;
+  std::optional<Work> next;
   for (int step = 0; step < 8; ++step) {
-    Work work = w->Next();
+    Work work = next ? *next : w->Next();
     const auto& p = work.request->parameters();
     const uint64_t id = client::SequenceId(*work.request);
     ASSERT_NE(id, 0u);
@@ -84,27 +85,36 @@ TEST(Workload, KvSessionLifecycle) {
     EXPECT_EQ(work.tag, k == 0 ? 0 : 1);
     if (k == 0) ids.push_back(id);
     else EXPECT_EQ(id, ids.back());
-    w->Complete(work, true);
+    next = w->Complete(work, true, true);
+    EXPECT_EQ(next.has_value(), k != 3) << step;
   }
   ASSERT_EQ(ids.size(), 2u);
   EXPECT_NE(ids[0], ids[1]);
   EXPECT_EQ(w->sessions_completed(), 2);
+  EXPECT_TRUE(w->Drain().empty());  // nothing left open
 }
 
-TEST(Workload, KvConcurrentSessionsAndDrain) {
+TEST(Workload, KvSessionsLeftOpenAreEndedByDrain) {
   KvWorkloadOptions o;
   o.prefill_len = IntDistribution::Fixed(4);
   o.decode_steps = IntDistribution::Fixed(10);
   auto w = MakeKvWorkload(o);
-  Work a = w->Next(), b = w->Next();  // two slots: two sessions
+  Work a = w->Next(), b = w->Next(), c = w->Next();  // three slots: three sessions
   EXPECT_NE(client::SequenceId(*a.request), client::SequenceId(*b.request));
-  w->Complete(a, true);
-  w->Complete(b, false);  // a failed session is abandoned, not resumed
+  auto a2 = w->Complete(a, true, true);
+  ASSERT_TRUE(a2.has_value());
+  EXPECT_FALSE(w->Complete(*a2, false, true).has_value());  // a decode failed: abandon, but end it
+  EXPECT_FALSE(w->Complete(b, false, true).has_value());    // the prefill failed: nothing to end
+  EXPECT_FALSE(w->Complete(c, true, false).has_value());    // stopping: left open
   auto drain = w->Drain();
-  ASSERT_EQ(drain.size(), 1u);
-  EXPECT_EQ(client::SequenceId(*drain[0].request), client::SequenceId(*a.request));
-  EXPECT_TRUE(drain[0].request->parameters().at("sequence_end").bool_param());
-  EXPECT_FALSE(drain[0].request->parameters().at("sequence_start").bool_param());
+  ASSERT_EQ(drain.size(), 2u);
+  for (const Work& d : drain) {
+    const uint64_t id = client::SequenceId(*d.request);
+    EXPECT_TRUE(id == client::SequenceId(*a.request) || id == client::SequenceId(*c.request));
+    EXPECT_TRUE(d.request->parameters().at("sequence_end").bool_param());
+    EXPECT_FALSE(d.request->parameters().at("sequence_start").bool_param());
+    EXPECT_EQ(d.request->inputs(0).shape(0), 1);
+  }
   EXPECT_TRUE(w->Drain().empty());
 }
 
