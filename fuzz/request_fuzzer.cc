@@ -24,6 +24,8 @@
 #include <mutex>
 #include <thread>
 
+#include <google/protobuf/stubs/logging.h>
+
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/core/inference_server.h"
 #include "server/frontend/grpc_service.h"
@@ -197,6 +199,7 @@ void Served(const inference::ModelInferRequest& req) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);  // parse errors of mutated bytes are expected, not news
   H();
   return 0;
 }
