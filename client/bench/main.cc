@@ -77,7 +77,8 @@ void DefineFlags(fb::Flags& f) {
   f.Add({"concurrency", "LIST", "1,4,16", "Closed loop: requests kept outstanding, one load point each. Without "
                                           "this flag the linear presets sweep 1,2,4.", S3});
   f.Add({"request-rate", "LIST", "", "Open loop instead: requests/s, one load point each. Latency counts from each "
-                                     "request's intended send time (no coordinated omission).", S3});
+                                     "request's intended send time (no coordinated omission). kv_attention: new "
+                                     "sessions/s; a session's later steps follow as soon as the previous completes.", S3});
   f.Add({"arrival", "constant|poisson", "poisson", "Open-loop inter-arrival times.", S3});
   f.Add({"max-outstanding", "N", "4096", "Open loop: the sender waits when this many requests are outstanding (the wait "
                                           "counts in the latency).", S3});
@@ -241,7 +242,7 @@ int main(int argc, char** argv) {
       "usage: flashq-bench [flags]\n"
       "  flashq-bench --spawn-server                  # the demo: start a server, run the default scenarios\n"
       "  flashq-bench --endpoints=host:8001 --model=attention --seq-len=lognormal:512:0.8 --concurrency=1,8,32\n"
-      "  flashq-bench --scenarios=kv_decode --request-rate=50,100,200 --arrival=poisson\n\n"
+      "  flashq-bench --scenarios=kv_decode --request-rate=2,5,10 --arrival=poisson   # new sessions/s\n\n"
       "Each scenario runs one load point per --concurrency (closed loop) or --request-rate (open loop) value.\n"
       "A point warms up, then measures windows until the last --stable-windows agree within --stability% or\n"
       "--max-time passes. Reported: req/s, tokens (or rows)/s, latency p50/p90/p95/p99/p99.9 of successful\n"
@@ -485,6 +486,7 @@ int main(int argc, char** argv) {
     fb::GrpcServerStats stats(client, spec.model);
     std::vector<fb::LoadPoint> points;
     (void)make_points(spec.concurrency, &points);  // checked above
+    for (auto& lp : points) lp.rate_is_sessions = spec.kind == fb::ScenarioSpec::Kind::kKv;
     for (const auto& lp : points) {
       if (g_interrupt) break;
       fb::PointResult pr = fb::RunPoint(w, transport, lp, mo, &stats, &g_interrupt,

@@ -158,11 +158,17 @@ std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& resul
       const bool open = p.load.mode == LoadPoint::Mode::kOpen;
       absl::StrAppend(&s, "      {\"label\": ", Json(p.load.Label()), ", \"mode\": ", open ? "\"open\"" : "\"closed\"",
                       ", \"concurrency\": ", open ? "null" : absl::StrCat(p.load.concurrency),
-                      ", \"rate\": ", open ? Num(p.load.rate) : "null", ", \"arrival\": ",
+                      ", \"rate\": ", open ? Num(p.load.rate) : "null",
+                      ", \"rate_unit\": ", open ? (p.load.rate_is_sessions ? "\"sessions/s\"" : "\"requests/s\"") : "null", ", \"arrival\": ",
                       open ? (p.load.arrival == Arrival::kPoisson ? "\"poisson\"" : "\"constant\"") : "null",
                       ",\n       \"stable\": ", p.stable ? "true" : "false", ", \"interrupted\": ", p.interrupted ? "true" : "false",
                       ", \"windows\": ", p.windows, ", \"windows_merged\": ", p.windows_merged, ", \"elapsed_s\": ", Num(p.elapsed_s),
                       ", \"measured_s\": ", Num(m.seconds), ", \"sent\": ", p.sent, ", \"warmup_requests\": ", p.warmup_ok, ", \"warmup_errors\": ", p.warmup_errors, ",\n");
+      s += "       \"windows_rps_latency\": [";  // every window: throughput, stability statistic (ms)
+      for (size_t i = 0; i < p.window_summaries.size(); ++i)
+        absl::StrAppend(&s, i ? ", " : "", "[", Num(p.window_summaries[i].throughput), ", ",
+                        Num(p.window_summaries[i].latency / 1e6), "]");
+      s += "],\n";
       absl::StrAppend(&s, "       \"requests\": ", m.ok, ", \"throughput_rps\": ", Num(m.rps()), ", \"units_per_s\": ",
                       Num(m.units_per_s()), ",\n       \"latency_ms\": ", HistJson(m.latency), ",\n");
       if (!sc.tags.empty()) {

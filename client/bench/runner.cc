@@ -51,7 +51,8 @@ void ServerCounters::Add(const ServerCounters& o) {
 
 std::string LoadPoint::Label() const {
   if (mode == Mode::kClosed) return absl::StrFormat("c=%d", concurrency);
-  return absl::StrFormat("%s %g/s", arrival == Arrival::kPoisson ? "poisson" : "const", rate);
+  return absl::StrFormat("%s %g%s", arrival == Arrival::kPoisson ? "poisson" : "const", rate,
+                         rate_is_sessions ? " sess/s" : "/s");
 }
 
 Measurement::Measurement() = default;

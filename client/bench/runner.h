@@ -58,7 +58,8 @@ struct LoadPoint {
   enum class Mode { kClosed, kOpen };
   Mode mode = Mode::kClosed;
   int concurrency = 1;
-  double rate = 0;  // requests/s, open loop
+  double rate = 0;  // open loop: requests/s (kv_attention: new sessions/s)
+  bool rate_is_sessions = false;
   Arrival arrival = Arrival::kConstant;
   std::string Label() const;
 };
