@@ -247,7 +247,8 @@ int main(int argc, char** argv) {
       "A point warms up, then measures windows until the last --stable-windows agree within --stability% or\n"
       "--max-time passes. Reported: req/s, tokens (or rows)/s, latency p50/p90/p95/p99/p99.9 of successful\n"
       "requests, errors by gRPC code, and the server's mean queue and compute time (ModelStatistics deltas).\n"
-      "Exit status: 0 on success, 1 if a scenario failed or a load point had no successful request, 2 on bad flags.\n";
+      "Exit status: 0 on success, 1 if a scenario failed or a load point had no successful request, 2 on bad flags.\n"
+      "Environment: FLASHQ_COMMIT overrides the commit recorded in the JSON (default: git of the source tree).\n";
   if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
     fprintf(stderr, "flashq-bench: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -391,7 +392,10 @@ int main(int argc, char** argv) {
   // ---- the server
   fb::RunInfo info;
   info.date = UtcNow("%Y-%m-%dT%H:%M:%SZ");
-  info.commit = RunCapture(absl::StrCat("git -C ", ShellQuote(FLASHQ_SOURCE_DIR), " rev-parse --short HEAD 2>/dev/null"));
+  // FLASHQ_COMMIT names the commit where there is no checkout (a bundle, a container).
+  info.commit = getenv("FLASHQ_COMMIT") ? getenv("FLASHQ_COMMIT")
+                                        : RunCapture(absl::StrCat("git -C ", ShellQuote(FLASHQ_SOURCE_DIR),
+                                                                  " rev-parse --short HEAD 2>/dev/null"));
   info.host = RunCapture("hostname 2>/dev/null");
   {
     std::vector<std::string> args(argv, argv + argc);
