@@ -101,8 +101,6 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<KvAttentionExecutor>> CreateKvAttention(const KvGeometry& geometry) = 0;
   // Takes the weights (the CUDA backend uploads them once and frees the host copy).
   virtual absl::StatusOr<std::unique_ptr<LinearExecutor>> CreateLinear(LinearWeights weights) = 0;
-  // Seconds spent uploading weights so far (cold-start accounting).
-  virtual double weight_upload_seconds() const { return 0.0; }
 };
 
 }  // namespace flashq::server

@@ -54,8 +54,12 @@ absl::StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Create(const s
   for (const ModelEntry& e : entries) {
     auto sched = SchedulerOptionsFor(e.config, options);
     if (!sched.ok()) return sched.status();
+    const auto t0 = Clock::now();
     auto model = CreateModel(e, backend, options.load);
     if (!model.ok()) return model.status();
+    if (ConfigParam(e.config, "kind", "") == "linear") {
+      server->weights_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    }
     Served s;
     s.model = std::move(*model);
     s.stats = std::make_unique<ModelStats>();

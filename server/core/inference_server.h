@@ -47,6 +47,8 @@ class InferenceServer {
   const Model* FindModel(const std::string& name) const;
   std::vector<const Model*> models() const;
   void FillStatistics(const std::string& name, inference::ModelStatisticsResponse* out) const;
+  // Seconds Create spent loading linear layers' weights (read, unpack, repack, upload).
+  double weights_seconds() const { return weights_seconds_; }
   // Stops admitting (UNAVAILABLE), runs everything queued, stops the schedulers.
   void Drain();
 
@@ -61,6 +63,7 @@ class InferenceServer {
   void Housekeeping();
 
   ServerMetrics& metrics_;
+  double weights_seconds_ = 0;
   std::map<std::string, Served> models_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> stop_housekeeping_{false};

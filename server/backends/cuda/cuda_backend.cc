@@ -21,11 +21,15 @@ using Contexts = std::vector<std::unique_ptr<DeviceContext>>;
 // Kernels take FP16/BF16; FP32 requests travel as FP16 and come back as FP32.
 DType KernelDType(DType t) { return t == DType::kF32 ? DType::kF16 : t; }
 
-std::string ToKernelBytes(DType from, std::string_view bytes) {
-  if (from != DType::kF32) return std::string(bytes);
-  std::string out;
-  AppendFromFloat(DType::kF16, reinterpret_cast<const float*>(bytes.data()), int64_t(bytes.size() / 4), &out);
-  return out;
+// The bytes a kernel reads for `bytes` of type `from` (`to`: the kernel's 16-bit type).
+// No copy unless a conversion is needed; `storage` holds the converted bytes.
+std::string_view ToKernelBytes(DType from, std::string_view bytes, std::string* storage, DType to = DType::kF16) {
+  if (from == to || (from != DType::kF32 && to == KernelDType(from))) return bytes;
+  std::vector<float> f;
+  AppendAsFloat(from, bytes, &f);
+  storage->clear();
+  AppendFromFloat(to, f.data(), int64_t(f.size()), storage);
+  return *storage;
 }
 
 void FromKernelBytes(DType to, const char* src, int64_t elems, std::string* out) {
@@ -60,7 +64,9 @@ class CudaAttention : public AttentionExecutor {
 
   absl::Status Run(const AttentionBatch& b, std::string* o, std::vector<float>* lse) override {
     DeviceContext& d = *ctx_[next_++ % ctx_.size()];
-    const std::string q = ToKernelBytes(b.dtype, b.q), k = ToKernelBytes(b.dtype, b.k), v = ToKernelBytes(b.dtype, b.v);
+    std::string qs, ks, vs;
+    const std::string_view q = ToKernelBytes(b.dtype, b.q, &qs), k = ToKernelBytes(b.dtype, b.k, &ks),
+                           v = ToKernelBytes(b.dtype, b.v, &vs);
     const int64_t q_row = int64_t(b.num_heads_q) * b.head_dim * 2, kv_row = int64_t(b.num_heads_kv) * b.head_dim * 2;
     const int batch = int(b.cu_seqlens_q.size()) - 1;
     const int64_t total_q = b.cu_seqlens_q.back();
@@ -97,7 +103,7 @@ class CudaAttention : public AttentionExecutor {
   }
 
  private:
-  absl::Status RunChunk(const AttentionBatch& b, const std::string& q, const std::string& k, const std::string& v,
+  absl::Status RunChunk(const AttentionBatch& b, std::string_view q, std::string_view k, std::string_view v,
                         int s0, int s1, StreamSlot& slot, std::string* o, std::vector<float>* lse) {
     const int n = s1 - s0;
     const int32_t q0 = b.cu_seqlens_q[s0], k0 = b.cu_seqlens_k[s0];
@@ -188,9 +194,31 @@ class CudaKvAttention : public KvAttentionExecutor {
     for (size_t i = 0; i < b.items.size(); ++i) {
       by_device[std::hash<std::string_view>()(b.items[i].sequence_id) % ctx_.size()].push_back(int(i));
     }
+    // Items go in groups that fit a stream's staging buffer (a long prefill needs much
+    // more than a decode step). Items are independent sequences, so grouping does not
+    // change any result.
     for (size_t dev = 0; dev < ctx_.size(); ++dev) {
-      if (by_device[dev].empty()) continue;
-      if (auto s = RunOnDevice(int(dev), b, by_device[dev], outputs); !s.ok()) return s;
+      std::vector<int> group;
+      for (size_t j = 0; j <= by_device[dev].size(); ++j) {
+        if (j < by_device[dev].size()) {
+          std::vector<int> grown = group;
+          grown.push_back(by_device[dev][j]);
+          if (StagingNeed(b, grown) <= ctx_[dev]->staging_bytes() || group.empty()) {
+            group = std::move(grown);
+            continue;
+          }
+        }
+        if (group.empty()) break;
+        if (StagingNeed(b, group) > ctx_[dev]->staging_bytes()) {
+          return absl::ResourceExhaustedError(absl::StrCat("a kv_attention request of ", b.items[group[0]].n,
+                                                           " new tokens needs ", StagingNeed(b, group),
+                                                           " bytes of GPU staging; the limit is ",
+                                                           ctx_[dev]->staging_bytes(), " (raise --gpu-staging-mb)"));
+        }
+        if (auto s = RunOnDevice(int(dev), b, group, outputs); !s.ok()) return s;
+        group.clear();
+        if (j < by_device[dev].size()) --j;  // start the next group with item j
+      }
     }
     return absl::OkStatus();
   }
@@ -198,6 +226,19 @@ class CudaKvAttention : public KvAttentionExecutor {
  private:
   CudaKvAttention(Contexts& ctx, ServerMetrics& m, const KvGeometry& g)
       : ctx_(ctx), g_(g), hist_(m.KernelHistogram("paged_decode")) {}
+
+  size_t StagingNeed(const KvBatch& b, const std::vector<int>& items) const {
+    int width = 1, max_k = 0, total = 0;
+    for (int i : items) {
+      width = std::max(width, int(b.items[i].blocks->size()));
+      max_k = std::max(max_k, int(b.items[i].start_pos + b.items[i].n));
+      total += b.items[i].n;
+    }
+    const size_t n = items.size();
+    const size_t q_row = size_t(g_.num_heads_q) * g_.head_dim * 2, kv_row = size_t(g_.num_heads_kv) * g_.head_dim * 2;
+    return Carver::Need({n * width * 4, n * 4, (n + 1) * 4, total * q_row, total * kv_row, total * kv_row,
+                         total * q_row, attention::paged_decode_workspace_size(total, g_.num_heads_q, g_.head_dim, max_k)});
+  }
 
   absl::Status RunOnDevice(int dev, const KvBatch& b, const std::vector<int>& items, std::vector<std::string>* outputs) {
     DeviceContext& d = *ctx_[dev];
@@ -237,7 +278,8 @@ class CudaKvAttention : public KvAttentionExecutor {
       char* dst = h[3 + part];
       for (int i : items) {
         const KvItem& it = b.items[i];
-        std::string bytes = ToKernelBytes(b.dtype, part == 0 ? it.q : part == 1 ? it.k : it.v);
+        std::string storage;
+        std::string_view bytes = ToKernelBytes(b.dtype, part == 0 ? it.q : part == 1 ? it.k : it.v, &storage);
         std::memcpy(dst, bytes.data(), bytes.size());
         dst += bytes.size();
       }
@@ -323,8 +365,7 @@ class CudaKvAttention : public KvAttentionExecutor {
 class CudaLinear : public LinearExecutor {
  public:
   static absl::StatusOr<std::unique_ptr<LinearExecutor>> Create(Contexts& ctx, ServerMetrics& m, LinearWeights w,
-                                                                bool invariant, double* upload_seconds) {
-    const auto t0 = std::chrono::steady_clock::now();
+                                                                bool invariant) {
     std::unique_ptr<CudaLinear> e(new CudaLinear(ctx, m, w, invariant));
     // Rows go in chunks; rows are independent, so chunking keeps batch invariance.
     e->max_rows_ = invariant ? 256 : 4096;
@@ -366,7 +407,6 @@ class CudaLinear : public LinearExecutor {
       e->replicas_.push_back(std::move(r));
     }
     FQ_CUDA_OK(cudaDeviceSynchronize());
-    *upload_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // Warm-up: every path once, on each GPU, at the row counts the server will use.
     std::mt19937 rng(7);
     std::normal_distribution<float> nd;
@@ -413,8 +453,13 @@ class CudaLinear : public LinearExecutor {
   absl::Status RunOn(size_t dev, DType dtype, int M, std::string_view x_in, std::string* y) {
     DeviceContext& d = *ctx_[dev];
     Replica& r = replicas_[dev];
-    const std::string x = ToKernelBytes(dtype, x_in);
-    const gemm::ActType act = KernelDType(dtype) == DType::kBF16 ? gemm::ActType::kBF16 : gemm::ActType::kF16;
+    // BF16 weights go through cuBLASLt in BF16, so other activations are converted to it.
+    const DType kdt = format_ == WeightFormat::kBf16 ? DType::kBF16 : KernelDType(dtype);
+    std::string storage;
+    const std::string_view x = ToKernelBytes(dtype, x_in, &storage, kdt);
+    const gemm::ActType act = kdt == DType::kBF16 ? gemm::ActType::kBF16 : gemm::ActType::kF16;
+    // The type the GPU writes Y in: W8A8's GEMM always writes BF16 (see below).
+    const DType ydt = (format_ == WeightFormat::kFp8 && fp8_act_) ? DType::kBF16 : kdt;
     y->clear();
     SlotLease slot(d);
     for (int r0 = 0; r0 < M; r0 += max_rows_) {
@@ -467,13 +512,13 @@ class CudaLinear : public LinearExecutor {
       FQ_CUDA_OK(cudaMemcpyAsync(yh, yd, yb, cudaMemcpyDeviceToHost, slot->stream));
       FQ_CUDA_OK(cudaStreamSynchronize(slot->stream));
       timer.Observe();
-      if (format_ == WeightFormat::kFp8 && fp8_act_ && act == gemm::ActType::kF16) {
+      if (ydt == dtype) {
+        y->append(yh, yb);
+      } else {
         std::vector<float> f;
-        AppendAsFloat(DType::kBF16, std::string_view(yh, yb), &f);
+        AppendAsFloat(ydt, std::string_view(yh, yb), &f);
         AppendFromFloat(dtype, f.data(), int64_t(f.size()), y);
-        continue;
       }
-      FromKernelBytes(dtype, yh, int64_t(m) * N_, y);
     }
     return absl::OkStatus();
   }
@@ -591,10 +636,8 @@ class CudaBackend : public Backend {
   }
 
   absl::StatusOr<std::unique_ptr<LinearExecutor>> CreateLinear(LinearWeights weights) override {
-    return CudaLinear::Create(ctx_, metrics_, std::move(weights), options_.batch_invariant, &upload_seconds_);
+    return CudaLinear::Create(ctx_, metrics_, std::move(weights), options_.batch_invariant);
   }
-
-  double weight_upload_seconds() const override { return upload_seconds_; }
 
  private:
   void UpdateGauges() {
@@ -609,7 +652,6 @@ class CudaBackend : public Backend {
   const BackendOptions options_;
   ServerMetrics& metrics_;
   Contexts ctx_;
-  double upload_seconds_ = 0;
   std::vector<prometheus::Gauge*> mem_gauges_, arena_gauges_;
   std::atomic<bool> stop_{false};
   std::thread poller_;
