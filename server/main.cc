@@ -31,7 +31,7 @@ struct Options {
   int64_t max_queue_delay_us = -1, max_queue_size = -1, max_batch_tokens = -1;
   int64_t grpc_max_message_bytes = 64 << 20;
   int64_t kv_cache_blocks = 0, workers_per_model = 2, cpu_threads = 0;
-  int64_t gpu_streams = 2, gpu_staging_mb = 256, gpu_arena_mb = 2048;
+  int64_t gpu_streams = 2, gpu_staging_mb = 128, gpu_arena_mb = 2048;
   bool batch_invariant = true;
   int64_t max_tensor_bytes = 0, max_sequences_per_request = 0;
   std::string tls_cert, tls_key, tls_ca, auth_token, auth_token_file;
@@ -154,6 +154,9 @@ int Run(const Options& o) {
   const int max_msg = int(std::min<int64_t>(o.grpc_max_message_bytes, INT32_MAX));
   builder.SetMaxReceiveMessageSize(max_msg);
   builder.SetMaxSendMessageSize(max_msg);
+  // Tensors are megabytes: start each stream with a large HTTP/2 window instead of
+  // letting the first big request crawl through 64 KB windows while BDP probing grows it.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (!grpc_server || bound_port == 0) {

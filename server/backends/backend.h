@@ -89,7 +89,7 @@ struct BackendOptions {
   // cuda: streams (each with its own pinned staging and device buffers) per GPU;
   // consecutive batches overlap their copies and kernels across them.
   int streams_per_device = 2;
-  int64_t staging_bytes = int64_t(256) << 20;  // per stream, host (pinned) and device each
+  int64_t staging_bytes = int64_t(128) << 20;  // per stream, host (pinned) and device each
   int64_t arena_bytes = int64_t(2) << 30;      // per GPU, allocated once at start-up
 };
 

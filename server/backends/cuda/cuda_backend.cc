@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -21,10 +22,13 @@ using Contexts = std::vector<std::unique_ptr<DeviceContext>>;
 // Kernels take FP16/BF16; FP32 requests travel as FP16 and come back as FP32.
 DType KernelDType(DType t) { return t == DType::kF32 ? DType::kF16 : t; }
 
-// The bytes a kernel reads for `bytes` of type `from` (`to`: the kernel's 16-bit type).
-// No copy unless a conversion is needed; `storage` holds the converted bytes.
-std::string_view ToKernelBytes(DType from, std::string_view bytes, std::string* storage, DType to = DType::kF16) {
-  if (from == to || (from != DType::kF32 && to == KernelDType(from))) return bytes;
+// The bytes a kernel reads for `bytes` of type `from`, in the kernel's 16-bit type `to`
+// (default: KernelDType(from)). No copy unless a conversion is needed; `storage` holds
+// the converted bytes.
+std::string_view ToKernelBytes(DType from, std::string_view bytes, std::string* storage,
+                               std::optional<DType> to_type = std::nullopt) {
+  const DType to = to_type.value_or(KernelDType(from));
+  if (from == to) return bytes;
   std::vector<float> f;
   AppendAsFloat(from, bytes, &f);
   storage->clear();
