@@ -412,6 +412,7 @@ int main(int argc, char** argv) {
     so.extra_args = f.GetAll("server-arg");
     so.log_path = f.IsSet("server-log") ? f.Get("server-log") : out_dir + "/" + name + "-server.log";
     so.timeout_s = server_timeout;
+    so.interrupt = &g_interrupt;
     server_log = so.log_path;
     fprintf(stderr, "flashq-bench: starting flashq-server (backend %s; log %s) ...\n", so.backend.c_str(), so.log_path.c_str());
     auto sp = fb::ServerProcess::Start(so);

@@ -133,6 +133,10 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(const SpawnO
                                                                       : absl::StrCat("signal ", WTERMSIG(status)),
                                                     opts.log_path.empty() ? "its output" : opts.log_path));
     }
+    if (opts.interrupt && opts.interrupt->load()) {
+      sp->Stop(5);
+      return absl::CancelledError("interrupted while flashq-server was starting");
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       sp->Stop(5);
       return absl::DeadlineExceededError(absl::StrFormat("flashq-server not ready after %.0f s; see %s", opts.timeout_s,

@@ -22,7 +22,8 @@ struct SpawnOptions {
   std::string backend = "auto";
   std::vector<std::string> extra_args;
   std::string log_path;  // server stdout+stderr
-  double timeout_s = 180;
+  double timeout_s = 300;
+  const std::atomic<bool>* interrupt = nullptr;  // set (Ctrl-C): give up waiting and stop the server
 };
 
 class ServerProcess {
