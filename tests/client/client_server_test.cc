@@ -22,6 +22,7 @@ class ClientServerTest : public ::testing::Test {
     o.binary = FLASHQ_SERVER_BIN;
     o.backend = "cpu";
     o.log_path = ::testing::TempDir() + "/flashq_client_server_test.log";
+    o.extra_args = {std::string("--demo-cache-dir=") + FLASHQ_DEMO_CACHE};
     auto s = bench::ServerProcess::Start(o);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = s->release();
