@@ -164,6 +164,9 @@ int Run(const Options& o) {
     return 1;
   }
   auto* health = grpc_server->GetHealthCheckService();
+  // "" is the whole server; the service's own name is what Kubernetes and grpc_health_probe
+  // ask for with -service. SetServingStatus(bool) then switches every registered name.
+  health->SetServingStatus(inference::GRPCInferenceService::service_full_name(), false);
   health->SetServingStatus(false);
   std::cerr << "flashq-server: gRPC on " << host << ":" << bound_port
             << (o.tls_cert.empty() ? "" : o.tls_ca.empty() ? " (TLS)" : " (mutual TLS)")
