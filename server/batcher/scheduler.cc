@@ -69,12 +69,13 @@ void Scheduler::FormBatch(Clock::time_point now, std::vector<std::unique_ptr<Pen
   for (auto it = queue_.begin(); it != queue_.end();) {
     Pending& p = **it;
     absl::Status drop;
-    if (p.cancelled && p.cancelled()) {
-      drop = absl::CancelledError("request was cancelled by the client before compute");
-    } else if (p.deadline && now >= *p.deadline) {
+    // Deadline first: gRPC also marks a call whose deadline passed as cancelled.
+    if (p.deadline && now >= *p.deadline) {
       drop = absl::DeadlineExceededError(absl::StrCat("request passed its deadline after ",
                                                       Ns(now - p.enqueued) / 1000, " us in the queue of model '",
                                                       model_.name(), "'"));
+    } else if (p.cancelled && p.cancelled()) {
+      drop = absl::CancelledError("request was cancelled by the client before compute");
     }
     if (!drop.ok()) {
       queued_tokens_ -= p.work->tokens;

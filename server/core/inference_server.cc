@@ -78,9 +78,15 @@ InferenceServer::~InferenceServer() {
 }
 
 void InferenceServer::Housekeeping() {
-  while (!stop_housekeeping_) {
-    for (auto& [name, s] : models_) s.model->Tick(Clock::now());
-    for (int i = 0; i < 10 && !stop_housekeeping_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int tick = 0; !stop_housekeeping_; ++tick) {
+    for (auto& [name, s] : models_) {
+      if (tick % 10 == 0) s.model->Tick(Clock::now());
+      if (auto kv = s.model->KvBlocks()) {  // gauges every 100 ms
+        s.metrics->kv_blocks_in_use->Set(double(kv->in_use));
+        s.metrics->kv_blocks_total->Set(double(kv->total));
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 

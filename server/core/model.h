@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,11 @@ class Model {
   virtual void Drop(Work& work, const absl::Status& why) {}
   // Called about once a second (idle session reaping and similar housekeeping).
   virtual void Tick(std::chrono::steady_clock::time_point now) {}
+  // KV-cache blocks in use and in total, for models that hold a KV cache.
+  struct BlockUsage {
+    int64_t in_use = 0, total = 0;
+  };
+  virtual std::optional<BlockUsage> KvBlocks() const { return std::nullopt; }
 
  private:
   inference::ModelConfig config_;

@@ -24,6 +24,9 @@ class KvAttentionModel : public Model {
   void Execute(const std::vector<Work*>& batch) override;
   void Drop(Work& work, const absl::Status& why) override;
   void Tick(std::chrono::steady_clock::time_point now) override;
+  std::optional<BlockUsage> KvBlocks() const override {
+    return BlockUsage{sessions_->blocks_in_use(), sessions_->blocks_total()};
+  }
 
   const KvSessionTable& sessions() const { return *sessions_; }
 
