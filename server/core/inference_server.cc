@@ -79,14 +79,20 @@ InferenceServer::~InferenceServer() {
 
 void InferenceServer::Housekeeping() {
   for (int tick = 0; !stop_housekeeping_; ++tick) {
-    for (auto& [name, s] : models_) {
-      if (tick % 10 == 0) s.model->Tick(Clock::now());
-      if (auto kv = s.model->KvBlocks()) {  // gauges every 100 ms
-        s.metrics->kv_blocks_in_use->Set(double(kv->in_use));
-        s.metrics->kv_blocks_total->Set(double(kv->total));
+    if (tick % 10 == 0) {
+      for (auto& [name, s] : models_) {
+        s.model->Tick(Clock::now());
+        UpdateKvGauges(s);  // idle sessions may have been freed
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+void InferenceServer::UpdateKvGauges(Served& s) {
+  if (auto kv = s.model->KvBlocks()) {
+    s.metrics->kv_blocks_in_use->Set(double(kv->in_use));
+    s.metrics->kv_blocks_total->Set(double(kv->total));
   }
 }
 
@@ -142,6 +148,7 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
     }
     metrics_.CountRequest(s.model->name(), CodeName(st.code()));
     s.metrics->inflight->Decrement();
+    UpdateKvGauges(s);
     done(st, work);
   };
   s.metrics->inflight->Increment();

@@ -61,6 +61,7 @@ class InferenceServer {
   };
   InferenceServer(ServerMetrics& metrics) : metrics_(metrics) {}
   void Housekeeping();
+  static void UpdateKvGauges(Served& s);
 
   ServerMetrics& metrics_;
   double weights_seconds_ = 0;
