@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Plots of the recorded kernel results (bench/results/*.json) for the README.
+
+  .venv/bin/python bench/plot_results.py   # writes bench/results/{attention,gemm}-h200-2026-11-22.png
+"""
+import json, os, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+R = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def attention(src, dst):
+    a = json.load(open(os.path.join(R, src)))
+    fig, (p, d) = plt.subplots(1, 2, figsize=(13, 4.5))
+    rows = [x for x in a["prefill"] if "sdpa_flash" in x.get("peers", {})]
+    names = [x["name"] for x in rows]
+    xs = range(len(rows))
+    for i, (label, get) in enumerate([
+            ("flashq", lambda x: x["tflops"]),
+            ("SDPA flash", lambda x: x["peers"]["sdpa_flash"]["tflops"]),
+            ("SDPA cuDNN", lambda x: x["peers"].get("sdpa_cudnn", {}).get("tflops", 0))]):
+        p.bar([x + 0.27 * (i - 1) for x in xs], [get(x) for x in rows], 0.27, label=label)
+    p.set_xticks(list(xs), names, rotation=35, ha="right", fontsize=7)
+    p.set_ylabel("TFLOP/s")
+    p.set_title(f"prefill, BF16 ({a['device']}, {a['date']}, {a['commit']})", fontsize=9)
+    p.legend(fontsize=8)
+    dec = [x for x in a["decode"] if x["split"] == 1024][:6]
+    labels = [f"B{x['batch']} L{x['len']} p{x['page']}" for x in dec]
+    xs = range(len(dec))
+    for i, (label, get) in enumerate([
+            ("flashq (paged)", lambda x: x["gbps"]),
+            ("SDPA flash", lambda x: x["peers"]["sdpa_flash"]["gbps"]),
+            ("SDPA cuDNN", lambda x: x["peers"]["sdpa_cudnn"]["gbps"])]):
+        d.bar([x + 0.27 * (i - 1) for x in xs], [get(x) for x in dec], 0.27, label=label)
+    d.axhline(a["copy_ceiling_gbps"], color="k", ls="--", lw=1, label="copy ceiling")
+    d.set_xticks(list(xs), labels, rotation=35, ha="right", fontsize=7)
+    d.set_ylabel("GB/s of K+V read")
+    d.set_title("decode, 32/8 heads, hd 128", fontsize=9)
+    d.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(R, dst), dpi=110)
+
+
+def gemm(src, dst):
+    g = json.load(open(os.path.join(R, src)))
+    shapes = sorted({(x["K"], x["N"]) for x in g["records"]})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4 * len(shapes), 3.8), sharey=True)
+    for ax, (K, N) in zip(axes, shapes):
+        for method, inv, label in [("bf16_cublaslt", False, "cuBLASLt BF16"), ("w4a16", True, "W4A16 (invariant)"),
+                                   ("w4a16", False, "W4A16 (fast)"), ("w8a16", True, "W8A16")]:
+            pts = sorted((x["M"], x["us"]) for x in g["records"]
+                         if x["method"] == method and x["K"] == K and x["N"] == N and x["batch_invariant"] == inv)
+            if pts:
+                ax.loglog([m for m, _ in pts], [u for _, u in pts], marker="o", ms=3, label=label)
+        ax.set_title(f"K={K} N={N}", fontsize=9)
+        ax.set_xlabel("M")
+    axes[0].set_ylabel("µs")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"linear layers ({g['device']}, {g['date']}, {g['commit']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(R, dst), dpi=110)
+
+
+if __name__ == "__main__":
+    attention("attention-h200-2026-11-22.json", "attention-h200-2026-11-22.png")
+    gemm("gemm-nvidia-h200-2026-11-22.json", "gemm-nvidia-h200-2026-11-22.png")
+    print("wrote", R)
