@@ -23,7 +23,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev googletest libbenchmark-dev
   prometheus libb64-0d python3-venv python3-pip curl
-  clang libclang-rt-14-dev openssl
+  clang libclang-rt-14-dev openssl debootstrap docker-compose
 )
 PY_PACKAGES=(numpy pytest matplotlib "tritonclient[grpc]==2.50.0" nvidia-cuda-runtime-cu12 grpcio-health-checking grpcio-reflection kubernetes-validate)
 
