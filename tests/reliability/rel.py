@@ -11,19 +11,22 @@ import collections
 import json
 import os
 import pathlib
-import re
 import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+# Request building, /metrics parsing and polling are the integration tests' helpers.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
+import helpers  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SERVER_BIN = os.environ.get("FLASHQ_SERVER", str(ROOT / "build-rel/bin/flashq-server"))
@@ -188,22 +191,10 @@ class Server:
 
 def scrape(url, timeout=10):
     """Prometheus text -> {(name, frozenset(labels)): value}."""
-    text = urllib.request.urlopen(url, timeout=timeout).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)", line)
-        if not m:
-            continue
-        labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(3) or ""))
-        out[(m.group(1), labels)] = float(m.group(4))
-    return out
+    return helpers.scrape(url, timeout)[0]
 
 
-def metric_sum(samples, name, **labels):
-    want = set(labels.items())
-    return sum(v for (n, l), v in samples.items() if n == name and want <= set(l))
+metric_sum = helpers.metric
 
 
 def requests_by_code(samples, model):
@@ -231,25 +222,7 @@ def stub(ch):
 
 def request(model, inputs, params=None, outputs=None, rid=""):
     """inputs: list of (name, datatype, shape, raw bytes)."""
-    req = service_pb2.ModelInferRequest(model_name=model, id=rid)
-    for name, dt, shape, raw in inputs:
-        t = req.inputs.add()
-        t.name, t.datatype = name, dt
-        t.shape.extend(shape)
-        req.raw_input_contents.append(raw)
-    for name in outputs or []:
-        req.outputs.add().name = name
-    for key, val in (params or {}).items():
-        p = req.parameters[key]
-        if isinstance(val, bool):
-            p.bool_param = val
-        elif isinstance(val, int):
-            p.int64_param = val
-        elif isinstance(val, float):
-            p.double_param = val
-        else:
-            p.string_param = str(val)
-    return req
+    return helpers.infer_request(model, inputs, params, outputs, request_id=rid)
 
 
 def f16(rng, *shape):
@@ -356,10 +329,4 @@ def record(section, figures):
 
 
 def wait_for(cond, timeout=10.0, interval=0.05, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return helpers.wait_for(cond, timeout=timeout, interval=interval, what=what)
