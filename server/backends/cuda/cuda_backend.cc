@@ -36,14 +36,16 @@ std::string_view ToKernelBytes(DType from, std::string_view bytes, std::string* 
   return *storage;
 }
 
-void FromKernelBytes(DType to, const char* src, int64_t elems, std::string* out) {
-  if (to != DType::kF32) {
-    out->append(src, elems * 2);
+// Appends `elems` kernel outputs of 16-bit type `from` to `out` in the request's type `to`.
+void FromKernelBytes(DType from, DType to, const char* src, int64_t elems, std::string* out) {
+  const std::string_view bytes(src, elems * DTypeSize(from));
+  if (from == to) {
+    out->append(bytes);
     return;
   }
   std::vector<float> f;
-  AppendAsFloat(DType::kF16, std::string_view(src, elems * 2), &f);
-  out->append(reinterpret_cast<const char*>(f.data()), f.size() * 4);
+  AppendAsFloat(from, bytes, &f);
+  AppendFromFloat(to, f.data(), int64_t(f.size()), out);
 }
 
 // Times the kernels of one batch on its stream and feeds flashq_kernel_seconds.
@@ -161,7 +163,7 @@ class CudaAttention : public AttentionExecutor {
     FQ_CUDA_OK(cudaMemcpyAsync(o_h, o_d, dc.used() - (o_d - slot.device), cudaMemcpyDeviceToHost, slot.stream));
     FQ_CUDA_OK(cudaStreamSynchronize(slot.stream));
     timer.Observe();
-    FromKernelBytes(b.dtype, o_h, tq * q_row / 2, o);
+    FromKernelBytes(KernelDType(b.dtype), b.dtype, o_h, tq * q_row / 2, o);
     if (lse) lse->assign(reinterpret_cast<float*>(lse_h), reinterpret_cast<float*>(lse_h) + tq * b.num_heads_q);
     return absl::OkStatus();
   }
@@ -353,7 +355,7 @@ class CudaKvAttention : public KvAttentionExecutor {
     int64_t off = 0;
     for (int i : items) {
       const int64_t bytes = b.items[i].n * q_row;
-      FromKernelBytes(b.dtype, o_h + off, bytes / 2, &(*outputs)[i]);
+      FromKernelBytes(KernelDType(b.dtype), b.dtype, o_h + off, bytes / 2, &(*outputs)[i]);
       off += bytes;
     }
     return absl::OkStatus();
@@ -516,13 +518,7 @@ class CudaLinear : public LinearExecutor {
       FQ_CUDA_OK(cudaMemcpyAsync(yh, yd, yb, cudaMemcpyDeviceToHost, slot->stream));
       FQ_CUDA_OK(cudaStreamSynchronize(slot->stream));
       timer.Observe();
-      if (ydt == dtype) {
-        y->append(yh, yb);
-      } else {
-        std::vector<float> f;
-        AppendAsFloat(ydt, std::string_view(yh, yb), &f);
-        AppendFromFloat(dtype, f.data(), int64_t(f.size()), y);
-      }
+      FromKernelBytes(ydt, dtype, yh, int64_t(m) * N_, y);
     }
     return absl::OkStatus();
   }
