@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <future>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -121,6 +122,21 @@ int Run(const Options& o) {
 
   auto registry = std::make_shared<prometheus::Registry>();
   ServerMetrics metrics(registry);
+
+  // The backend (CUDA contexts, cuBLASLt, arena, pinned staging) starts on its own thread
+  // while gRPC, metrics and the model repository come up here.
+  BackendOptions bopts;
+  bopts.batch_invariant = o.batch_invariant;
+  bopts.cpu_threads = int(o.cpu_threads);
+  bopts.streams_per_device = int(o.gpu_streams);
+  bopts.staging_bytes = o.gpu_staging_mb << 20;
+  bopts.arena_bytes = o.gpu_arena_mb << 20;
+  double backend_s = 0;
+  auto backend_future = std::async(std::launch::async, [&] {
+    auto b = MakeBackend(o.backend, bopts, metrics);
+    backend_s = since_start();
+    return b;
+  });
   std::unique_ptr<MetricsHttpServer> metrics_http;
   const std::string host = o.host;
   if (o.metrics_port > 0) {
@@ -196,17 +212,14 @@ int Run(const Options& o) {
       params["max_sequences_per_request"].set_string_value(std::to_string(o.max_sequences_per_request));
     }
   }
-  BackendOptions bopts;
-  bopts.batch_invariant = o.batch_invariant;
-  bopts.cpu_threads = int(o.cpu_threads);
-  bopts.streams_per_device = int(o.gpu_streams);
-  bopts.staging_bytes = o.gpu_staging_mb << 20;
-  bopts.arena_bytes = o.gpu_arena_mb << 20;
-  auto backend = MakeBackend(o.backend, bopts, metrics);
+  const double repository_s = since_start();
+  auto backend = backend_future.get();
   if (!backend.ok()) {
     std::cerr << "flashq-server: backend: " << backend.status() << "\n";
     return 1;
   }
+  std::cerr << "flashq-server: " << (*backend)->name() << " backend up at " << backend_s
+            << " s; gRPC, metrics and repository up at " << repository_s << " s\n";
   InferenceServerOptions opts;
   opts.max_queue_size = Override(o.max_queue_size);
   opts.max_queue_delay_us = Override(o.max_queue_delay_us);
@@ -221,6 +234,9 @@ int Run(const Options& o) {
   service.SetServer(server->get());
   service.SetReady(true);
   health->SetServingStatus(true);
+  for (const auto& [name, seconds] : (*server)->load_seconds()) {
+    std::cerr << "flashq-server: model " << name << " loaded and warmed up in " << seconds << " s\n";
+  }
   std::cerr << "flashq-server: " << (*server)->models().size() << " models from " << repo << " on the "
             << (*backend)->name() << " backend\n";
   std::cerr << "flashq-server ready in " << since_start() << " s (weights loaded and uploaded in "

@@ -57,9 +57,9 @@ absl::StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Create(const s
     const auto t0 = Clock::now();
     auto model = CreateModel(e, backend, options.load);
     if (!model.ok()) return model.status();
-    if (ConfigParam(e.config, "kind", "") == "linear") {
-      server->weights_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
-    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    server->load_seconds_.emplace_back(e.config.name(), seconds);
+    if (ConfigParam(e.config, "kind", "") == "linear") server->weights_seconds_ += seconds;
     Served s;
     s.model = std::move(*model);
     s.stats = std::make_unique<ModelStats>();

@@ -49,6 +49,8 @@ class InferenceServer {
   void FillStatistics(const std::string& name, inference::ModelStatisticsResponse* out) const;
   // Seconds Create spent loading linear layers' weights (read, unpack, repack, upload).
   double weights_seconds() const { return weights_seconds_; }
+  // Per model, in load order: seconds to load its weights (if any), build and warm it up.
+  const std::vector<std::pair<std::string, double>>& load_seconds() const { return load_seconds_; }
   // Stops admitting (UNAVAILABLE), runs everything queued, stops the schedulers.
   void Drain();
 
@@ -65,6 +67,7 @@ class InferenceServer {
 
   ServerMetrics& metrics_;
   double weights_seconds_ = 0;
+  std::vector<std::pair<std::string, double>> load_seconds_;
   std::map<std::string, Served> models_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> stop_housekeeping_{false};

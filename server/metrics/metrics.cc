@@ -106,9 +106,9 @@ prometheus::Gauge& ServerMetrics::BackendGauge(const std::string& name, const st
   return it->second->Add(prometheus::Labels(labels.begin(), labels.end()));
 }
 
-prometheus::Histogram& ServerMetrics::KernelHistogram(const std::string& kernel) {
+prometheus::Histogram& ServerMetrics::KernelHistogram(const std::string& kernel, int gpu) {
   static const auto kBuckets = KernelBuckets();
-  return kernel_.Add({{"kernel", kernel}}, kBuckets);
+  return kernel_.Add({{"kernel", kernel}, {"gpu", std::to_string(gpu)}}, kBuckets);
 }
 
 }  // namespace flashq::server

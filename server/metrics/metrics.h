@@ -37,7 +37,7 @@ class ServerMetrics {
   // Backend-level gauges (GPU memory etc.): name must start with flashq_.
   prometheus::Gauge& BackendGauge(const std::string& name, const std::string& help,
                                   const std::map<std::string, std::string>& labels);
-  prometheus::Histogram& KernelHistogram(const std::string& kernel);   // flashq_kernel_seconds{kernel}
+  prometheus::Histogram& KernelHistogram(const std::string& kernel, int gpu);  // flashq_kernel_seconds{kernel, gpu}
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 

@@ -50,7 +50,7 @@ TEST(MetricsTest, ExposerServesRegistry) {
   m.kv_blocks_total->Set(512);
   metrics.CountRequest("attention", "OK");
   metrics.CountRequest("attention", "INVALID_ARGUMENT");
-  metrics.KernelHistogram("prefill_fp16_d128").Observe(2e-4);
+  metrics.KernelHistogram("prefill_fp16_d128", 0).Observe(2e-4);
   metrics.BackendGauge("flashq_gpu_memory_used_bytes", "GPU memory in use", {{"gpu", "0"}}).Set(1234);
   EXPECT_EQ(&metrics.ForModel("attention"), &m) << "same series on the second call";
 
@@ -75,7 +75,7 @@ TEST(MetricsTest, ExposerServesRegistry) {
     EXPECT_TRUE(Has(r, "flashq_inflight_requests{model=\"attention\"} 1"));
     EXPECT_TRUE(Has(r, "flashq_kv_cache_blocks_total{model=\"attention\"} 512"));
     EXPECT_TRUE(Has(r, "flashq_queue_depth{model=\"attention\"} 0"));
-    EXPECT_TRUE(Has(r, "flashq_kernel_seconds_count{kernel=\"prefill_fp16_d128\"} 1"));
+    EXPECT_TRUE(Has(r, "flashq_kernel_seconds_count{gpu=\"0\",kernel=\"prefill_fp16_d128\"} 1"));
     EXPECT_TRUE(Has(r, "flashq_gpu_memory_used_bytes{gpu=\"0\"} 1234"));
     const size_t body = r.find("\r\n\r\n");
     ASSERT_NE(body, std::string::npos);

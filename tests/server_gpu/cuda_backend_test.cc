@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "kernels/gemm/quant_formats.h"
@@ -52,6 +53,19 @@ class CudaBackendTest : public ::testing::Test {
       }
     }
     EXPECT_EQ(bad, 0);
+  }
+
+  // Samples in flashq_kernel_seconds{kernel, gpu}.
+  uint64_t KernelCount(const std::string& kernel, int gpu) {
+    for (const auto& family : registry_.Collect()) {
+      if (family.name != "flashq_kernel_seconds") continue;
+      for (const auto& m : family.metric) {
+        std::map<std::string, std::string> l;
+        for (const auto& p : m.label) l[p.name] = p.value;
+        if (l["kernel"] == kernel && l["gpu"] == std::to_string(gpu)) return m.histogram.sample_count;
+      }
+    }
+    return 0;
   }
 
   prometheus::Registry registry_;
@@ -170,6 +184,102 @@ TEST_F(CudaBackendTest, LinearLayersMatchCpuAndAreBatchInvariant) {
       EXPECT_EQ(y1, yg.substr(5 * yr, yr)) << "batch invariance, format " << int(f.format);
     }
   }
+}
+
+// Every visible GPU gets a worker: stateless batches alternate between GPUs (same bits on
+// each), and a kv_attention session stays on the GPU its sequence id hashes to, where
+// its pages live (a decode step on another GPU would read someone else's cache).
+TEST_F(CudaBackendTest, SeveralGpusShareStatelessWorkAndPinSessions) {
+  const int gpus = CudaDeviceCount();
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpus << " visible";
+  const DType t = DType::kBF16;
+  auto gpu = cuda_->CreateAttention();
+  ASSERT_TRUE(gpu.ok());
+  AttentionBatch b;
+  b.dtype = t;
+  b.num_heads_q = 8;
+  b.num_heads_kv = 2;
+  b.head_dim = 128;
+  b.causal = true;
+  b.softmax_scale = 1.0f / std::sqrt(128.0f);
+  b.cu_seqlens_q = b.cu_seqlens_k = {0, 77, 200};
+  b.max_seqlen_q = b.max_seqlen_k = 123;
+  std::string q = Random(t, 200 * 8 * 128), k = Random(t, 200 * 2 * 128), v = Random(t, 200 * 2 * 128);
+  b.q = q;
+  b.k = k;
+  b.v = v;
+  std::vector<uint64_t> before(gpus);
+  for (int d = 0; d < gpus; ++d) before[d] = KernelCount("varlen_attention", d);
+  std::string first;
+  for (int i = 0; i < 2 * gpus; ++i) {
+    std::string o;
+    std::vector<float> lse;
+    ASSERT_TRUE((*gpu)->Run(b, &o, &lse).ok());
+    if (i == 0) first = o;
+    EXPECT_EQ(o, first) << "run " << i << " differs from run 0";
+  }
+  for (int d = 0; d < gpus; ++d) EXPECT_EQ(KernelCount("varlen_attention", d) - before[d], 2u) << "GPU " << d;
+
+  const int K = 512, N = 256;
+  std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(float(K)));
+  std::vector<float> w(size_t(N) * K);
+  for (float& x : w) x = nd(rng_);
+  LinearWeights lw;
+  lw.format = WeightFormat::kInt4;
+  lw.int4 = gemm::QuantizeInt4(w.data(), N, K, 128, false);
+  lw.K = K;
+  lw.N = N;
+  auto lin = cuda_->CreateLinear(lw);
+  ASSERT_TRUE(lin.ok()) << lin.status();
+  for (int d = 0; d < gpus; ++d) before[d] = KernelCount("linear_w4a16", d);
+  const std::string x = Random(t, 3 * K);
+  std::string y0;
+  for (int i = 0; i < 2 * gpus; ++i) {
+    std::string y;
+    ASSERT_TRUE((*lin)->Run(t, 3, x, &y).ok());
+    if (i == 0) y0 = y;
+    EXPECT_EQ(y, y0) << "run " << i << " differs from run 0";
+  }
+  for (int d = 0; d < gpus; ++d) EXPECT_EQ(KernelCount("linear_w4a16", d) - before[d], 2u) << "GPU " << d;
+
+  // 16 sessions in every batch: a 9-token prefill, then 3 decode steps, against the CPU.
+  KvGeometry g{8, 2, 128, 16, 64, 16};
+  auto kv = cuda_->CreateKvAttention(g);
+  auto cpu = cpu_->CreateKvAttention(g);
+  ASSERT_TRUE(kv.ok() && cpu.ok());
+  for (int d = 0; d < gpus; ++d) before[d] = KernelCount("paged_decode", d);
+  constexpr int kSessions = 16;
+  std::vector<std::vector<int32_t>> blocks(kSessions);
+  std::vector<std::string> ids(kSessions);
+  for (int s = 0; s < kSessions; ++s) {
+    blocks[s] = {s};  // each session's one page; 9 + 3 tokens fit
+    ids[s] = "session-" + std::to_string(s);
+  }
+  for (int step = 0; step < 4; ++step) {
+    const int n = step == 0 ? 9 : 1;
+    KvBatch batch;
+    batch.dtype = t;
+    batch.softmax_scale = 1.0f / std::sqrt(128.0f);
+    std::vector<std::string> data;
+    data.reserve(3 * kSessions);
+    for (int s = 0; s < kSessions; ++s) {
+      data.push_back(Random(t, n * 8 * 128));
+      data.push_back(Random(t, n * 2 * 128));
+      data.push_back(Random(t, n * 2 * 128));
+    }
+    for (int s = 0; s < kSessions; ++s) {
+      batch.items.push_back({ids[s], data[3 * s], data[3 * s + 1], data[3 * s + 2], n,
+                             step == 0 ? 0 : 8 + step, &blocks[s]});
+    }
+    std::vector<std::string> og, oc;
+    ASSERT_TRUE((*kv)->Run(batch, &og).ok());
+    ASSERT_TRUE((*cpu)->Run(batch, &oc).ok());
+    for (int s = 0; s < kSessions; ++s) {
+      SCOPED_TRACE(::testing::Message() << "session " << s << ", step " << step);
+      ExpectClose(t, og[s], oc[s], 2e-2, 2e-2);
+    }
+  }
+  for (int d = 0; d < gpus; ++d) EXPECT_GE(KernelCount("paged_decode", d) - before[d], 4u) << "GPU " << d << " got no sessions";
 }
 
 }  // namespace

@@ -48,6 +48,13 @@ void FromKernelBytes(DType from, DType to, const char* src, int64_t elems, std::
   AppendFromFloat(to, f.data(), int64_t(f.size()), out);
 }
 
+// flashq_kernel_seconds{kernel, gpu}, one series per GPU of the process.
+std::vector<prometheus::Histogram*> PerGpuHistograms(ServerMetrics& m, const Contexts& ctx, const std::string& kernel) {
+  std::vector<prometheus::Histogram*> h;
+  for (const auto& d : ctx) h.push_back(&m.KernelHistogram(kernel, d->device()));
+  return h;
+}
+
 // Times the kernels of one batch on its stream and feeds flashq_kernel_seconds.
 class KernelTimer {
  public:
@@ -66,10 +73,11 @@ class KernelTimer {
 // ---- attention --------------------------------------------------------------
 class CudaAttention : public AttentionExecutor {
  public:
-  CudaAttention(Contexts& ctx, ServerMetrics& m) : ctx_(ctx), hist_(m.KernelHistogram("varlen_attention")) {}
+  CudaAttention(Contexts& ctx, ServerMetrics& m) : ctx_(ctx), hist_(PerGpuHistograms(m, ctx, "varlen_attention")) {}
 
   absl::Status Run(const AttentionBatch& b, std::string* o, std::vector<float>* lse) override {
-    DeviceContext& d = *ctx_[next_++ % ctx_.size()];
+    const size_t dev = next_++ % ctx_.size();
+    DeviceContext& d = *ctx_[dev];
     std::string qs, ks, vs;
     const std::string_view q = ToKernelBytes(b.dtype, b.q, &qs), k = ToKernelBytes(b.dtype, b.k, &ks),
                            v = ToKernelBytes(b.dtype, b.v, &vs);
@@ -96,7 +104,9 @@ class CudaAttention : public AttentionExecutor {
                                                          " bytes of GPU staging; the limit is ", slot->bytes,
                                                          " (raise --gpu-staging-mb)"));
       }
-      if (auto s = RunChunk(b, q, k, v, s0, s1, *slot, o, b.want_lse ? &chunk_lse : nullptr); !s.ok()) return s;
+      if (auto s = RunChunk(b, q, k, v, s0, s1, *slot, *hist_[dev], o, b.want_lse ? &chunk_lse : nullptr); !s.ok()) {
+        return s;
+      }
       if (b.want_lse) {
         const int64_t q0 = b.cu_seqlens_q[s0], tq = b.cu_seqlens_q[s1] - q0;
         for (int h = 0; h < b.num_heads_q; ++h) {
@@ -110,7 +120,8 @@ class CudaAttention : public AttentionExecutor {
 
  private:
   absl::Status RunChunk(const AttentionBatch& b, std::string_view q, std::string_view k, std::string_view v,
-                        int s0, int s1, StreamSlot& slot, std::string* o, std::vector<float>* lse) {
+                        int s0, int s1, StreamSlot& slot, prometheus::Histogram& hist, std::string* o,
+                        std::vector<float>* lse) {
     const int n = s1 - s0;
     const int32_t q0 = b.cu_seqlens_q[s0], k0 = b.cu_seqlens_k[s0];
     const int64_t tq = b.cu_seqlens_q[s1] - q0, tk = b.cu_seqlens_k[s1] - k0;
@@ -123,7 +134,7 @@ class CudaAttention : public AttentionExecutor {
       if (i) max_q = std::max(max_q, cu_q[i] - cu_q[i - 1]);
     }
     Carver hc(slot.host, slot.bytes), dc(slot.device, slot.bytes);
-    struct Piece { const void* src; size_t bytes; char* h; char* d; };
+    struct Piece { const void* src; size_t bytes; char* h = nullptr; char* d = nullptr; };
     Piece in[] = {{cu_q.data(), cu_q.size() * 4}, {cu_k.data(), cu_k.size() * 4}, {q.data() + q0 * q_row, size_t(tq * q_row)},
                   {k.data() + k0 * kv_row, size_t(tk * kv_row)}, {v.data() + k0 * kv_row, size_t(tk * kv_row)}};
     for (Piece& p : in) {
@@ -157,7 +168,7 @@ class CudaAttention : public AttentionExecutor {
     p.softmax_scale = b.softmax_scale;
     p.causal = b.causal;
     p.dtype = KernelDType(b.dtype);
-    KernelTimer timer(slot, hist_);
+    KernelTimer timer(slot, hist);
     if (auto s = FromKernel(attention::run_varlen_attention(p, slot.stream)); !s.ok()) return s;
     timer.Stop();
     FQ_CUDA_OK(cudaMemcpyAsync(o_h, o_d, dc.used() - (o_d - slot.device), cudaMemcpyDeviceToHost, slot.stream));
@@ -169,7 +180,7 @@ class CudaAttention : public AttentionExecutor {
   }
 
   Contexts& ctx_;
-  prometheus::Histogram& hist_;
+  std::vector<prometheus::Histogram*> hist_;  // per GPU
   std::atomic<uint64_t> next_{0};
 };
 
@@ -200,38 +211,51 @@ class CudaKvAttention : public KvAttentionExecutor {
     for (size_t i = 0; i < b.items.size(); ++i) {
       by_device[std::hash<std::string_view>()(b.items[i].sequence_id) % ctx_.size()].push_back(int(i));
     }
-    // Items go in groups that fit a stream's staging buffer (a long prefill needs much
-    // more than a decode step). Items are independent sequences, so grouping does not
-    // change any result.
-    for (size_t dev = 0; dev < ctx_.size(); ++dev) {
-      std::vector<int> group;
-      for (size_t j = 0; j <= by_device[dev].size(); ++j) {
-        if (j < by_device[dev].size()) {
-          std::vector<int> grown = group;
-          grown.push_back(by_device[dev][j]);
-          if (StagingNeed(b, grown) <= ctx_[dev]->staging_bytes() || group.empty()) {
-            group = std::move(grown);
-            continue;
-          }
-        }
-        if (group.empty()) break;
-        if (StagingNeed(b, group) > ctx_[dev]->staging_bytes()) {
-          return absl::ResourceExhaustedError(absl::StrCat("a kv_attention request of ", b.items[group[0]].n,
-                                                           " new tokens needs ", StagingNeed(b, group),
-                                                           " bytes of GPU staging; the limit is ",
-                                                           ctx_[dev]->staging_bytes(), " (raise --gpu-staging-mb)"));
-        }
-        if (auto s = RunOnDevice(int(dev), b, group, outputs); !s.ok()) return s;
-        group.clear();
-        if (j < by_device[dev].size()) --j;  // start the next group with item j
-      }
+    // Each GPU's items run on that GPU, the GPUs side by side.
+    std::vector<absl::Status> status(ctx_.size());
+    std::vector<std::thread> others;
+    for (size_t dev = 1; dev < ctx_.size(); ++dev) {
+      if (!by_device[dev].empty()) others.emplace_back([&, dev] { status[dev] = RunDevice(int(dev), b, by_device[dev], outputs); });
+    }
+    if (!by_device[0].empty()) status[0] = RunDevice(0, b, by_device[0], outputs);
+    for (auto& t : others) t.join();
+    for (auto& s : status) {
+      if (!s.ok()) return s;
     }
     return absl::OkStatus();
   }
 
  private:
+  // Items go in groups that fit a stream's staging buffer (a long prefill needs much
+  // more than a decode step). Items are independent sequences, so grouping does not
+  // change any result.
+  absl::Status RunDevice(int dev, const KvBatch& b, const std::vector<int>& items, std::vector<std::string>* outputs) {
+    std::vector<int> group;
+    for (size_t j = 0; j <= items.size(); ++j) {
+      if (j < items.size()) {
+        std::vector<int> grown = group;
+        grown.push_back(items[j]);
+        if (StagingNeed(b, grown) <= ctx_[dev]->staging_bytes() || group.empty()) {
+          group = std::move(grown);
+          continue;
+        }
+      }
+      if (group.empty()) break;
+      if (StagingNeed(b, group) > ctx_[dev]->staging_bytes()) {
+        return absl::ResourceExhaustedError(absl::StrCat("a kv_attention request of ", b.items[group[0]].n,
+                                                         " new tokens needs ", StagingNeed(b, group),
+                                                         " bytes of GPU staging; the limit is ",
+                                                         ctx_[dev]->staging_bytes(), " (raise --gpu-staging-mb)"));
+      }
+      if (auto s = RunOnDevice(dev, b, group, outputs); !s.ok()) return s;
+      group.clear();
+      if (j < items.size()) --j;  // start the next group with item j
+    }
+    return absl::OkStatus();
+  }
+
   CudaKvAttention(Contexts& ctx, ServerMetrics& m, const KvGeometry& g)
-      : ctx_(ctx), g_(g), hist_(m.KernelHistogram("paged_decode")) {}
+      : ctx_(ctx), g_(g), hist_(PerGpuHistograms(m, ctx, "paged_decode")) {}
 
   size_t StagingNeed(const KvBatch& b, const std::vector<int>& items) const {
     int width = 1, max_k = 0, total = 0;
@@ -345,7 +369,7 @@ class CudaKvAttention : public KvAttentionExecutor {
     p.softmax_scale = b.softmax_scale;
     p.causal = true;
     p.dtype = dt;
-    KernelTimer timer(*slot, hist_);
+    KernelTimer timer(*slot, *hist_[dev]);
     if (auto s = FromKernel(attention::run_kv_append(a, slot->stream)); !s.ok()) return s;
     if (auto s = FromKernel(attention::run_paged_decode(p, slot->stream)); !s.ok()) return s;
     timer.Stop();
@@ -363,7 +387,7 @@ class CudaKvAttention : public KvAttentionExecutor {
 
   Contexts& ctx_;
   const KvGeometry g_;
-  prometheus::Histogram& hist_;
+  std::vector<prometheus::Histogram*> hist_;  // per GPU
   std::vector<char*> k_, v_;  // per GPU: [num_blocks, page_size, Hkv, D]
 };
 
@@ -452,7 +476,7 @@ class CudaLinear : public LinearExecutor {
 
   CudaLinear(Contexts& ctx, ServerMetrics& m, const LinearWeights& w, bool invariant)
       : ctx_(ctx), format_(w.format), K_(w.K), N_(w.N), fp8_act_(w.fp8_activations), invariant_(invariant),
-        hist_(m.KernelHistogram(w.format == WeightFormat::kBf16 ? "linear_bf16"
+        hist_(PerGpuHistograms(m, ctx, w.format == WeightFormat::kBf16 ? "linear_bf16"
                                 : w.format == WeightFormat::kInt4 ? "linear_w4a16"
                                 : w.fp8_activations ? "linear_w8a8" : "linear_w8a16")) {}
 
@@ -484,7 +508,7 @@ class CudaLinear : public LinearExecutor {
       a.batch_invariant = invariant_;
       a.workspace = r.workspace[slot->index];
       a.workspace_bytes = r.ws_bytes;
-      KernelTimer timer(*slot, hist_);
+      KernelTimer timer(*slot, *hist_[dev]);
       Status s;
       switch (format_) {
         case WeightFormat::kBf16: s = gemm::run_bf16(d.blas(), r.bf16, N_, K_, a, slot->stream); break;
@@ -527,7 +551,7 @@ class CudaLinear : public LinearExecutor {
   const WeightFormat format_;
   const int K_, N_;
   const bool fp8_act_, invariant_;
-  prometheus::Histogram& hist_;
+  std::vector<prometheus::Histogram*> hist_;  // per GPU
   int max_rows_ = 256;
   std::vector<Replica> replicas_;
   std::atomic<uint64_t> next_{0};
