@@ -2,7 +2,9 @@
 //   - process start -> "flashq-server ready" (and the same minus the time the server
 //     reports for loading and uploading weights);
 //   - latency of the very first request of each model against the steady-state p50
-//     of the next requests of the same shape (sequential, one client).
+//     of the next requests of the same shape (sequential, one client), and the part
+//     of each the server accounts for (ModelStatistics' success duration), so that a
+//     slow first request can be told apart from a slow first transfer.
 // Writes one JSON object to stdout.
 #include <algorithm>
 #include <chrono>
@@ -120,11 +122,18 @@ int main(int argc, char** argv) {
   for (size_t pi = 0; pi < probes.size(); ++pi) {
     const Probe& p = probes[pi];
     const bool kv_probe = p.name.rfind("kv_attention", 0) == 0;
-    std::vector<double> lat;
-    double first = -1;
+    std::vector<double> lat, server_lat;
+    double first = -1, first_server = -1;
+    auto server_ns = [&] {
+      inference::ModelStatisticsResponse st;
+      const std::string model = p.name.substr(0, p.name.find(' '));
+      if (!(*client)->ModelStatistics(0, model, &st).ok() || st.model_stats_size() == 0) return -1.0;
+      return double(st.model_stats(0).inference_stats().success().ns());
+    };
     for (int i = 0; i < (kv_probe ? 2 * (steady + 1) : steady + 1); ++i) {
       auto req = p.make(i);
       inference::ModelInferResponse resp;
+      const double ns0 = server_ns();
       const auto t0 = Clock::now();
       grpc::Status s = (*client)->Infer(req, &resp);
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -134,13 +143,22 @@ int main(int argc, char** argv) {
         break;
       }
       if (kv_probe && i % 2 == 0) continue;  // prefill
-      if (first < 0) first = ms;
-      else lat.push_back(ms);
+      const double server_ms = (server_ns() - ns0) * 1e-6;
+      if (first < 0) {
+        first = ms;
+        first_server = server_ms;
+      } else {
+        lat.push_back(ms);
+        server_lat.push_back(server_ms);
+      }
     }
     std::sort(lat.begin(), lat.end());
+    std::sort(server_lat.begin(), server_lat.end());
     const double p50 = lat.empty() ? 0 : lat[lat.size() / 2];
+    const double server_p50 = server_lat.empty() ? 0 : server_lat[server_lat.size() / 2];
     std::cout << (pi ? ", " : "") << "{\"probe\": \"" << p.name << "\", \"first_ms\": " << first
               << ", \"steady_p50_ms\": " << p50 << ", \"ratio\": " << (p50 > 0 ? first / p50 : 0)
+              << ", \"first_server_ms\": " << first_server << ", \"steady_server_p50_ms\": " << server_p50
               << ", \"steady_n\": " << lat.size() << "}";
   }
   const std::string exit = (*server)->Stop();

@@ -23,17 +23,25 @@ echo "== fatbin contents (cuobjdump)"
 { cuobjdump --list-elf "$B/libexec/flashq-server" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' | sort | uniq -c
   echo "ptx entries: $(cuobjdump --list-ptx "$B/libexec/flashq-server" 2>/dev/null | wc -l)"; } | tee "$OUT/cuobjdump.txt"
 
-echo "== GPU tests through the server's executors"
+GPUS=$(nvidia-smi -L | wc -l)
+echo "== GPU tests through the server's executors ($GPUS GPUs visible), then under compute-sanitizer memcheck"
 "$ROOT"/.gpu/bin/flashq_server_gpu_tests --gtest_brief=1 2>&1 | tail -n 15 | tee "$OUT/server_gpu_tests.txt"
+timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$ROOT"/.gpu/bin/flashq_server_gpu_tests --gtest_brief=1 2>&1 |
+  grep -E "ERROR SUMMARY|PASSED|FAILED" | tee -a "$OUT/server_gpu_tests.txt"
+# Cold start and the single-GPU scenarios run on GPU 0 alone; the several-GPU scenarios follow.
+export CUDA_VISIBLE_DEVICES=0
 
 echo "== demo repository (generated once, not timed)"
 timeout 300 "$ROOT"/.gpu/bin/flashq-coldstart --server-binary="$B/libexec/flashq-server" --backend=cuda \
   --server-arg=--demo-cache-dir=$CACHE --steady=5 --log="$OUT/server-first.log" > /dev/null
-echo "== cold start (JIT disabled, eager loading), twice"
-for i in 1 2; do
+echo "== cold start (JIT disabled): eager module loading twice, then the driver's default (lazy) once"
+for i in 1 2 3; do
+  [ $i = 3 ] && export CUDA_MODULE_LOADING=LAZY
   timeout 300 "$ROOT"/.gpu/bin/flashq-coldstart --server-binary="$B/libexec/flashq-server" --backend=cuda \
     --server-arg=--demo-cache-dir=$CACHE --steady=100 --log="$OUT/server-cold$i.log" | tee "$OUT/coldstart$i.json"
+  grep -E "backend up at|loaded and warmed|ready in" "$OUT/server-cold$i.log"
 done
+export CUDA_MODULE_LOADING=EAGER
 
 echo "== end-to-end scenarios"
 "$B/libexec/flashq-server" --backend=cuda --demo-cache-dir=$CACHE --grpc-port=18001 --metrics-port=18002 \
@@ -41,10 +49,29 @@ echo "== end-to-end scenarios"
 SPID=$!
 for _ in $(seq 1 240); do grep -q "flashq-server ready" "$OUT/server-e2e.log" && break; sleep 0.5; done
 timeout 420 python3 "$ROOT"/bench/e2e/gpu_e2e.py --bench="$B/libexec/flashq-bench" --endpoint=localhost:18001 \
-  --metrics=http://localhost:18002/metrics --out-dir="$OUT/e2e" --max-time=5 | tail -n 20
+  --metrics=http://localhost:18002/metrics --out-dir="$OUT/e2e" --max-time=5 \
+  --scenarios="${E2E_SCENARIOS:-a_kv_decode,b_attention_ragged,c_linear_w4a16}" --concurrency="${E2E_CONC:-1,16,64,256}" |
+  tail -n 20
 kill -TERM $SPID; wait $SPID; echo "server exit status: $?" | tee -a "$OUT/server-e2e.log"
 cp "$OUT"/e2e/e2e.json "$OUT"/e2e/e2e.md "$OUT"/ 2>/dev/null
+unset CUDA_VISIBLE_DEVICES
+if [ "$GPUS" -ge 2 ]; then
+  echo "== several GPUs: one worker per GPU, sessions pinned by sequence id, stateless work round-robin"
+  "$B/libexec/flashq-server" --backend=cuda --demo-cache-dir=$CACHE --grpc-port=18011 --metrics-port=18012 \
+    --kv-cache-blocks=40000 --gpu-arena-mb=12288 --workers-per-model=4 > "$OUT/server-multi.log" 2>&1 &
+  SPID=$!
+  for _ in $(seq 1 240); do grep -q "flashq-server ready" "$OUT/server-multi.log" && break; sleep 0.5; done
+  timeout 300 python3 "$ROOT"/bench/e2e/gpu_e2e.py --bench="$B/libexec/flashq-bench" --endpoint=localhost:18011 \
+    --metrics=http://localhost:18012/metrics --out-dir="$OUT/e2e-multi" --max-time=5 \
+    --scenarios=a_kv_decode,c_linear_w4a16 --concurrency=64,256 | tail -n 6
+  kill -TERM $SPID; wait $SPID; echo "server exit status: $?" | tee -a "$OUT/server-multi.log"
+  cp "$OUT"/e2e-multi/e2e.json "$OUT"/e2e-multi.json; cp "$OUT"/e2e-multi/e2e.md "$OUT"/e2e-multi.md
+fi
 echo "== summary"
 cat "$OUT/device.txt" "$OUT/server_gpu_tests.txt" | tail -n 8
 cat "$OUT"/coldstart2.json
 cat "$OUT"/e2e.md
+[ -f "$OUT"/e2e-multi.md ] && cat "$OUT"/e2e-multi.md
+# At most 8 files come back: keep the summaries, pack the rest.
+(cd "$OUT" && tar czf logs.tgz --remove-files e2e e2e-multi server-*.log coldstart*.json cuobjdump.txt 2>/dev/null)
+ls "$OUT"

@@ -3,7 +3,8 @@
 
 For each scenario and concurrency, runs flashq-bench for one closed-loop load point
 and reads /metrics before and after it:
-  GPU busy fraction = delta(flashq_kernel_seconds_sum) / wall time of the point
+  GPU busy fraction = delta(flashq_kernel_seconds_sum) / (wall time of the point x GPUs),
+                      and per GPU from the gpu label
   server overhead   = mean server-side total latency - mean GPU kernel time per batch
 Writes e2e JSON + a markdown table to --out-dir.
 """
@@ -58,6 +59,9 @@ def main():
             d = lambda p, *m: total(after, p, m) - total(before, p, m)
             kernel_s = d("flashq_kernel_seconds_sum")
             kernel_n = d("flashq_kernel_seconds_count")
+            gpus = sorted({m.group(1) for k in after if k.startswith("flashq_kernel_seconds_sum")
+                           for m in [re.search(r'gpu="(\d+)"', k)] if m}) or ["0"]
+            busy_by_gpu = {g: d("flashq_kernel_seconds_sum", f'gpu="{g}"') / wall for g in gpus} if wall > 0 else {}
             srv_sum = d("flashq_request_duration_seconds_sum", f'model="{model}"', 'stage="total"')
             srv_n = d("flashq_request_duration_seconds_count", f'model="{model}"', 'stage="total"')
             point = {}
@@ -73,7 +77,8 @@ def main():
                 "units_per_s": point.get("units_per_s"), "p50_ms": lat.get("p50"), "p99_ms": lat.get("p99"),
                 "errors": point.get("error_count"), "stable": point.get("stable"),
                 "avg_batch_requests": (point.get("server") or {}).get("avg_batch_requests"),
-                "gpu_busy_fraction": kernel_s / wall if wall > 0 else None,
+                "gpu_busy_fraction": kernel_s / (wall * len(gpus)) if wall > 0 else None,
+                "gpu_busy_by_gpu": busy_by_gpu,
                 "server_mean_ms": 1e3 * srv_sum / srv_n if srv_n else None,
                 "gpu_ms_per_batch": 1e3 * kernel_s / kernel_n if kernel_n else None,
                 "bench_rc": r.returncode, "wall_s": wall,
@@ -83,12 +88,14 @@ def main():
             rows.append(row)
             print(json.dumps(row), flush=True)
     json.dump(rows, open(os.path.join(a.out_dir, "e2e.json"), "w"), indent=1)
-    hdr = "| scenario | conc | req/s | p50 ms | p99 ms | avg batch | GPU busy | server ms | GPU ms/batch | overhead ms | errors |"
-    lines = [hdr, "|" + "---|" * 11]
+    hdr = ("| scenario | conc | req/s | p50 ms | p99 ms | avg batch | GPU busy | GPU busy by GPU | server ms | "
+           "GPU ms/batch | overhead ms | errors |")
+    lines = [hdr, "|" + "---|" * 12]
     f = lambda v, n=2: "-" if v is None else (f"{v:.{n}f}" if isinstance(v, float) else str(v))
     for r in rows:
         lines.append(f"| {r['scenario']} | {r['concurrency']} | {f(r['throughput_rps'],1)} | {f(r['p50_ms'])} | "
                      f"{f(r['p99_ms'])} | {f(r['avg_batch_requests'],1)} | {f(r['gpu_busy_fraction'])} | "
+                     f"{' / '.join(f(v) for v in r['gpu_busy_by_gpu'].values())} | "
                      f"{f(r['server_mean_ms'])} | {f(r['gpu_ms_per_batch'],3)} | {f(r.get('server_overhead_ms'))} | {r['errors']} |")
     open(os.path.join(a.out_dir, "e2e.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))

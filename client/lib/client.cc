@@ -43,6 +43,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
       args.SetMaxSendMessageSize(-1);
       // Without a local pool, channels with equal arguments share one connection.
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      // Responses are megabytes: open each stream with a large HTTP/2 window rather than
+      // letting the first big response crawl through 64 KB windows while BDP probing grows it.
+      args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
       auto channel = grpc::CreateCustomChannel(ep, grpc::InsecureChannelCredentials(), args);
       c->stubs_.push_back(inference::GRPCInferenceService::NewStub(channel));
     }
