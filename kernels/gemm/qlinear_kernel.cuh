@@ -355,8 +355,10 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) QLinearKernel(const
 template <typename T, int MT, bool kFp8>
 cudaError_t LaunchQLinearMT(const QLinearParams& p, cudaStream_t stream) {
   using S = Smem<kFp8, MT>;
-  static const cudaError_t attr = cudaFuncSetAttribute(QLinearKernel<T, MT, kFp8>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kBytes));
+  // The attribute belongs to the current device: set it on every launch (a static
+  // once-only call left every GPU but the first without it: cudaErrorInvalidValue).
+  const cudaError_t attr = cudaFuncSetAttribute(QLinearKernel<T, MT, kFp8>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kBytes));
   if (attr != cudaSuccess) return attr;
   const int n_blocks = (p.N + kBlockN - 1) / kBlockN;
   dim3 grid(n_blocks, p.splits, (p.M + 16 * MT - 1) / (16 * MT));
