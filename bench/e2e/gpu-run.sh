@@ -40,11 +40,14 @@ echo "== demo repository (generated once, not timed)"
 timeout 300 "$ROOT"/.gpu/bin/flashq-coldstart --server-binary="$B/libexec/flashq-server" --backend=cuda \
   --server-arg=--demo-cache-dir=$CACHE --steady=5 --log="$OUT/server-first.log" > /dev/null
 if part cold; then
-echo "== cold start (JIT disabled): eager module loading twice, then the driver's default (lazy) once"
-for i in 1 2 3; do
-  [ $i = 3 ] && export CUDA_MODULE_LOADING=LAZY
+echo "== cold start (JIT disabled): module loading eager / lazy, fresh connection / warmed connection"
+i=0
+for cfg in EAGER: EAGER: LAZY: EAGER:--warm-connection LAZY:--warm-connection; do
+  i=$((i + 1))
+  export CUDA_MODULE_LOADING=${cfg%%:*}
+  echo "-- run $i: CUDA_MODULE_LOADING=$CUDA_MODULE_LOADING ${cfg#*:}"
   timeout 300 "$ROOT"/.gpu/bin/flashq-coldstart --server-binary="$B/libexec/flashq-server" --backend=cuda \
-    --server-arg=--demo-cache-dir=$CACHE --steady=100 --log="$OUT/server-cold$i.log" | tee "$OUT/coldstart$i.json"
+    --server-arg=--demo-cache-dir=$CACHE --steady=100 --log="$OUT/server-cold$i.log" ${cfg#*:} | tee "$OUT/coldstart$i.json"
   grep -E "backend up at|loaded and warmed|ready in" "$OUT/server-cold$i.log"
 done
 export CUDA_MODULE_LOADING=EAGER
