@@ -31,6 +31,10 @@ template <typename T, int D, bool kCausal, int kBMOverride, int kMTOverride>
 Status LaunchPrefillImpl(const VarlenAttentionParams& p, cudaStream_t stream);
 template <typename T, int D, bool kCausal, bool kPingPong>
 Status LaunchPrefillWsImpl(const VarlenAttentionParams& p, cudaStream_t stream);
+template <typename T, int D>  // decode_variants.cu
+Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream, bool pdl);
+template <typename T, int D, int kPW>
+Status LaunchPagedDecodeStream(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream);
 }
 
 #define CK(x)                                                                                  \
@@ -203,19 +207,23 @@ std::string RunPrefill(Timer& timer, const PrefillCfg& cfg, int reps) {
   std::printf("prefill %-24s %8.3f ms  %7.1f TFLOP/s  check max_err %.3g %s\n", cfg.name.c_str(), ms, tflops, max_err,
               ok ? "ok" : "FAIL");
   std::string variant;
-  // Variants (not what run_varlen_attention picks on Hopper): the warp-specialised wgmma kernel
-  // with and without consumer ping-pong, and the mma.sync kernel shipped for sm_80/sm_89.
+  // Variants (not what run_varlen_attention picks on Hopper): the plain wgmma kernel, the
+  // cp.async warp-specialised wgmma kernel with and without consumer ping-pong, and the mma.sync
+  // kernel shipped for sm_80/sm_89.
   std::vector<std::pair<std::string, std::function<Status()>>> variants;
   using detail::LaunchPrefill;
   using detail::LaunchPrefillImpl;
   using BF = __nv_bfloat16;
   using detail::LaunchPrefillWs;
   using detail::LaunchPrefillWsImpl;
+  using detail::LaunchPrefillWgmma;
   if (d == 128) {
+    variants.push_back({"wgmma", [&] { return cfg.causal ? LaunchPrefillWgmma<BF, 128, true>(p, nullptr) : LaunchPrefillWgmma<BF, 128, false>(p, nullptr); }});
     variants.push_back({"ws_pingpong", [&] { return cfg.causal ? LaunchPrefillWs<BF, 128, true>(p, nullptr) : LaunchPrefillWs<BF, 128, false>(p, nullptr); }});
     variants.push_back({"ws", [&] { return cfg.causal ? LaunchPrefillWsImpl<BF, 128, true, false>(p, nullptr) : LaunchPrefillWsImpl<BF, 128, false, false>(p, nullptr); }});
     variants.push_back({"mma_mt2", [&] { return cfg.causal ? LaunchPrefill<BF, 128, true>(p, nullptr) : LaunchPrefill<BF, 128, false>(p, nullptr); }});
   } else if (d == 64) {
+    variants.push_back({"wgmma", [&] { return cfg.causal ? LaunchPrefillWgmma<BF, 64, true>(p, nullptr) : LaunchPrefillWgmma<BF, 64, false>(p, nullptr); }});
     variants.push_back({"ws_pingpong", [&] { return cfg.causal ? LaunchPrefillWs<BF, 64, true>(p, nullptr) : LaunchPrefillWs<BF, 64, false>(p, nullptr); }});
     variants.push_back({"ws", [&] { return cfg.causal ? LaunchPrefillWsImpl<BF, 64, true, false>(p, nullptr) : LaunchPrefillWsImpl<BF, 64, false, false>(p, nullptr); }});
     variants.push_back({"mma_mt2", [&] { return cfg.causal ? LaunchPrefill<BF, 64, true>(p, nullptr) : LaunchPrefill<BF, 64, false>(p, nullptr); }});
@@ -280,29 +288,55 @@ std::string RunDecode(Timer& timer, const DecodeCfg& cfg, int reps) {
   OKS(run_paged_decode(p, nullptr));
   CK(cudaDeviceSynchronize());
   // Spot check 8 (sequence, head) rows against float64.
-  auto hqv = ToHost(q, size_t(b) * hq * d), hk = ToHost(kc, cache_elems), hv = ToHost(vc, cache_elems),
-       ho = ToHost(o, size_t(b) * hq * d);
-  double max_err = 0;
-  for (int sample = 0; sample < 8; ++sample) {
-    const int bb = int(Lcg(seed) % uint32_t(b)), hh = int(Lcg(seed) % hq);
-    auto key_off = [&](int j) {
-      return ((size_t(table[size_t(bb) * blocks_per_seq + j / page]) * page + j % page) * hkv + hh / 4) * d;
-    };
-    const size_t row = size_t(bb) * hq + hh;
-    max_err = std::max(max_err, RowError(hqv, row * d, hk, hv, key_off, L, d, p.softmax_scale, ho.data() + row * d));
-  }
+  auto hqv = ToHost(q, size_t(b) * hq * d), hk = ToHost(kc, cache_elems), hv = ToHost(vc, cache_elems);
+  auto check = [&]() {
+    auto ho = ToHost(o, size_t(b) * hq * d);
+    double max_err = 0;
+    uint32_t cseed = 7;
+    for (int sample = 0; sample < 8; ++sample) {
+      const int bb = int(Lcg(cseed) % uint32_t(b)), hh = int(Lcg(cseed) % hq);
+      auto key_off = [&](int j) {
+        return ((size_t(table[size_t(bb) * blocks_per_seq + j / page]) * page + j % page) * hkv + hh / 4) * d;
+      };
+      const size_t row = size_t(bb) * hq + hh;
+      max_err = std::max(max_err, RowError(hqv, row * d, hk, hv, key_off, L, d, p.softmax_scale, ho.data() + row * d));
+    }
+    return max_err;
+  };
+  const double max_err = check();
   const bool ok = max_err < 2e-2;
   const double ms = timer.MedianMs([&] { OKS(run_paged_decode(p, nullptr)); }, reps);
   const double bytes = 2.0 * double(b) * L * hkv * d * 2;  // K and V read once
   const double gbps = bytes / (ms * 1e-3) / 1e9;
   std::printf("decode  B=%-3d L=%-6d page=%-3d split=%-4d %8.4f ms  %7.1f GB/s  check max_err %.3g %s\n", b, L, page,
               cfg.split, ms, gbps, max_err, ok ? "ok" : "FAIL");
+  // Variants: the one-CTA-per-item kernel with a plain (not programmatic dependent) launch of the
+  // combine kernel, as dispatched before r2, and the persistent warp-specialised streamed kernel
+  // (bench/attention/decode_stream_variant.cuh, 4 producer warps).
+  std::string variant;
+  const int split = cfg.split ? cfg.split : kDefaultSplitTokens;
+  std::vector<std::pair<std::string, std::function<Status()>>> variants = {
+      {"cta_per_item_nopdl", [&] { return detail::LaunchPagedDecodeSplit<__nv_bfloat16, 128>(p, split, nullptr, false); }},
+      {"stream_pw4", [&] { return detail::LaunchPagedDecodeStream<__nv_bfloat16, 128, 4>(p, split, nullptr); }}};
+  for (auto& ve : variants) {
+    auto launch = [&] { OKS(ve.second()); };
+    CK(cudaMemset(o, 0xFF, size_t(b) * hq * d * 2));
+    launch();
+    CK(cudaDeviceSynchronize());
+    const double verr = check();
+    const double vms = timer.MedianMs(launch, reps);
+    const double vg = bytes / (vms * 1e-3) / 1e9;
+    std::printf("  variant %-18s %8.4f ms  %7.1f GB/s  check max_err %.3g %s\n", ve.first.c_str(), vms, vg, verr,
+                verr < 2e-2 ? "ok" : "FAIL");
+    variant += ", \"variant_" + ve.first + "\": {" + Json("ms", vms) + ", " + Json("gbps", vg) + ", " +
+               Json("check_max_abs_err", verr) + "}";
+  }
   CK(cudaFree(q)); CK(cudaFree(o)); CK(cudaFree(kc)); CK(cudaFree(vc));
   CK(cudaFree(dt)); CK(cudaFree(ds)); CK(cudaFree(dq)); CK(cudaFree(ws));
   return "{\"batch\": " + std::to_string(b) + ", \"len\": " + std::to_string(L) + ", \"page\": " +
          std::to_string(page) + ", \"split\": " + std::to_string(cfg.split ? cfg.split : kDefaultSplitTokens) + ", \"heads_q\": 32, \"heads_kv\": 8, " +
          "\"head_dim\": 128, " + Json("ms", ms) + ", " + Json("kv_bytes", bytes) + ", " + Json("gbps", gbps) + ", " +
-         Json("check_max_abs_err", max_err) + ", \"check_ok\": " + (ok ? "true" : "false") + "}";
+         Json("check_max_abs_err", max_err) + ", \"check_ok\": " + (ok ? "true" : "false") + variant + "}";
 }
 
 double CopyCeilingGBps(Timer& timer) {

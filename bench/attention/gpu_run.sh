@@ -25,7 +25,7 @@ timeout 150 build-gpu/bin/attention_gpu_test >>"$OUT/attn_tests.log" 2>&1; GPU_R
 echo "tests: ref rc=$REF_RC gpu rc=$GPU_RC at $(el)s"
 grep -E "^\[  (FAILED|PASSED) |tests ran" "$OUT/attn_tests.log" | sort | uniq -c | head -40
 grep -B2 -A6 "Failure" "$OUT/attn_tests.log" | head -60
-FLASHQ_COMMIT=${FLASHQ_COMMIT:-unknown} timeout 240 bench/attention/run.sh build-gpu "$OUT" >"$OUT/attn_bench.log" 2>&1
+FLASHQ_COMMIT=${FLASHQ_COMMIT:-unknown} timeout 300 bench/attention/run.sh build-gpu "$OUT" >"$OUT/attn_bench.log" 2>&1
 echo "bench rc=$? at $(el)s"; cat "$OUT/attn_bench.log" | tail -45
 SAN_FILTER='*bf16_hd128_causal_gqa4*:*bf16_hd64_full_gqa1*:*fp16_hd256_causal_gqa8*:*PagedGpuTest*bf16_hd128*page16_q3*:*PagedGpuTest*fp16_hd64*gqa4*:*PagedGpuTest*bf16_hd256*gqa8*:PagedGpu.*'
 LEFT=$(( 560 - $(el) ))

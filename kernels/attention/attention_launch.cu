@@ -50,22 +50,26 @@ Status IsHopper(bool* hopper) {
 }
 
 template <typename T>
-Status DispatchHeadDim(const VarlenAttentionParams& p, cudaStream_t s) {
+Status DispatchHeadDim(const VarlenAttentionParams& p, cudaStream_t st) {
   using detail::LaunchPrefill;
+  using detail::LaunchPrefillTma;
   using detail::LaunchPrefillWgmma;
   using detail::LaunchPrefillWs;
-  // Measured on H200 (bench/results/attention-h200-2026-11-22.md): head dim 64 is fastest with the
-  // warp-specialised ping-pong kernel, head dim 128 with the plain wgmma kernel.
+  // Hopper: the TMA warp-specialised kernel for head dims 64 and 128 (falls back to the plain
+  // wgmma kernel when the driver rejects the tensor maps, e.g. for unusual strides).
   bool hopper = false;
   FQ_RETURN_IF_ERROR(IsHopper(&hopper));
-  if (hopper && p.head_dim == 64)
-    return p.causal ? LaunchPrefillWs<T, 64, true>(p, s) : LaunchPrefillWs<T, 64, false>(p, s);
-  if (hopper && p.head_dim == 128)
-    return p.causal ? LaunchPrefillWgmma<T, 128, true>(p, s) : LaunchPrefillWgmma<T, 128, false>(p, s);
+  if (hopper && (p.head_dim == 64 || p.head_dim == 128)) {
+    Status s = p.head_dim == 64 ? (p.causal ? LaunchPrefillTma<T, 64, true>(p, st) : LaunchPrefillTma<T, 64, false>(p, st))
+                                : (p.causal ? LaunchPrefillTma<T, 128, true>(p, st) : LaunchPrefillTma<T, 128, false>(p, st));
+    if (s.code() != StatusCode::kUnimplemented) return s;
+    if (p.head_dim == 64) return p.causal ? LaunchPrefillWs<T, 64, true>(p, st) : LaunchPrefillWs<T, 64, false>(p, st);
+    return p.causal ? LaunchPrefillWgmma<T, 128, true>(p, st) : LaunchPrefillWgmma<T, 128, false>(p, st);
+  }
   switch (p.head_dim) {
-    case 64: return p.causal ? LaunchPrefill<T, 64, true>(p, s) : LaunchPrefill<T, 64, false>(p, s);
-    case 128: return p.causal ? LaunchPrefill<T, 128, true>(p, s) : LaunchPrefill<T, 128, false>(p, s);
-    case 256: return p.causal ? LaunchPrefill<T, 256, true>(p, s) : LaunchPrefill<T, 256, false>(p, s);
+    case 64: return p.causal ? LaunchPrefill<T, 64, true>(p, st) : LaunchPrefill<T, 64, false>(p, st);
+    case 128: return p.causal ? LaunchPrefill<T, 128, true>(p, st) : LaunchPrefill<T, 128, false>(p, st);
+    case 256: return p.causal ? LaunchPrefill<T, 256, true>(p, st) : LaunchPrefill<T, 256, false>(p, st);
   }
   return InvalidArgument("run_varlen_attention: unsupported head_dim");
 }

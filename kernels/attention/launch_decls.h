@@ -19,6 +19,11 @@ Status LaunchPrefillWgmma(const VarlenAttentionParams& p, cudaStream_t stream);
 template <typename T, int D, bool kCausal>
 Status LaunchPrefillWs(const VarlenAttentionParams& p, cudaStream_t stream);
 
+// sm_90a FlashAttention-3-style prefill: TMA producer warp + 2 ping-pong consumers, D in {64, 128}.
+// Returns Unimplemented (before launching) if the driver rejects the tensor maps.
+template <typename T, int D, bool kCausal>
+Status LaunchPrefillTma(const VarlenAttentionParams& p, cudaStream_t stream);
+
 template <typename T, int D>
 Status LaunchPagedDecode(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream);
 

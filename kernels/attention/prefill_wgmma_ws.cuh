@@ -10,7 +10,8 @@
 // Consumers never touch the load path and never wait for each other at a CTA-wide barrier.
 // Layouts, masking, LSE and limits: as prefill_wgmma.cuh (64-column SWIZZLE_128B panels).
 // A stuck mbarrier wait traps after ~2^26 polls instead of hanging.
-// Dispatched on Hopper for D = 64. Measured on H200 (bench/results, 2026-11-22, BF16, 32 heads):
+// Dispatched on Hopper only as the fallback of prefill_wgmma_tma.cuh for D = 64.
+// Measured on H200 (bench/results, 2026-11-22, BF16, 32 heads):
 // hd64 365 TFLOP/s non-causal, 329 causal (1.17-1.20x SDPA flash, 0.79-0.80x cuDNN); hd128
 // 330-379, slower than the plain wgmma kernel (prefill_wgmma.cuh), so not used there.
 #pragma once
