@@ -3,7 +3,6 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <malloc.h>
 #include <signal.h>
 
 #include <cstdlib>
@@ -11,6 +10,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/common/heap.h"
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/core/flags.h"
 #include "server/core/inference_server.h"
@@ -105,10 +105,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& kind, co
 }
 
 int Run(const Options& o) {
-  // Request buffers (up to tens of MB) come from the heap and stay there once freed,
-  // so steady-state requests do not pay mmap and page faults for every tensor.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  // Request buffers (up to tens of MB) come from one warm heap and stay there once
+  // freed, so no request pays mmap and page faults for its tensors (kernels/common/heap.h).
+  ConfigureHeapForTensors();
   // Signals are taken by one thread with sigwait, so block them everywhere first.
   sigset_t sigs;
   sigemptyset(&sigs);
