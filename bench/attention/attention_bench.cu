@@ -31,9 +31,11 @@ template <typename T, int D, bool kCausal, int kBMOverride, int kMTOverride>
 Status LaunchPrefillImpl(const VarlenAttentionParams& p, cudaStream_t stream);
 template <typename T, int D, bool kCausal, bool kPingPong>
 Status LaunchPrefillWsImpl(const VarlenAttentionParams& p, cudaStream_t stream);
+template <typename T, int D, bool kCausal, bool kTmaTails>
+Status LaunchPrefillTmaImpl(const VarlenAttentionParams& p, cudaStream_t stream);
 template <typename T, int D>  // decode_variants.cu
 Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream, bool pdl);
-template <typename T, int D, int kPW>
+template <typename T, int D, int kPW, int kS>
 Status LaunchPagedDecodeStream(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream);
 }
 
@@ -207,7 +209,8 @@ std::string RunPrefill(Timer& timer, const PrefillCfg& cfg, int reps) {
   std::printf("prefill %-24s %8.3f ms  %7.1f TFLOP/s  check max_err %.3g %s\n", cfg.name.c_str(), ms, tflops, max_err,
               ok ? "ok" : "FAIL");
   std::string variant;
-  // Variants (not what run_varlen_attention picks on Hopper): the plain wgmma kernel, the
+  // Variants (not what run_varlen_attention picks on Hopper): the TMA kernel with TMA tail tiles,
+  // the plain wgmma kernel, the
   // cp.async warp-specialised wgmma kernel with and without consumer ping-pong, and the mma.sync
   // kernel shipped for sm_80/sm_89.
   std::vector<std::pair<std::string, std::function<Status()>>> variants;
@@ -217,12 +220,15 @@ std::string RunPrefill(Timer& timer, const PrefillCfg& cfg, int reps) {
   using detail::LaunchPrefillWs;
   using detail::LaunchPrefillWsImpl;
   using detail::LaunchPrefillWgmma;
+  using detail::LaunchPrefillTmaImpl;
   if (d == 128) {
+    variants.push_back({"tma_tails", [&] { return cfg.causal ? LaunchPrefillTmaImpl<BF, 128, true, true>(p, nullptr) : LaunchPrefillTmaImpl<BF, 128, false, true>(p, nullptr); }});
     variants.push_back({"wgmma", [&] { return cfg.causal ? LaunchPrefillWgmma<BF, 128, true>(p, nullptr) : LaunchPrefillWgmma<BF, 128, false>(p, nullptr); }});
     variants.push_back({"ws_pingpong", [&] { return cfg.causal ? LaunchPrefillWs<BF, 128, true>(p, nullptr) : LaunchPrefillWs<BF, 128, false>(p, nullptr); }});
     variants.push_back({"ws", [&] { return cfg.causal ? LaunchPrefillWsImpl<BF, 128, true, false>(p, nullptr) : LaunchPrefillWsImpl<BF, 128, false, false>(p, nullptr); }});
     variants.push_back({"mma_mt2", [&] { return cfg.causal ? LaunchPrefill<BF, 128, true>(p, nullptr) : LaunchPrefill<BF, 128, false>(p, nullptr); }});
   } else if (d == 64) {
+    variants.push_back({"tma_tails", [&] { return cfg.causal ? LaunchPrefillTmaImpl<BF, 64, true, true>(p, nullptr) : LaunchPrefillTmaImpl<BF, 64, false, true>(p, nullptr); }});
     variants.push_back({"wgmma", [&] { return cfg.causal ? LaunchPrefillWgmma<BF, 64, true>(p, nullptr) : LaunchPrefillWgmma<BF, 64, false>(p, nullptr); }});
     variants.push_back({"ws_pingpong", [&] { return cfg.causal ? LaunchPrefillWs<BF, 64, true>(p, nullptr) : LaunchPrefillWs<BF, 64, false>(p, nullptr); }});
     variants.push_back({"ws", [&] { return cfg.causal ? LaunchPrefillWsImpl<BF, 64, true, false>(p, nullptr) : LaunchPrefillWsImpl<BF, 64, false, false>(p, nullptr); }});
@@ -312,12 +318,13 @@ std::string RunDecode(Timer& timer, const DecodeCfg& cfg, int reps) {
               cfg.split, ms, gbps, max_err, ok ? "ok" : "FAIL");
   // Variants: the one-CTA-per-item kernel with a plain (not programmatic dependent) launch of the
   // combine kernel, as dispatched before r2, and the persistent warp-specialised streamed kernel
-  // (bench/attention/decode_stream_variant.cuh, 4 producer warps).
+  // (bench/attention/decode_stream_variant.cuh, 4 producer warps, 5 or 6 stages).
   std::string variant;
   const int split = cfg.split ? cfg.split : kDefaultSplitTokens;
   std::vector<std::pair<std::string, std::function<Status()>>> variants = {
       {"cta_per_item_nopdl", [&] { return detail::LaunchPagedDecodeSplit<__nv_bfloat16, 128>(p, split, nullptr, false); }},
-      {"stream_pw4", [&] { return detail::LaunchPagedDecodeStream<__nv_bfloat16, 128, 4>(p, split, nullptr); }}};
+      {"stream_pw4", [&] { return detail::LaunchPagedDecodeStream<__nv_bfloat16, 128, 4, 5>(p, split, nullptr); }},
+      {"stream_pw4_s6", [&] { return detail::LaunchPagedDecodeStream<__nv_bfloat16, 128, 4, 6>(p, split, nullptr); }}};
   for (auto& ve : variants) {
     auto launch = [&] { OKS(ve.second()); };
     CK(cudaMemset(o, 0xFF, size_t(b) * hq * d * 2));

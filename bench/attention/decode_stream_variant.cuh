@@ -8,12 +8,13 @@
 // producer warp walks those items' tiles and gathers K/V rows through the block table with
 // 16-byte cp.async into a kStages-deep ring in shared memory (full barrier: one
 // cp.async.mbarrier.arrive per producer lane; empty barrier: every consumer thread); the first
-// tile of an item also carries its 16 packed query rows. The producer waits for nothing but a free
+// tile of an item also brings its 16 packed query rows (into the item's Q buffer). The producer waits for nothing but a free
 // stage, so the next item's first tiles load while the consumers merge the current one: the
 // per-CTA start-up of the one-CTA-per-item kernel (block table, then first tile) is paid once per
 // CTA, and no CTA-wide barrier stalls the stream.
 // Layouts: shared rows are padded to D*2 + 16 bytes (ldmatrix's 8 row addresses then hit 8
-// distinct 16-byte bank groups). Stage = K (64 rows), V (64 rows), Q (16 rows). The cross-warp
+// distinct 16-byte bank groups). Stage = K (64 rows), V (64 rows); Q (16 rows) has two buffers by
+// item parity, freed by a q_empty barrier once the consumers hold Q in registers. The cross-warp
 // merge reuses the item's last stage (4 x 16 fp32 rows of D + 8 are exactly 128 padded rows)
 // before releasing it.
 // Batch invariance: an item's result depends only on its own sequence (the item -> CTA map only
@@ -35,7 +36,7 @@ namespace flashq::attention::detail {
 
 constexpr int kDecodeProducerWarps = 4;  // dispatched producer width
 
-template <int D, int kPW>
+template <int D, int kPW, int kS>
 struct StreamDecodeTraits {
   static constexpr int kProducerWarps = kPW;  // each gathers kBN / kPW rows of K and V per tile
   static constexpr int kRows = 16;             // packed query rows per item
@@ -44,14 +45,15 @@ struct StreamDecodeTraits {
   static constexpr int kThreads = 32 * (kConsumerWarps + kPW);
   static constexpr int kRowBytes = D * 2 + 16;  // padded shared row
   static constexpr int kKBytes = kBN * kRowBytes;
-  static constexpr int kStageBytes = (2 * kBN + kRows) * kRowBytes;  // K, V, Q
-  static constexpr int kStages = 5;  // 4 tiles in flight while one is computed
+  static constexpr int kStageBytes = 2 * kBN * kRowBytes;  // K, V
+  static constexpr int kStages = kS;  // kS - 1 tiles in flight while one is computed
   static constexpr int kOStride = D + 8;       // fp32 merge row stride (floats)
-  static constexpr int kBarOffset = kStages * kStageBytes;
-  static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8;
+  static constexpr int kQOffset = kStages * kStageBytes;         // 2 x (kRows, padded row): item parity
+  static constexpr int kMLOffset = kQOffset + 2 * kRows * kRowBytes;  // merge m and l: (2, 4, 16) fp32
+  static constexpr int kBarOffset = kMLOffset + 2 * kConsumerWarps * kRows * 4;
+  static constexpr int kSmemBytes = kBarOffset + (2 * kStages + 2) * 8;  // full, empty, q_empty[2]
   static_assert(D == 64 || D == 128, "streamed decode: head dim 64 or 128");
   static_assert(kConsumerWarps * kRows * kOStride * 4 == 2 * kKBytes, "merge buffer = the stage's K and V");
-  static_assert(2 * kConsumerWarps * kRows * 4 <= kRows * kRowBytes, "merge m/l fit in the Q rows");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
@@ -117,11 +119,11 @@ __device__ __forceinline__ DecodeItem MakeDecodeItem(const PagedDecodeParams& p,
   return it;
 }
 
-template <typename T, int D, int kPW>
-__global__ void __launch_bounds__(StreamDecodeTraits<D, kPW>::kThreads, 1)
+template <typename T, int D, int kPW, int kS>
+__global__ void __launch_bounds__(StreamDecodeTraits<D, kPW, kS>::kThreads, 1)
     PagedDecodeStreamKernel(const PagedDecodeParams p, int split_tokens, int max_splits, int m_tiles, int n_items) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Tr = StreamDecodeTraits<D, kPW>;
+  using Tr = StreamDecodeTraits<D, kPW, kS>;
   constexpr int kBN = Tr::kBN, kRowBytes = Tr::kRowBytes, kStages = Tr::kStages, kRows = Tr::kRows;
   constexpr int kDB = D / 8, kKD = D / 16;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -129,7 +131,9 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW>::kThreads, 1)
   const uint32_t bar_base = smem_base + Tr::kBarOffset;
   auto full_bar = [&](int st) { return bar_base + st * 8; };
   auto empty_bar = [&](int st) { return bar_base + (kStages + st) * 8; };
-  auto stage_addr = [&](int st) { return smem_base + st * Tr::kStageBytes; };  // K rows, V rows, Q rows
+  auto stage_addr = [&](int st) { return smem_base + st * Tr::kStageBytes; };  // K rows, V rows
+  auto q_addr = [&](int qb) { return smem_base + Tr::kQOffset + qb * kRows * kRowBytes; };
+  auto q_empty_bar = [&](int qb) { return bar_base + (2 * kStages + qb) * 8; };
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int group = p.num_heads_q / p.num_heads_kv;
   if (tid == 0) {
@@ -137,6 +141,8 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW>::kThreads, 1)
       SMbarInit(full_bar(st), 32 * kPW);                      // each producer lane's cp.async arrive
       SMbarInit(empty_bar(st), 32 * Tr::kConsumerWarps);     // every consumer thread
     }
+    SMbarInit(q_empty_bar(0), 32 * Tr::kConsumerWarps);
+    SMbarInit(q_empty_bar(1), 32 * Tr::kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -156,10 +162,14 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW>::kThreads, 1)
     static_assert(kRowsPerH % kRowsPerInst == 0 && kRows % kRowsPerInst == 0, "producer row mapping");
     const int pw = warp - Tr::kConsumerWarps;
     const int chunk = lane % kChunks, rsub = lane / kChunks;
-    int it_g = 0;  // tiles issued by this CTA (stage / phase counter, continuous across items)
+    int it_g = 0;    // tiles issued by this CTA (stage / phase counter, continuous across items)
+    int n_live = 0;  // items with tiles so far (Q buffer parity and phase)
     for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
       const DecodeItem w = MakeDecodeItem(p, item, split_tokens, max_splits, m_tiles, kRows);
       if (!w.live || w.n_tiles == 0) continue;
+      const int qb = n_live & 1;
+      if (pw == 0 && n_live >= 2) SMbarWait(q_empty_bar(qb), ((n_live >> 1) - 1) & 1);  // consumers read Q(n - 2)
+      ++n_live;
       const int32_t* table = p.block_table + int64_t(w.b) * p.max_blocks_per_seq;
       const int64_t hoff = int64_t(w.hk) * head_b;
       // Byte offset of row r of a tile (r = this warp's row lane + 32 h); -1 past the split end.
@@ -178,7 +188,7 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW>::kThreads, 1)
         for (int h = 0; h < kH; ++h) nxt[h] = tile + 1 < w.n_tiles ? lookup(tile + 1, h) : int64_t(-1);
         const int st = it_g % kStages;
         if (it_g >= kStages) SMbarWait(empty_bar(st), ((it_g / kStages) - 1) & 1);
-        const uint32_t sK = stage_addr(st), sV = sK + Tr::kKBytes, sQ = sV + Tr::kKBytes;
+        const uint32_t sK = stage_addr(st), sV = sK + Tr::kKBytes, sQ = q_addr(qb);
         // Row offsets live in the lanes (off[h] of lane r % 32); rows past the split end are
         // zero-filled (P is exactly 0 there, and 0 * stale NaN would be NaN).
 #pragma unroll
@@ -219,7 +229,7 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW>::kThreads, 1)
   float* ws_o = static_cast<float*>(p.workspace);
   float* ws_lse = ws_o + int64_t(p.total_q) * p.num_heads_q * max_splits * D;
   const int64_t lse_stride = p.lse_head_stride ? p.lse_head_stride : int64_t(p.total_q);
-  int it_g = 0;
+  int it_g = 0, n_live = 0;
   for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
     const DecodeItem w = MakeDecodeItem(p, item, split_tokens, max_splits, m_tiles, kRows);
     if (!w.live) continue;
@@ -261,11 +271,14 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW>::kThreads, 1)
       const uint32_t sK = stage_addr(st) + warp * 16 * kRowBytes;  // this warp's 16 keys
       const uint32_t sV = stage_addr(st) + Tr::kKBytes + warp * 16 * kRowBytes;
       if (tile == 0) {
-        const uint32_t sQ = stage_addr(st) + 2 * Tr::kKBytes;
+        const int qb = n_live & 1;
+        const uint32_t sQ = q_addr(qb);
 #pragma unroll
         for (int kk = 0; kk < kKD; ++kk)
           LdMatrixX4(sQ + (lane % 16) * kRowBytes + (2 * kk + lane / 16) * 16, q_frag[kk][0], q_frag[kk][1],
                      q_frag[kk][2], q_frag[kk][3]);
+        SMbarArrive(q_empty_bar(qb));  // Q is in registers: its buffer may take item n + 2's rows
+        ++n_live;
       }
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
@@ -322,7 +335,7 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW>::kThreads, 1)
     // Q rows -> m and l); the stage is released afterwards.
     ConsumerBarSync(32 * Tr::kConsumerWarps);  // every warp is done reading the stage
     float* sO = reinterpret_cast<float*>(smem + st * Tr::kStageBytes);                 // (4, 16, kOStride)
-    float* sM = reinterpret_cast<float*>(smem + st * Tr::kStageBytes + 2 * Tr::kKBytes);  // (4, 16)
+    float* sM = reinterpret_cast<float*>(smem + Tr::kMLOffset);                          // (4, 16)
     float* sL = sM + Tr::kConsumerWarps * kRows;                                      // (4, 16)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -382,9 +395,9 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW>::kThreads, 1)
 #endif
 }
 
-template <typename T, int D, int kPW = kDecodeProducerWarps>
+template <typename T, int D, int kPW = kDecodeProducerWarps, int kS = 5>
 Status LaunchPagedDecodeStream(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream) {
-  using Tr = StreamDecodeTraits<D, kPW>;
+  using Tr = StreamDecodeTraits<D, kPW, kS>;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int max_splits = NumSplits(p.max_seqlen_k, split_tokens);
   const int m_tiles = (p.max_seqlen_q * group + Tr::kRows - 1) / Tr::kRows;
@@ -393,7 +406,7 @@ Status LaunchPagedDecodeStream(const PagedDecodeParams& p, int split_tokens, cud
   const int64_t n_items64 = int64_t(p.batch) * p.num_heads_kv * m_tiles * max_splits;
   if (n_items64 > (int64_t(1) << 30)) return InvalidArgument("run_paged_decode: too many work items");
   const int n_items = int(n_items64);
-  auto kernel = PagedDecodeStreamKernel<T, D, kPW>;
+  auto kernel = PagedDecodeStreamKernel<T, D, kPW, kS>;
   FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   int dev = 0, sms = 0, per_sm = 0;
   FQ_CUDA_RETURN(cudaGetDevice(&dev));

@@ -143,8 +143,8 @@ def main():
           f"torch {torch.__version__}. BF16, FP32 accumulation. Medians; L2 flushed before each run. "
           f"Copy ceiling (D2D, read+write) {ours['copy_gbps']:.0f} GB/s.", "",
           "## Prefill (Hq = Hkv = 32), TFLOP/s", "",
-          "| shape | ours | ours plain wgmma | ours WS+pingpong (cp.async) | ours WS (cp.async) | ours mma.sync (sm80 path) | SDPA flash | SDPA cuDNN | varlen_attn | ours/flash | ours/cuDNN | ours/varlen |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| shape | ours | ours TMA tails | ours plain wgmma | ours WS+pingpong (cp.async) | ours WS (cp.async) | ours mma.sync (sm80 path) | SDPA flash | SDPA cuDNN | varlen_attn | ours/flash | ours/cuDNN | ours/varlen |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in ours["prefill"]:
         peers, notes = prefill_peers(row)
         entry = dict(row)
@@ -161,13 +161,14 @@ def main():
         var_pp = row.get("variant_ws_pingpong", {}).get("tflops")
         var_ws = row.get("variant_ws", {}).get("tflops")
         var_wg = row.get("variant_wgmma", {}).get("tflops")
-        md.append(f"| {row['name']} | {row['tflops']:.1f} | {fmt(var_wg)} | {fmt(var_pp)} | {fmt(var_ws)} | {fmt(var)} | {fmt(g('sdpa_flash'))} | {fmt(g('sdpa_cudnn'))} | "
+        var_tt = row.get("variant_tma_tails", {}).get("tflops")
+        md.append(f"| {row['name']} | {row['tflops']:.1f} | {fmt(var_tt)} | {fmt(var_wg)} | {fmt(var_pp)} | {fmt(var_ws)} | {fmt(var)} | {fmt(g('sdpa_flash'))} | {fmt(g('sdpa_cudnn'))} | "
                   f"{fmt(g('varlen_attn'))} | {fmt(ratios.get('sdpa_flash'), '.2f')} | "
                   f"{fmt(ratios.get('sdpa_cudnn'), '.2f')} | {fmt(ratios.get('varlen_attn'), '.2f')} |")
         print(md[-1], flush=True)
     md += ["", "## Decode (Hq 32, Hkv 8, hd 128, 1 new token), GB/s of K+V read", "",
-           "| B | L | page | split | ours GB/s | % of copy | ours, plain combine launch | ours persistent streamed (4 producer warps) | SDPA flash | SDPA cuDNN | ours/flash | ours/cuDNN |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| B | L | page | split | ours GB/s | % of copy | ours, plain combine launch | ours streamed, 5 stages | ours streamed, 6 stages | SDPA flash | SDPA cuDNN | ours/flash | ours/cuDNN |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     peer_cache = {}
     for row in ours["decode"]:
         key = (row["batch"], row["len"])
@@ -183,7 +184,7 @@ def main():
         result["decode"].append(entry)
         g = lambda n: None if peers.get(n) is None else peers[n]["gbps"]
         md.append(f"| {row['batch']} | {row['len']} | {row['page']} | {row['split']} | {row['gbps']:.0f} | "
-                  f"{100 * entry['copy_fraction']:.0f}% | {fmt(row.get('variant_cta_per_item_nopdl', {}).get('gbps'), '.0f')} | {fmt(row.get('variant_stream_pw4', {}).get('gbps'), '.0f')} | {fmt(g('sdpa_flash'), '.0f')} | {fmt(g('sdpa_cudnn'), '.0f')} | "
+                  f"{100 * entry['copy_fraction']:.0f}% | {fmt(row.get('variant_cta_per_item_nopdl', {}).get('gbps'), '.0f')} | {fmt(row.get('variant_stream_pw4', {}).get('gbps'), '.0f')} | {fmt(row.get('variant_stream_pw4_s6', {}).get('gbps'), '.0f')} | {fmt(g('sdpa_flash'), '.0f')} | {fmt(g('sdpa_cudnn'), '.0f')} | "
                   f"{fmt(ratios.get('sdpa_flash'), '.2f')} | {fmt(ratios.get('sdpa_cudnn'), '.2f')} |")
         print(md[-1], flush=True)
     notes = sorted({f"{n}: {t}" for e in result["prefill"] + result["decode"] for n, t in e["peer_notes"].items()})

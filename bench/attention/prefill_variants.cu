@@ -1,7 +1,7 @@
 // Bench-only prefill variants (not shipped). The mma.sync first version's tiling (one 16-row m-tile per
 // warp: hd128 BM 64 / BN 64, hd64 BM 128 / BN 64) against the shipped two m-tiles per warp.
 #include "kernels/attention/prefill_kernel.cuh"
-#include "kernels/attention/prefill_wgmma_ws.cuh"
+#include "kernels/attention/prefill_wgmma_tma.cuh"
 
 namespace flashq::attention::detail {
 template Status LaunchPrefillImpl<__nv_bfloat16, 128, false, 64, 1>(const VarlenAttentionParams&, cudaStream_t);
@@ -13,4 +13,9 @@ template Status LaunchPrefillWsImpl<__nv_bfloat16, 128, false, false>(const Varl
 template Status LaunchPrefillWsImpl<__nv_bfloat16, 128, true, false>(const VarlenAttentionParams&, cudaStream_t);
 template Status LaunchPrefillWsImpl<__nv_bfloat16, 64, false, false>(const VarlenAttentionParams&, cudaStream_t);
 template Status LaunchPrefillWsImpl<__nv_bfloat16, 64, true, false>(const VarlenAttentionParams&, cudaStream_t);
+// TMA kernel that also loads tail tiles by TMA when the box stays inside the buffer.
+template Status LaunchPrefillTmaImpl<__nv_bfloat16, 128, false, true>(const VarlenAttentionParams&, cudaStream_t);
+template Status LaunchPrefillTmaImpl<__nv_bfloat16, 128, true, true>(const VarlenAttentionParams&, cudaStream_t);
+template Status LaunchPrefillTmaImpl<__nv_bfloat16, 64, false, true>(const VarlenAttentionParams&, cudaStream_t);
+template Status LaunchPrefillTmaImpl<__nv_bfloat16, 64, true, true>(const VarlenAttentionParams&, cudaStream_t);
 }  // namespace flashq::attention::detail

@@ -70,7 +70,10 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, 
       : "memory");
 }
 
-template <typename T, int D, bool kCausal>
+// kTmaTails (bench variant): a tail tile also comes by TMA when its box stays inside the buffer
+// (ends by row cu_seqlens[batch]); the rows past the sequence then hold the next sequence's values,
+// which the mask turns into P = 0 (finite inputs assumed).
+template <typename T, int D, bool kCausal, bool kTmaTails = false>
 __global__ void __launch_bounds__(384, 1)
     PrefillTmaKernel(const VarlenAttentionParams p, const __grid_constant__ PrefillTmaMaps maps) {
   constexpr bool kPingPong = true;
@@ -126,7 +129,9 @@ __global__ void __launch_bounds__(384, 1)
     // Whole tiles come by TMA (thread 0 issues, the others just arrive); a tile that runs past
     // the sequence end comes by cp.async with zero fill, so no copy ever reads past its sequence's
     // rows plus the tile (and never past the buffer: the maps' row extent is not known here).
-    if (m0 + kBM <= lq) {
+    const bool q_tma = m0 + kBM <= lq || (kTmaTails && q_start + m0 + kBM <= p.cu_seqlens_q[p.batch]);
+    const int total_k = kTmaTails ? p.cu_seqlens_k[p.batch] : 0;
+    if (q_tma) {
       if (ptid == 0) {
         MbarArriveExpectTx(q_bar, Tr::kQBytes);
 #pragma unroll
@@ -142,7 +147,7 @@ __global__ void __launch_bounds__(384, 1)
     for (int j = 0; j < n_blocks; ++j) {
       const int st = j % kStages, n1 = j * kBN;
       if (j >= kStages) MbarWait(empty_bar(st), ((j / kStages) - 1) & 1);
-      if (n1 + kBN <= lk) {
+      if (n1 + kBN <= lk || (kTmaTails && k_start + n1 + kBN <= total_k)) {
         if (ptid == 0) {
           MbarArriveExpectTx(full_bar(st), 2 * Tr::kKVBytes);
 #pragma unroll
@@ -388,20 +393,25 @@ inline Status EncodePrefillMap(CUtensorMap* map, const void* base, bool bf16, in
   return Status::Ok();
 }
 
-template <typename T, int D, bool kCausal>
-Status LaunchPrefillTma(const VarlenAttentionParams& p, cudaStream_t stream) {
+template <typename T, int D, bool kCausal, bool kTmaTails>
+Status LaunchPrefillTmaImpl(const VarlenAttentionParams& p, cudaStream_t stream) {
   using Tr = TmaPrefillTraits<D>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   PrefillTmaMaps maps;
   FQ_RETURN_IF_ERROR(EncodePrefillMap(&maps.q, p.q, kBf16, D, p.num_heads_q, p.q_row_stride, p.q_head_stride));
   FQ_RETURN_IF_ERROR(EncodePrefillMap(&maps.k, p.k, kBf16, D, p.num_heads_kv, p.k_row_stride, p.k_head_stride));
   FQ_RETURN_IF_ERROR(EncodePrefillMap(&maps.v, p.v, kBf16, D, p.num_heads_kv, p.v_row_stride, p.v_head_stride));
-  auto kernel = PrefillTmaKernel<T, D, kCausal>;
+  auto kernel = PrefillTmaKernel<T, D, kCausal, kTmaTails>;
   FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const dim3 grid((p.max_seqlen_q + Tr::kBM - 1) / Tr::kBM, p.num_heads_q, p.batch);
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, maps);
   FQ_CUDA_RETURN_LAUNCH();
   return Status::Ok();
+}
+
+template <typename T, int D, bool kCausal>
+Status LaunchPrefillTma(const VarlenAttentionParams& p, cudaStream_t stream) {
+  return LaunchPrefillTmaImpl<T, D, kCausal, false>(p, stream);
 }
 
 }  // namespace flashq::attention::detail
