@@ -10,11 +10,10 @@
 
 namespace flashq::gemm {
 
-// Repacked int4 layout (see w4a16_kernel.cuh for the fragment order).
+// Repacked int4 layout (see qlinear_kernel.cuh for the fragment order).
 struct W4A16Weights::View {
-  const void* qw = nullptr;        // uint4 [strips][nk32][32 lanes][2]
-  const uint16_t* scales = nullptr;  // fp16 [G][strips][4][8][2]
-  const void* zeros = nullptr;     // uint8 [G][strips][8][8]
+  const void* qw = nullptr;        // uint4 [strips][nk32][32 lanes]
+  const void* sz = nullptr;        // 96 B [G][strips]: fp16 scales [8][4], uint8 zeros [8][4]
   const int32_t* perm = nullptr;   // [K] act-order: packed position p holds channel perm[p]
   int K = 0, N = 0, nk32 = 0, strips = 0, groups = 0, gsteps = 0;
   SplitPlan plan;
@@ -25,8 +24,8 @@ struct Fp8DeviceWeights::View {
   const uint8_t* w = nullptr;       // [N][K] E4M3 (cuBLASLt W8A8)
   const float* scale_vec = nullptr; // [N] (per-tensor expanded)
   const float* scale1 = nullptr;    // [1] per-tensor scale (W8A8 tensor-wise); null when per channel
-  const void* qw = nullptr;         // uint4 [strips][nk32][32][4]  (W8A16)
-  const float* fscales = nullptr;   // fp32 [strips][4][8][2]      (W8A16)
+  const void* qw = nullptr;         // uint4 [strips][nk32][2][32]  (W8A16)
+  const float* fscales = nullptr;   // fp32 [strips][8][4]         (W8A16)
   int K = 0, N = 0, nk32 = 0, strips = 0;
   SplitPlan plan;
   void* alloc = nullptr;
@@ -38,8 +37,7 @@ struct QLinearParams {
   const void* x = nullptr;         // [M][K] activations (act-order: already permuted)
   void* y = nullptr;               // [M][N]
   const void* qw = nullptr;
-  const uint16_t* scales = nullptr;  // int4
-  const void* zeros = nullptr;       // int4
+  const void* sz = nullptr;          // int4 scales + zeros blocks
   const float* fscales = nullptr;    // fp8
   float* partial = nullptr;        // [splits][M][N] when splits > 1
   int* counters = nullptr;         // [n_blocks * m_blocks], zero on entry and exit
@@ -49,6 +47,8 @@ struct QLinearParams {
 // One launch covers at most kMaxRowsPerLaunch rows.
 cudaError_t LaunchW4A16F16(const QLinearParams& p, cudaStream_t s);
 cudaError_t LaunchW4A16Bf16(const QLinearParams& p, cudaStream_t s);
+cudaError_t LaunchW4A16F16Step(const QLinearParams& p, cudaStream_t s);   // group of 1 k32 step (or odd)
+cudaError_t LaunchW4A16Bf16Step(const QLinearParams& p, cudaStream_t s);
 cudaError_t LaunchW8A16F16(const QLinearParams& p, cudaStream_t s);
 cudaError_t LaunchW8A16Bf16(const QLinearParams& p, cudaStream_t s);
 

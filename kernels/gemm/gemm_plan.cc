@@ -2,6 +2,7 @@
 // which is what makes the kernels batch-invariant: every row sees the same partition of
 // K into warp ranges and the same fixed-order reduction over them.
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/gemm_tiles.h"
@@ -10,15 +11,23 @@ namespace flashq::gemm {
 
 SplitPlan PlanFor(int K, int N) {
   SplitPlan p;
-  const int nk32 = (K + 31) / 32;
+  const int nk32 = (K + kStepK - 1) / kStepK;
   p.n_blocks = (N + kBlockN - 1) / kBlockN;
-  // Aim for ~kTargetBlocks blocks (about two per SM on H100/H200); at most kMaxSplits
-  // splits, and each warp keeps at least 2 k32 steps.
-  int s = std::clamp(kTargetBlocks / std::max(1, p.n_blocks), 1, kMaxSplits);
-  s = std::max(1, std::min(s, nk32 / (kWarpsK * 2)));
-  p.steps_per_warp = (nk32 + s * kWarpsK - 1) / (s * kWarpsK);
+  // Aim for ~kTargetBlocks blocks (two per SM on H100/H200); at most kMaxSplits splits,
+  // and each warp keeps at least 2 pipeline stages of kSubSteps k32 steps.
+  // Benchmark knob FLASHQ_GEMM_TARGET_BLOCKS (read when weights are created; never per call).
+  static const int target = [] {
+    const char* e = std::getenv("FLASHQ_GEMM_TARGET_BLOCKS");
+    const int v = e ? std::atoi(e) : 0;
+    return v > 0 ? v : kTargetBlocks;
+  }();
+  int s = std::clamp(target / std::max(1, p.n_blocks), 1, kMaxSplits);
+  s = std::max(1, std::min(s, nk32 / (kWarpsK * 2 * kSubSteps)));
+  int spw = (nk32 + s * kWarpsK - 1) / (s * kWarpsK);
+  spw = (spw + kSubSteps - 1) / kSubSteps * kSubSteps;
+  p.steps_per_warp = std::max(spw, kSubSteps);
   // Drop splits that would be empty.
-  p.splits = (nk32 + p.steps_per_warp * kWarpsK - 1) / (p.steps_per_warp * kWarpsK);
+  p.splits = std::max(1, (nk32 + p.steps_per_warp * kWarpsK - 1) / (p.steps_per_warp * kWarpsK));
   return p;
 }
 

@@ -3,14 +3,15 @@
 
 namespace flashq::gemm {
 
-constexpr int kWarpN = 64;                // output columns per warp (8 mma n8 subtiles)
-constexpr int kWarpsN = 2;                // warps side by side along N in a block
-constexpr int kWarpsK = 4;                // warps splitting the block's K range
+constexpr int kWarpN = 32;                // output columns per warp = one packed strip (4 mma n8 subtiles)
+constexpr int kWarpsN = 4;                // warps side by side along N in a block
+constexpr int kWarpsK = 2;                // warps splitting the block's K range (two contiguous halves)
 constexpr int kBlockN = kWarpN * kWarpsN; // 128 output columns per block
 constexpr int kThreads = 32 * kWarpsN * kWarpsK;
-constexpr int kStepK = 32;                // K per pipeline step (two m16n8k16 k-steps)
-constexpr int kTargetBlocks = 256;
-constexpr int kMaxSplits = 8;
+constexpr int kStepK = 32;                // K per warp step (two m16n8k16 k-steps)
+constexpr int kSubSteps = 4;              // k32 steps per int4 pipeline stage; a warp's K range is a multiple
+constexpr int kTargetBlocks = 264;        // two blocks per SM on a 132-SM H100/H200 (396 measured slower)
+constexpr int kMaxSplits = 16;
 constexpr int kMaxRowsPerLaunch = 128;    // invariant path: rows per launch (bounds split-K scratch)
 
 }  // namespace flashq::gemm

@@ -1,36 +1,39 @@
 // Dequantize-in-register linear kernel for small and medium M: W4A16 (group-wise int4)
 // and W8A16 (FP8 E4M3, per-channel / per-tensor scale), 16-bit activations, fp32 accumulation.
 //
-// Algorithm. Y[M][N] = X[M][K] · Wᵀ on mma.sync m16n8k16 (A = X rows, B = W). A block is
-// 8 warps: 2 side by side along N (64 columns each = 8 n8 subtiles) x 4 splitting the
-// block's K range into contiguous runs of k32 steps. Blocks split K further (split-K,
-// grid.y). Each thread stages its own bytes through shared memory with cp.async
-// (kStages deep, no block barrier in the main loop): per k32 step 16 B of X per row
-// pair, 32 B (int4) or 64 B (fp8) of W, and the group's scales / zeros on a group change.
-// Weights are dequantized to exact small integers (q - z) or fp8 values in 16-bit, the
-// mma accumulates one group into a fresh fp32 fragment, and the group scale is applied
-// in fp32 (acc = fma(scale, c, acc)). The 4 K-warps reduce through shared memory in
-// order 0..3; split-K partials go to an fp32 workspace and the last block of a tile
-// (atomic ticket) sums splits 0..S-1 in order, all its threads in parallel (a first
-// version let 64 threads walk the tile element by element: ~20 µs of serialized L2
-// latency per launch, seen with ncu as SMs idle for 60% of the kernel). The K partition depends on (K, N) only
-// (PlanFor), and no arithmetic mixes rows, so row i is bitwise identical for any M.
+// Algorithm (v3). Yᵀ = W · Xᵀ on mma.sync m16n8k16 with the roles swapped: the A operand is
+// 16 output columns of W, dequantized straight into the A fragment registers, the B operand is
+// 8 tokens of X, so M <= 8 costs one n8 tile (not a mostly empty m16 tile) and no register
+// shuffles are needed. A block is 8 warps: 4 side by side along N (32 columns each, 128 per
+// block) x 2 splitting the block's K range into two contiguous halves; blocks split K further
+// (split-K, grid.y) and tile tokens in NT = 1, 2 or 4 n8 tiles (grid.z). One block-wide
+// cp.async pipeline (kStages deep, one barrier per stage) moves per stage, for each warp, kSub
+// k32 steps of its weights (one 16-byte load per lane per step and chunk, in fragment order),
+// the group's scales+zeros on a group change, and ONE copy of the X tile that all 4 N-warps
+// read. int4: kSub = 4 (one stage = one g128 group); fp8: kSub = 2.
+// int4: q becomes the exact integer q - z in 16 bits (one lop3 with a magic exponent, one
+// fma), the mma accumulates a stage (groups of 4k steps) or a k32 step (other group sizes,
+// the *_step.cu files) into a fresh fp32 fragment, and the group scale is applied in fp32.
+// fp8: the E4M3 byte is moved into a 16-bit float with shifts and a lop3 (no cvt): for fp16
+// the value is w * 2^-8 (the 2^8 folds into the fp32 channel scale), for bf16 w * 2^-120, then
+// one exact bf16x2 multiply by 2^120 (subnormal E4M3 values stay exact).
+// The 2 K-warps reduce through shared memory in order 0, 1; split-K partials go to an fp32
+// workspace and the last block of a tile (atomic ticket) sums splits 0..S-1 in order. The K
+// partition depends on (K, N) only (PlanFor), the flush cadence on the group size only, and no
+// arithmetic mixes tokens, so row i is bitwise identical for any M and any NT.
 //
 // Layouts (built by weights.cu). k is permuted inside each k32 step so that thread
-// t = lane%4 owns channels 8t..8t+7 for both operands: X is read as one 16 B chunk per row
-// and W as one 32-bit word (8 nibbles) or 8 bytes (fp8) per n8 subtile.
-//   int4 qw  uint32 [strips][nk32][lane][s]: n = 64*strip + 8s + lane/4, nibble of k = 8t+j
+// t = lane%4 owns channels 8t..8t+7 of both operands: X is read as one 16 B chunk per token
+// and W as one 32-bit word (8 nibbles) or 8 bytes (fp8) per n8 column group.
+//   int4 qw  uint32 [strips][nk32][lane][s]: n = 32*strip + 8s + lane/4, nibble of k = 8t+j
 //            at bit 4*(j/2) + 16*(j%2), so (w >> 4p) & 0x000f000f yields the pair (2p, 2p+1).
-//   fp8  qw  uint8  [strips][nk32][lane][s][j]
-//   scales   fp16 [G][strips][t][s][2]: n = 64*strip + 8s + 2t + e (the C fragment's columns)
-//   zeros    uint8 [G][strips][g][s]:   n = 64*strip + 8s + g    (the B fragment's column)
+//   int4 sz  96 B blocks [G][strips]: fp16 scales [g][s], then uint8 zeros [g][s]
+//            (n = 8s + g: the A fragment's rows).
+//   fp8  qw  uint8 [strips][nk32][c][lane][16]: word w = 2s + ks at chunk w/4; its bytes are
+//            channels 8t+4ks + (0, 2, 1, 3), so bytes 0,2 and bytes 1,3 form the two registers.
+//   fp8  fscales fp32 [strips][g][s].
 // Limits: K % 8 == 0; group_size % 32 == 0 or channelwise; M per launch <= 128.
-// Measured (H200, 2026-11-22, bench/results/gemm-nvidia-h200-2026-11-22.md): W4A16 g128 M=1
-// 11.8 / 26.0 / 23.6 / 26.7 µs on (K,N) = 4096², 4096x14336, 14336x4096, 8192² = 1.06-1.31x
-// cuBLASLt BF16, 19-33% of the copy ceiling; M=16 0.68-0.92x; M=64 0.25-0.39x. Far below
-// the issue's bars: the loop is issue-bound (ncu: ~1.5 IPC/SM, 16 warps/SM, long dependent
-// chains) and spends many instructions on per-step integer divisions and address math;
-// bench/gemm/next-qlinear-nodiv.patch removes them (compiled, not yet run on a GPU).
+// Measured (H200): bench/results/gemm-nvidia-h200-2026-11-22-r2.md; history in bench/gemm/NOTES.md.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,12 +42,11 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "kernels/gemm/gemm_internal.h"
 
 namespace flashq::gemm::detail {
-
-constexpr int kStages = 4;
 
 template <typename T> struct Act;
 template <> struct Act<__half> {
@@ -59,20 +61,22 @@ template <> struct Act<__nv_bfloat16> {
 template <typename T>
 __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same_v<T, __half>) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 }
 
-// (magic + q) - (magic + z) as an fma with 1.0: exact, both are small integers.
+// (magic + q) - (magic + z) as an fma with 1.0: exact, both are small integers. The
+// nibble pair is masked and given the magic exponent in one lop3 (a C++ "& m | c" takes two).
 template <typename T>
 __device__ __forceinline__ uint32_t DequantPair(uint32_t w, int p, uint32_t neg_zm) {
-  uint32_t h = ((w >> (4 * p)) & 0x000f000fu) | (Act<T>::kMagic * 0x10001u);
+  uint32_t h;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(h) : "r"(w >> (4 * p)), "n"(0x000f000f), "n"(Act<T>::kMagic * 0x10001u));
   uint32_t d;
   if constexpr (std::is_same_v<T, __half>)
     asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(h), "r"(Act<T>::kOne2), "r"(neg_zm));
@@ -81,265 +85,340 @@ __device__ __forceinline__ uint32_t DequantPair(uint32_t w, int p, uint32_t neg_
   return d;
 }
 
+// Four E4M3 bytes [c0, c2, c1, c3] -> b0 = (c0, c1), b1 = (c2, c3) in 16-bit floats.
+// fp16: value * 2^-8 exactly (E4M3 subnormals land on fp16 subnormals). bf16: exact value.
 template <typename T>
-__device__ __forceinline__ uint32_t Fp8Pair(uint32_t two_bytes) {
-  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xffffu), __NV_E4M3);
+__device__ __forceinline__ void Fp8Word(uint32_t w, uint32_t& b0, uint32_t& b1) {
   if constexpr (std::is_same_v<T, __half>) {
-    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+    b1 = ((w >> 1) & 0x3f803f80u) | (w & 0x80008000u);
+    b0 = ((w << 7) & 0x3f803f80u) | ((w << 8) & 0x80008000u);
   } else {
-    __half_raw lo, hi;
-    lo.x = h.x;
-    hi.x = h.y;
-    __nv_bfloat162 b = __floats2bfloat162_rn(__half2float(__half(lo)), __half2float(__half(hi)));
-    return *reinterpret_cast<uint32_t*>(&b);
+    const uint32_t h1 = ((w >> 4) & 0x07f007f0u) | (w & 0x80008000u);
+    const uint32_t h0 = ((w << 4) & 0x07f007f0u) | ((w << 8) & 0x80008000u);
+    constexpr uint32_t k2p120 = 0x7b807b80u;  // bf16 2^120 in both halves
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(b0) : "r"(h0), "r"(k2p120));
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(b1) : "r"(h1), "r"(k2p120));
   }
 }
 
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool pred) {
-  unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  int n = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+// cp.async of 16 bytes; when `copy` is false no instruction is issued (predicated, no branch).
+__device__ __forceinline__ void CpAsync16If(uint32_t smem, const void* gmem, bool copy) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(smem),
+      "l"(gmem), "r"(int(copy))
+      : "memory");
 }
-__device__ __forceinline__ void CpAsync16Ca(void* smem, const void* gmem) {
-  unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+// Predicated cp.async of 16 bytes that zero-fills the destination when `fill_only` (reads nothing).
+__device__ __forceinline__ void CpAsync16IfZfill(uint32_t smem, const void* gmem, bool copy, bool fill_only) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16, %3;\n}\n" ::"r"(smem),
+      "l"(gmem), "r"(int(copy)), "r"(fill_only ? 0 : 16)
+      : "memory");
 }
-__device__ __forceinline__ void CpAsync8(void* smem, const void* gmem) {
-  unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
-__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-template <bool kFp8, int MT>
-struct Smem {
-  static constexpr int kB = kFp8 ? 4 : 2;        // uint4 of weights per thread per step
-  static constexpr int kA = 2 * MT;              // uint4 of X per thread per step (rows g, g+8 per m16)
-  static constexpr int kS = kFp8 ? 0 : 2;        // uint4 of fp16 scales (16 values)
-  static constexpr int kSlots = kB + kA + kS;
-  static constexpr int kZBytes = kFp8 ? 0 : 8;
-  static constexpr size_t kBytes = size_t(kStages) * kThreads * (kSlots * 16 + kZBytes);
-  static_assert(kBytes >= size_t(kThreads) * MT * 32 * 4, "the reduction reuses the pipeline buffer");
+// mma with a zero accumulator input (starts a fresh k32 partial without zeroing registers).
+template <typename T>
+__device__ __forceinline__ void Mma0(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  const float z = 0.0f;
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
+  }
+}
+
+template <bool kFp8, int NT>
+struct Cfg {
+  static constexpr int kWarps = kThreads / 32;
+  // k32 steps per warp per pipeline stage: int4 4 (one stage = one g128 group, half the
+  // per-byte loop overhead of 2), fp8 2 (its stages are twice the bytes). Both divide the plan's
+  // kSubSteps-granular warp ranges.
+  static constexpr int kSub = kFp8 ? 2 : kSubSteps;
+  static_assert(kSubSteps % kSub == 0, "a warp's K range must be whole stages");
+  // Blocks per SM: bytes in flight per SM = blocks * (stages - 1) * weight bytes per stage.
+  // (Measured on H200: ~2 blocks per SM with deep stages beat 3 with shallow ones.)
+  static constexpr int kMinBlocks = NT <= 4 ? 2 : 1;
+  static constexpr int kStages = kFp8 ? (NT == 1 ? 6 : NT == 2 ? 5 : NT == 4 ? 4 : 5) : (NT <= 2 ? 4 : 3);
+  static constexpr int kWChunks = kFp8 ? 2 : 1;  // uint4 of weights per lane per k32 step
+  static constexpr int kW = kWarps * kSub * kWChunks * 32;        // uint4 per stage [warp][ss][c][lane]
+  static constexpr int kXRows = 8 * NT;                                // tokens per block
+  static constexpr int kX = kWarpsK * kSub * kXRows * 4;          // uint4 per stage [kg][ss][row][4]
+  static constexpr int kXPer = (kX + kThreads - 1) / kThreads;        // X chunks per thread per stage
+  static constexpr int kSZ = kFp8 ? 0 : kWarps * kSub * 6;       // uint4 per stage [warp][ss][6]
+  static constexpr int kStage = kW + kX + kSZ;                         // uint4 per stage
+  static constexpr size_t kBytes = size_t(kStages) * kStage * 16;
+  static_assert(kX % kThreads == 0 || kX < kThreads, "X tile chunks split evenly over the block");
+  static_assert(kBytes >= size_t(kWarpsN) * NT * 8 * 32 * 4, "the K-warp reduction reuses the pipeline buffer");
+  static_assert(kBytes * kMinBlocks <= 227 * 1024 - kMinBlocks * 1024, "blocks per SM must fit in shared memory");
 };
 
-template <typename T, int MT, bool kFp8>
-__global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) QLinearKernel(const QLinearParams p) {
-  using S = Smem<kFp8, MT>;
+// Roles are swapped (Yᵀ = W · Xᵀ): the mma's A operand is 16 output columns of W (dequantized
+// straight into the A fragment registers), its B operand is 8 tokens of X, so M <= 8 costs
+// one n8 tile instead of a mostly empty m16 tile and no register shuffles are needed.
+// kStageFlush (int4, groups of an even number of k32 steps): the fp32 scale is applied once
+// per pipeline stage (k64) instead of once per k32 step; a property of the weights, not of M.
+template <typename T, int NT, bool kFp8, bool kStageFlush>
+__global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT>::kMinBlocks)) QLinearKernel(const QLinearParams p) {
+  using C = Cfg<kFp8, NT>;
+  constexpr int kXPer = C::kXPer;
   extern __shared__ uint4 smem[];
-  uint2* zsm = reinterpret_cast<uint2*>(smem + size_t(kStages) * S::kSlots * kThreads);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int kw = warp % kWarpsK, nw = warp / kWarpsK;
+  const int kw = warp / kWarpsN, nw = warp % kWarpsN;
   const int g = lane >> 2, t = lane & 3;
   const int strip = blockIdx.x * kWarpsN + nw;
   const int split = blockIdx.y;
-  const int m0 = blockIdx.z * 16 * MT;
-  const int part = split * kWarpsK + kw;
-  const int j0 = part * p.steps_per_warp;
-  const int nsteps = max(0, min(j0 + p.steps_per_warp, p.nk32) - j0);
-  const T* x = static_cast<const T*>(p.x);
+  const int m0 = blockIdx.z * C::kXRows;
+  const int spw = p.steps_per_warp;
+  const int nst = spw / C::kSub;  // pipeline stages, the same for every warp of the block
+  const int j0 = (split * kWarpsK + kw) * spw;
+  const int nvalid = min(spw, p.nk32 - j0);  // this warp's real k32 steps (may be <= 0)
+  const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
-  auto slot = [&](int st, int s) -> uint4* { return smem + (size_t(st) * S::kSlots + s) * kThreads + tid; };
-  auto new_group = [&](int i) { return i == 0 || (j0 + i) / p.gsteps != (j0 + i - 1) / p.gsteps; };
+  // ---- producer state (incremental: no divisions in the loop) ----
+  const uint4* wsrc = static_cast<const uint4*>(p.qw) + (size_t(strip) * p.nk32 + j0) * (C::kWChunks * 32) + lane;
+  const uint32_t wdst = uint32_t(((warp * C::kSub) * C::kWChunks) * 32 + lane) * 16;
+  const uint4* szsrc = nullptr;
+  int ipos = 0, cpos = 0;
+  if constexpr (!kFp8) {
+    const int grp0 = j0 / p.gsteps;
+    ipos = cpos = j0 - grp0 * p.gsteps;
+    szsrc = static_cast<const uint4*>(p.sz) + (size_t(grp0) * p.strips + strip) * 6 + lane;
+  }
+  const size_t szstride = size_t(p.strips) * 6;
+  const uint32_t szdst = uint32_t(C::kW + C::kX + warp * C::kSub * 6 + lane) * 16;
+  // X chunk q of this thread: row, k of stage 0, and whether it is copied at all.
+  const T* xsrc[kXPer];
+  int xk[kXPer];
+  bool xcopy[kXPer];
+#pragma unroll
+  for (int q = 0; q < kXPer; ++q) {
+    const int id = tid + q * kThreads;
+    const int c = id & 3, r = id >> 2;
+    const int row = r % C::kXRows, kgss = r / C::kXRows;
+    const int ss = kgss % C::kSub, kg = kgss / C::kSub;
+    xk[q] = ((split * kWarpsK + kg) * spw + ss) * kStepK + 8 * c;
+    xcopy[q] = id < C::kX && m0 + row < p.M;
+    xsrc[q] = static_cast<const T*>(p.x) + size_t(xcopy[q] ? m0 + row : 0) * p.K + (xcopy[q] ? xk[q] : 0);
+  }
 
-  auto issue = [&](int i) {
-    const int j = j0 + i, st = i % kStages;
-    const uint4* wsrc = static_cast<const uint4*>(p.qw) + ((size_t(strip) * p.nk32 + j) * 32 + lane) * S::kB;
+  int jis = 0;  // next k32 step (inside this warp's range) to issue
+  auto issue = [&](int st) {
+    const uint32_t sst = sbase + uint32_t(st) * (C::kStage * 16);
 #pragma unroll
-    for (int b = 0; b < S::kB; ++b) CpAsync16(slot(st, b), wsrc + b, true);
-    const int k = j * kStepK + 8 * t;
-    const bool kin = k < p.K;
+    for (int ss = 0; ss < C::kSub; ++ss) {
+      const bool valid = jis + ss < nvalid;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + mt * 16 + g + 8 * h;
-        const bool pred = kin && row < p.M;
-        CpAsync16(slot(st, S::kB + 2 * mt + h), pred ? x + size_t(row) * p.K + k : x, pred);
+      for (int c = 0; c < C::kWChunks; ++c)
+        CpAsync16If(sst + wdst + uint32_t((ss * C::kWChunks + c) * 32 * 16), wsrc + (ss * C::kWChunks + c) * 32, valid);
+      if constexpr (!kFp8) {
+        if (!kStageFlush || ss == 0) {
+          const bool newgrp = valid && (jis + ss == 0 || ipos == 0);
+          CpAsync16If(sst + szdst + uint32_t(ss * 6 * 16), szsrc, newgrp && lane < 6);
+          ipos += kStageFlush ? C::kSub : 1;
+          if (ipos == p.gsteps) {
+            ipos = 0;
+            szsrc += szstride;
+          }
+        }
       }
-    if constexpr (!kFp8) {
-      if (new_group(i)) {
-        const int grp = j / p.gsteps;
-        const size_t gs = size_t(grp) * p.strips + strip;
-        const uint16_t* ssrc = p.scales + (gs * 4 + t) * 16;
-        CpAsync16Ca(slot(st, S::kB + S::kA), ssrc);
-        CpAsync16Ca(slot(st, S::kB + S::kA + 1), ssrc + 8);
-        CpAsync8(zsm + st * kThreads + tid, static_cast<const uint8_t*>(p.zeros) + (gs * 8 + g) * 8);
+    }
+    wsrc += C::kSub * C::kWChunks * 32;
+    jis += C::kSub;
+#pragma unroll
+    for (int q = 0; q < kXPer; ++q) {
+      // Rows >= M are never stored, so their B columns may hold anything; the K tail must be
+      // zeros (padded weights dequantize to -z), so it is zero-filled.
+      const bool kin = xk[q] < p.K;
+      CpAsync16IfZfill(sst + uint32_t(C::kW + tid + q * kThreads) * 16, kin ? xsrc[q] : p.x, xcopy[q], !kin);
+      xk[q] += C::kSub * kStepK;
+      xsrc[q] += C::kSub * kStepK;
+    }
+  };
+
+  // acc[nt][u][e]: output column n = 32*strip + 16u + g + 8*(e >= 2), token 8nt + 2t + (e & 1).
+  float acc[NT][2][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][u][e] = 0.0f;
+  float scl[4];       // int4: the group scales of columns 8s + g
+  uint32_t nzm[4];    // int4: -(magic + zero) of columns 8s + g, both halves
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    scl[q] = 0.0f;
+    nzm[q] = 0u;
+  }
+
+  auto compute = [&](int i, int st) {
+    const uint4* sst = smem + size_t(st) * C::kStage;
+    float c[NT][2][4];  // int4: this k32 step's (or stage's) partial, scaled into acc after it
+#pragma unroll
+    for (int ss = 0; ss < C::kSub; ++ss) {
+      const int jj = i * C::kSub + ss;
+      if (!kFp8 && (!kStageFlush || ss == 0)) {
+        // Group change: new scales and zero points (only registers change, warp-uniform).
+        if (jj < nvalid && (jj == 0 || cpos == 0)) {
+          const uint4* sz = sst + C::kW + C::kX + (warp * C::kSub + ss) * 6;
+          const uint2 sv = reinterpret_cast<const uint2*>(sz)[g];
+          const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&sv.x));
+          const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&sv.y));
+          scl[0] = f0.x; scl[1] = f0.y; scl[2] = f1.x; scl[3] = f1.y;
+          const uint32_t z = reinterpret_cast<const uint32_t*>(sz + 4)[g];
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            const uint32_t zb = (z >> (8 * s)) & 0xffu;
+            nzm[s] = ((Act<T>::kMagic + zb) * 0x10001u) ^ 0x80008000u;  // -(magic + z) in both halves
+          }
+        }
+        cpos += kStageFlush ? C::kSub : 1;
+        if (cpos == p.gsteps) cpos = 0;
+      }
+      const uint4* wsm = sst + ((warp * C::kSub + ss) * C::kWChunks) * 32 + lane;
+      uint32_t wv[4 * C::kWChunks];
+#pragma unroll
+      for (int cc = 0; cc < C::kWChunks; ++cc) {
+        const uint4 v = wsm[cc * 32];
+        wv[4 * cc] = v.x; wv[4 * cc + 1] = v.y; wv[4 * cc + 2] = v.z; wv[4 * cc + 3] = v.w;
+      }
+      const uint4* xsm = sst + C::kW + ((kw * C::kSub + ss) * C::kXRows + g) * 4 + t;
+      uint4 xv[NT];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) xv[nt] = xsm[nt * 8 * 4];
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          uint32_t a[4];
+          if constexpr (kFp8) {
+            Fp8Word<T>(wv[2 * (2 * u) + ks], a[0], a[2]);
+            Fp8Word<T>(wv[2 * (2 * u + 1) + ks], a[1], a[3]);
+          } else {
+            a[0] = DequantPair<T>(wv[2 * u], 2 * ks, nzm[2 * u]);
+            a[1] = DequantPair<T>(wv[2 * u + 1], 2 * ks, nzm[2 * u + 1]);
+            a[2] = DequantPair<T>(wv[2 * u], 2 * ks + 1, nzm[2 * u]);
+            a[3] = DequantPair<T>(wv[2 * u + 1], 2 * ks + 1, nzm[2 * u + 1]);
+          }
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint32_t b0 = ks ? xv[nt].z : xv[nt].x, b1 = ks ? xv[nt].w : xv[nt].y;
+            if constexpr (kFp8) Mma<T>(acc[nt][u], a, b0, b1);
+            else if (ks == 0 && (!kStageFlush || ss == 0)) Mma0<T>(c[nt][u], a, b0, b1);
+            else Mma<T>(c[nt][u], a, b0, b1);
+          }
+        }
+      }
+      if (!kFp8 && (!kStageFlush || ss == C::kSub - 1)) {
+        // acc += scale * (the exact-integer-weight partial), in fp32.
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nt][u][e] = fmaf(scl[2 * u + (e >> 1)], c[nt][u][e], acc[nt][u][e]);
       }
     }
   };
 
-  float acc[MT][8][4], c[MT][8][4];
+  // ---- main loop: kStages-deep cp.async pipeline, one barrier per stage ----
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int s = 0; s < 8; ++s)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][s][e] = c[mt][s][e] = 0.0f;
-  float scl[16];
-  uint32_t nzm[8];
-  if constexpr (kFp8) {
-    const float4* fs = reinterpret_cast<const float4*>(p.fscales + (size_t(strip) * 4 + t) * 16);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float4 v = __ldg(fs + i);
-      scl[4 * i] = v.x; scl[4 * i + 1] = v.y; scl[4 * i + 2] = v.z; scl[4 * i + 3] = v.w;
-    }
-  }
-
-  auto flush = [&]() {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int s = 0; s < 8; ++s)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          acc[mt][s][e] = fmaf(scl[2 * s + (e & 1)], c[mt][s][e], acc[mt][s][e]);
-          c[mt][s][e] = 0.0f;
-        }
-  };
-
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < nsteps) issue(i);
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < nst) issue(s);
     CpAsyncCommit();
   }
-
-  for (int i = 0; i < nsteps; ++i) {
-    CpAsyncWait<kStages - 2>();
-    __syncwarp();
-    const int st = i % kStages;
-    if constexpr (!kFp8) {
-      if (new_group(i)) {
-        if (i > 0) flush();
-        const uint4 s0 = *slot(st, S::kB + S::kA), s1 = *slot(st, S::kB + S::kA + 1);
-        const uint32_t sw[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sw[q]));
-          scl[2 * q] = f.x;
-          scl[2 * q + 1] = f.y;
-        }
-        const uint2 z = zsm[st * kThreads + tid];
-#pragma unroll
-        for (int s = 0; s < 8; ++s) {
-          uint32_t zb = ((s < 4 ? z.x : z.y) >> (8 * (s & 3))) & 0xffu;
-          nzm[s] = ((Act<T>::kMagic + zb) * 0x10001u) ^ 0x80008000u;  // -(magic + z) in both halves
-        }
-      }
-    }
-    uint32_t wv[S::kB * 4];
-#pragma unroll
-    for (int b = 0; b < S::kB; ++b) {
-      const uint4 v = *slot(st, b);
-      wv[4 * b] = v.x; wv[4 * b + 1] = v.y; wv[4 * b + 2] = v.z; wv[4 * b + 3] = v.w;
-    }
-    uint4 av[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      av[mt][0] = *slot(st, S::kB + 2 * mt);
-      av[mt][1] = *slot(st, S::kB + 2 * mt + 1);
-    }
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      uint32_t a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        a[mt][0] = ks ? av[mt][0].z : av[mt][0].x;
-        a[mt][1] = ks ? av[mt][1].z : av[mt][1].x;
-        a[mt][2] = ks ? av[mt][0].w : av[mt][0].y;
-        a[mt][3] = ks ? av[mt][1].w : av[mt][1].y;
-      }
-#pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        uint32_t b0, b1;
-        if constexpr (kFp8) {
-          const uint32_t w = wv[2 * s + ks];
-          b0 = Fp8Pair<T>(w);
-          b1 = Fp8Pair<T>(w >> 16);
-        } else {
-          b0 = DequantPair<T>(wv[s], 2 * ks, nzm[s]);
-          b1 = DequantPair<T>(wv[s], 2 * ks + 1, nzm[s]);
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) Mma<T>(c[mt][s], a[mt], b0, b1);
-      }
-    }
-    __syncwarp();
-    const int inext = i + kStages - 1;
-    if (inext < nsteps) issue(inext);
+  int rd = 0, wr = C::kStages - 1;
+  for (int i = 0; i < nst; ++i) {
+    CpAsyncWait<C::kStages - 2>();
+    __syncthreads();
+    if (i + C::kStages - 1 < nst) issue(wr);
     CpAsyncCommit();
+    compute(i, rd);
+    rd = rd + 1 == C::kStages ? 0 : rd + 1;
+    wr = wr + 1 == C::kStages ? 0 : wr + 1;
   }
-  if (nsteps > 0) flush();
 
-  // ---- reduce the 4 K-warps in order 0..3 ----
+  // ---- reduce the 2 K-warps in order 0, 1 ----
   CpAsyncWait<0>();
   __syncthreads();
-  constexpr int kNA = MT * 32;
+  constexpr int kNA = NT * 8;
   float* red = reinterpret_cast<float*>(smem);
+  if (kw == 1) {
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int s = 0; s < 8; ++s)
+      for (int u = 0; u < 2; ++u)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) red[(warp * kNA + (mt * 8 + s) * 4 + e) * 32 + lane] = acc[mt][s][e];
+        for (int e = 0; e < 4; ++e) red[(nw * kNA + (nt * 2 + u) * 4 + e) * 32 + lane] = acc[nt][u][e];
+  }
   __syncthreads();
-  if (kw == 0) {
+  if (kw != 0) return;  // no block barrier below until the split-K ticket, which kw == 0 warps handle alone
+  {
+    float fs[4];
+    if constexpr (kFp8) {
+      const float4 u4 = __ldg(reinterpret_cast<const float4*>(p.fscales + (size_t(strip) * 8 + g) * 4));
+      const float k = std::is_same_v<T, __half> ? 256.0f : 1.0f;  // fp16 weights were w * 2^-8
+      fs[0] = u4.x * k; fs[1] = u4.y * k; fs[2] = u4.z * k; fs[3] = u4.w * k;
+    }
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int s = 0; s < 8; ++s)
+      for (int u = 0; u < 2; ++u)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int idx = (mt * 8 + s) * 4 + e;
-          float v = red[(warp * kNA + idx) * 32 + lane];
-#pragma unroll
-          for (int w = 1; w < kWarpsK; ++w) v += red[((warp + w) * kNA + idx) * 32 + lane];
-          acc[mt][s][e] = v;
+          float v = acc[nt][u][e] + red[(nw * kNA + (nt * 2 + u) * 4 + e) * 32 + lane];
+          if constexpr (kFp8) v *= fs[2 * u + (e >> 1)];
+          acc[nt][u][e] = v;
         }
   }
 
   T* y = static_cast<T*>(p.y);
-  const int col0 = strip * kWarpN + 2 * t;
+  const int colw = strip * kWarpN + g;
   auto for_each_out = [&](auto&& fn) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int s = 0; s < 8; ++s)
+      for (int u = 0; u < 2; ++u)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int row = m0 + mt * 16 + g + (e >= 2 ? 8 : 0);
-          const int col = col0 + s * 8 + (e & 1);
-          if (row < p.M && col < p.N) fn(acc[mt][s][e], row, col);
+          const int row = m0 + nt * 8 + 2 * t + (e & 1);
+          const int col = colw + 16 * u + 8 * (e >> 1);
+          if (row < p.M && col < p.N) fn(acc[nt][u][e], row, col);
         }
   };
   if (p.splits == 1) {
-    if (kw == 0) for_each_out([&](float v, int row, int col) { y[size_t(row) * p.N + col] = T(v); });
+    for_each_out([&](float v, int row, int col) { y[size_t(row) * p.N + col] = T(v); });
     return;
   }
-  if (kw == 0)
-    for_each_out([&](float v, int row, int col) { p.partial[(size_t(split) * p.M + row) * p.N + col] = v; });
+  for_each_out([&](float v, int row, int col) { p.partial[(size_t(split) * p.M + row) * p.N + col] = v; });
   __threadfence();
-  __syncthreads();
+  // Only the 4 kw == 0 warps are still here: named barrier 1 over 128 threads.
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kWarpsN * 32) : "memory");
   __shared__ int s_last;
   const int tile = blockIdx.z * gridDim.x + blockIdx.x;
   if (tid == 0) s_last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
-  __syncthreads();
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kWarpsN * 32) : "memory");
   if (!s_last) return;
   __threadfence();
-  // The last block of the tile sums splits 0..S-1 in that order. All 256 threads take
-  // part, each element's S loads are issued together (coalesced along N), so the tail
-  // costs one round of L2 latency per 256 elements instead of one per element.
-  constexpr int kTileRows = 16 * MT;
-  constexpr int kPer = kTileRows * kBlockN / kThreads;
+  // The last block of the tile sums splits 0..S-1 in that order; its 128 remaining threads
+  // take part and each element's S loads are issued together (coalesced along N).
+  constexpr int kRed = kWarpsN * 32;
+  constexpr int kPer = C::kXRows * kBlockN / kRed;
   const int ncol0 = blockIdx.x * kBlockN;
+  const size_t stride = size_t(p.M) * p.N;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    const int e = tid + i * kThreads;
+    const int e = tid + i * kRed;
     const int row = m0 + e / kBlockN, col = ncol0 + e % kBlockN;
     if (row >= p.M || col >= p.N) continue;
     const float* src = p.partial + size_t(row) * p.N + col;
-    const size_t stride = size_t(p.M) * p.N;
     float v[kMaxSplits];
 #pragma unroll
     for (int sp = 0; sp < kMaxSplits; ++sp) v[sp] = sp < p.splits ? __ldcg(src + sp * stride) : 0.0f;
@@ -352,34 +431,38 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) QLinearKernel(const
   if (tid == 0) p.counters[tile] = 0;
 }
 
-template <typename T, int MT, bool kFp8>
-cudaError_t LaunchQLinearMT(const QLinearParams& p, cudaStream_t stream) {
-  using S = Smem<kFp8, MT>;
+template <typename T, int NT, bool kFp8, bool kStageFlush>
+cudaError_t LaunchQLinearNT(const QLinearParams& p, cudaStream_t stream) {
+  using C = Cfg<kFp8, NT>;
   // The attribute belongs to the current device: set it on every launch (a static
   // once-only call left every GPU but the first without it: cudaErrorInvalidValue).
-  const cudaError_t attr = cudaFuncSetAttribute(QLinearKernel<T, MT, kFp8>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kBytes));
+  const cudaError_t attr = cudaFuncSetAttribute(QLinearKernel<T, NT, kFp8, kStageFlush>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kBytes));
   if (attr != cudaSuccess) return attr;
   const int n_blocks = (p.N + kBlockN - 1) / kBlockN;
-  dim3 grid(n_blocks, p.splits, (p.M + 16 * MT - 1) / (16 * MT));
-  QLinearKernel<T, MT, kFp8><<<grid, kThreads, S::kBytes, stream>>>(p);
+  dim3 grid(n_blocks, p.splits, (p.M + C::kXRows - 1) / C::kXRows);
+  QLinearKernel<T, NT, kFp8, kStageFlush><<<grid, kThreads, C::kBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-// Benchmark knob: FLASHQ_GEMM_MAX_MT=1 keeps 16-row tiles for every M (numerically
-// identical: tiling along M never changes a row's arithmetic).
-inline int MaxMT() {
+// Benchmark knob: FLASHQ_GEMM_MAX_NT=1 or 2 caps the token-tile count per block
+// (numerically identical: tiling along M never changes a row's arithmetic). NT = 8 (one
+// 64-token block, 1 block per SM) measured 1.6x slower at M = 64 than two NT = 4 blocks.
+inline int MaxNT() {
   static const int v = [] {
-    const char* e = std::getenv("FLASHQ_GEMM_MAX_MT");
-    return e && e[0] == '1' ? 1 : 2;
+    const char* e = std::getenv("FLASHQ_GEMM_MAX_NT");
+    return e && e[0] == '1' ? 1 : e && e[0] == '2' ? 2 : 4;
   }();
   return v;
 }
 
-template <typename T, bool kFp8>
+// One instantiation file per (T, kFp8, kStageFlush) calls this.
+template <typename T, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
-  if (p.M <= 16 || MaxMT() == 1) return LaunchQLinearMT<T, 1, kFp8>(p, stream);
-  return LaunchQLinearMT<T, 2, kFp8>(p, stream);
+  const int nt = MaxNT();
+  if (p.M <= 8 || nt == 1) return LaunchQLinearNT<T, 1, kFp8, kStageFlush>(p, stream);
+  if (p.M <= 16 || nt == 2) return LaunchQLinearNT<T, 2, kFp8, kStageFlush>(p, stream);
+  return LaunchQLinearNT<T, 4, kFp8, kStageFlush>(p, stream);
 }
 
 }  // namespace flashq::gemm::detail

@@ -3,5 +3,5 @@
 #include "kernels/gemm/qlinear_kernel.cuh"
 
 namespace flashq::gemm::detail {
-cudaError_t LaunchW8A16Bf16(const QLinearParams& p, cudaStream_t s) { return LaunchQLinear<__nv_bfloat16, true>(p, s); }
+cudaError_t LaunchW8A16Bf16(const QLinearParams& p, cudaStream_t s) { return LaunchQLinear<__nv_bfloat16, true, false>(p, s); }
 }  // namespace flashq::gemm::detail

@@ -3,5 +3,5 @@
 #include "kernels/gemm/qlinear_kernel.cuh"
 
 namespace flashq::gemm::detail {
-cudaError_t LaunchW8A16F16(const QLinearParams& p, cudaStream_t s) { return LaunchQLinear<__half, true>(p, s); }
+cudaError_t LaunchW8A16F16(const QLinearParams& p, cudaStream_t s) { return LaunchQLinear<__half, true, false>(p, s); }
 }  // namespace flashq::gemm::detail

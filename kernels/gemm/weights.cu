@@ -135,11 +135,11 @@ Status W4A16Weights::Create(const Int4Weights& w, std::unique_ptr<W4A16Weights>*
   const int strips = v->strips, nk32 = v->nk32, G = v->groups;
   auto src_k = [&](int p) { return perm.empty() ? p : perm[p]; };
 
-  std::vector<uint32_t> qw(size_t(strips) * nk32 * 32 * 8, 0);
+  std::vector<uint32_t> qw(size_t(strips) * nk32 * 32 * 4, 0);
   for (int strip = 0; strip < strips; ++strip)
     for (int j = 0; j < nk32; ++j)
       for (int lane = 0; lane < 32; ++lane)
-        for (int s = 0; s < 8; ++s) {
+        for (int s = 0; s < 4; ++s) {
           const int n = strip * kWarpN + 8 * s + lane / 4, t = lane % 4;
           if (n >= N) continue;
           const uint8_t* qrow = w.q.data() + size_t(n) * K;
@@ -148,33 +148,29 @@ Status W4A16Weights::Create(const Int4Weights& w, std::unique_ptr<W4A16Weights>*
             const int k = j * kStepK + 8 * t + jj;
             if (k < K) word |= uint32_t(qrow[src_k(k)] & 0xF) << (4 * (jj / 2) + 16 * (jj % 2));
           }
-          qw[((size_t(strip) * nk32 + j) * 32 + lane) * 8 + s] = word;
+          qw[((size_t(strip) * nk32 + j) * 32 + lane) * 4 + s] = word;
         }
-  std::vector<uint16_t> sc(size_t(G) * strips * 64, 0);
-  std::vector<uint8_t> zp(size_t(G) * strips * 64, 0);
+  // 96-byte blocks per (group, strip): 32 fp16 scales, then 32 uint8 zeros, both in the
+  // order i = g*4 + s  ->  column n = 32*strip + 8s + g (the A fragment's rows).
+  std::vector<uint8_t> sz(size_t(G) * strips * 96, 0);
   for (int grp = 0; grp < G; ++grp)
     for (int strip = 0; strip < strips; ++strip)
-      for (int i = 0; i < 64; ++i) {
-        const size_t base = (size_t(grp) * strips + strip) * 64 + i;
-        // scales: i = (t*8 + s)*2 + e  ->  n = 8s + 2t + e
-        const int t = i / 16, s = (i / 2) % 8, e = i % 2;
-        const int ns = strip * kWarpN + 8 * s + 2 * t + e;
-        if (ns < N) sc[base] = FloatToF16(w.scales[size_t(ns) * Gsrc + grp]);
-        // zeros: i = g*8 + s  ->  n = 8s + g
-        const int gz = i / 8, sz = i % 8;
-        const int nz = strip * kWarpN + 8 * sz + gz;
-        if (nz < N) zp[base] = uint8_t(w.zeros[size_t(nz) * Gsrc + grp]);
+      for (int i = 0; i < 32; ++i) {
+        uint8_t* blk = sz.data() + (size_t(grp) * strips + strip) * 96;
+        const int n = strip * kWarpN + 8 * (i % 4) + i / 4;
+        if (n >= N) continue;
+        const uint16_t h = FloatToF16(w.scales[size_t(n) * Gsrc + grp]);
+        std::memcpy(blk + 2 * i, &h, 2);
+        blk[64 + i] = uint8_t(w.zeros[size_t(n) * Gsrc + grp]);
       }
   Blob blob;
   const size_t oq = blob.Add(qw.data(), qw.size() * 4);
-  const size_t os = blob.Add(sc.data(), sc.size() * 2);
-  const size_t oz = blob.Add(zp.data(), zp.size());
+  const size_t os = blob.Add(sz.data(), sz.size());
   const size_t op = perm.empty() ? 0 : blob.Add(perm.data(), perm.size() * 4);
   FQ_RETURN_IF_ERROR(blob.Upload(&v->alloc));
   uint8_t* base = static_cast<uint8_t*>(v->alloc);
   v->qw = base + oq;
-  v->scales = reinterpret_cast<const uint16_t*>(base + os);
-  v->zeros = base + oz;
+  v->sz = base + os;
   v->perm = perm.empty() ? nullptr : reinterpret_cast<const int32_t*>(base + op);
   std::unique_ptr<W4A16Weights> r(new W4A16Weights());
   r->K_ = K;
@@ -198,7 +194,7 @@ Status CloneView(const V& src, size_t bytes, std::unique_ptr<V>* out) {
     if (p) p = reinterpret_cast<P>(static_cast<uint8_t*>(v->alloc) + (reinterpret_cast<const uint8_t*>(p) - static_cast<const uint8_t*>(src.alloc)));
   };
   if constexpr (std::is_same_v<V, W4A16Weights::View>) {
-    rebase(v->qw); rebase(v->scales); rebase(v->zeros); rebase(v->perm);
+    rebase(v->qw); rebase(v->sz); rebase(v->perm);
   } else {
     rebase(v->w); rebase(v->scale_vec); rebase(v->scale1); rebase(v->qw); rebase(v->fscales);
   }
@@ -245,8 +241,7 @@ Status run_w4a16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaS
   }
   detail::QLinearParams p;
   p.qw = v.qw;
-  p.scales = v.scales;
-  p.zeros = v.zeros;
+  p.sz = v.sz;
   p.N = v.N;
   p.K = v.K;
   p.nk32 = v.nk32;
@@ -273,25 +268,29 @@ Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWe
   v->plan = PlanFor(K, N);
   v->strips = v->plan.n_blocks * kWarpsN;
   const int strips = v->strips, nk32 = v->nk32;
-  std::vector<uint8_t> qw(size_t(strips) * nk32 * 32 * 64, 0);
+  // [strips][nk32][2 chunks][32 lanes][16 B]: word w = 2s + ks in chunk w/4 holds
+  // channels 8t + 4ks + (0, 2, 1, 3) of column n = 32*strip + 8s + lane/4.
+  std::vector<uint8_t> qw(size_t(strips) * nk32 * 32 * 32, 0);
+  static constexpr int kByteCh[4] = {0, 2, 1, 3};
   for (int strip = 0; strip < strips; ++strip)
     for (int j = 0; j < nk32; ++j)
       for (int lane = 0; lane < 32; ++lane)
-        for (int s = 0; s < 8; ++s) {
-          const int n = strip * kWarpN + 8 * s + lane / 4, t = lane % 4;
-          if (n >= N) continue;
-          uint8_t* dst = qw.data() + ((size_t(strip) * nk32 + j) * 32 + lane) * 64 + s * 8;
-          for (int jj = 0; jj < 8; ++jj) {
-            const int k = j * kStepK + 8 * t + jj;
-            if (k < K) dst[jj] = w.w[size_t(n) * K + k];
+        for (int s = 0; s < 4; ++s)
+          for (int ks = 0; ks < 2; ++ks) {
+            const int n = strip * kWarpN + 8 * s + lane / 4, t = lane % 4;
+            if (n >= N) continue;
+            const int wi = 2 * s + ks;
+            uint8_t* dst = qw.data() + (((size_t(strip) * nk32 + j) * 2 + wi / 4) * 32 + lane) * 16 + (wi % 4) * 4;
+            for (int b = 0; b < 4; ++b) {
+              const int k = j * kStepK + 8 * t + 4 * ks + kByteCh[b];
+              if (k < K) dst[b] = w.w[size_t(n) * K + k];
+            }
           }
-        }
-  std::vector<float> fs(size_t(strips) * 64, 0.0f), svec(N);
+  std::vector<float> fs(size_t(strips) * 32, 0.0f), svec(N);  // [strips][g][s]: n = 8s + g
   for (int strip = 0; strip < strips; ++strip)
-    for (int i = 0; i < 64; ++i) {
-      const int t = i / 16, s = (i / 2) % 8, e = i % 2;
-      const int n = strip * kWarpN + 8 * s + 2 * t + e;
-      if (n < N) fs[size_t(strip) * 64 + i] = w.scale_of(n);
+    for (int i = 0; i < 32; ++i) {
+      const int n = strip * kWarpN + 8 * (i % 4) + i / 4;
+      if (n < N) fs[size_t(strip) * 32 + i] = w.scale_of(n);
     }
   for (int n = 0; n < N; ++n) svec[n] = w.scale_of(n);
   Blob blob;

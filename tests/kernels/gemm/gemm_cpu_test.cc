@@ -6,6 +6,7 @@
 
 #include "kernels/common/dtype.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/gemm/gemm_tiles.h"
 #include "kernels/gemm/gemm_ref.h"
 #include "kernels/gemm/quant_formats.h"
 #include "tests/kernels/gemm/gemm_test_util.h"
@@ -226,8 +227,10 @@ TEST(GemmCpuRef, LargeLayerThreadedMatchesSingleRow) {
 TEST(GemmPlan, DependsOnKAndNOnly) {
   SplitPlan p = PlanFor(4096, 4096);
   EXPECT_GE(p.splits, 1);
-  EXPECT_LE(p.splits, 8);
-  EXPECT_GE(p.splits * p.steps_per_warp * 4 * 32, 4096);
+  EXPECT_LE(p.splits, kMaxSplits);
+  EXPECT_EQ(p.steps_per_warp % kSubSteps, 0);  // the kernel's pipeline stage is kSubSteps k32 steps
+  EXPECT_GE(p.splits * p.steps_per_warp * kWarpsK * kStepK, 4096);
+  EXPECT_LT((p.splits - 1) * p.steps_per_warp * kWarpsK * kStepK, 4096);  // no empty split
   SplitPlan q = PlanFor(64, 8);
   EXPECT_EQ(q.splits, 1);
 }
