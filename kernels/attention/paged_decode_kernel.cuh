@@ -16,9 +16,11 @@
 // Limits: D in {64, 128, 256}; split_tokens a multiple of 64; any page size >= 1. Splits are a
 // function of the sequence's own length only (batch invariant, deterministic). Many new tokens
 // per sequence work but re-read K/V once per 16 packed rows (the prefill kernel is the fast path).
-// Measured on H200 (bench/results, 2026-11-22; Hq 32, Hkv 8, hd128, BF16, split 1024):
-// B=32 L=4k 3.33 TB/s, B=64 L=8k 3.60 TB/s (78-85% of the 4.25 TB/s copy ceiling; 1.28-1.39x SDPA
-// flash, 0.81-0.83x cuDNN); B=1 L=32k 2.63 TB/s. Page size 16 vs 64 makes no difference.
+// Measured on H200 (bench/results/attention-h200-2026-11-22-r2.md; Hq 32, Hkv 8, hd128, BF16, split
+// 1024): B=32 L=4k 3.32-3.33 TB/s, B=64 L=8k 3.58-3.60 TB/s (78-84% of the 4.27 TB/s copy ceiling;
+// 1.28-1.42x SDPA flash, 0.81-0.85x cuDNN); B=1 L=32k 2.66-2.68 TB/s (1.01x cuDNN). Page size 16 vs 64
+// makes no difference. A persistent warp-specialised variant (bench/attention/decode_stream_variant.cuh)
+// was slower; bench/attention/NOTES.md says why.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -398,8 +400,8 @@ Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cuda
   return Status::Ok();
 }
 
-// On sm_90 the combine kernel is a programmatic dependent launch (bench/results r2: +0.2-2% over a
-// plain launch; its CTAs fill the decode grid's last wave and wait for it).
+// On sm_90 the combine kernel is a programmatic dependent launch (r2: -0.4% to +0.7% at B >= 32, +2-3%
+// at B=1 L=32k, over a plain launch; its CTAs fill the decode grid's last wave and wait for it).
 template <typename T, int D>
 Status LaunchPagedDecode(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream) {
   int dev = 0, major = 0;
