@@ -1,7 +1,6 @@
 #include "server/batcher/scheduler.h"
 
 #include "absl/strings/str_cat.h"
-#include "kernels/common/heap.h"
 
 namespace flashq::server {
 namespace {
@@ -11,12 +10,7 @@ double Seconds(uint64_t ns) { return double(ns) * 1e-9; }
 
 Scheduler::Scheduler(Model& model, SchedulerOptions options, ServerMetrics::Model& metrics, ModelStats& stats)
     : model_(model), options_(options), metrics_(metrics), stats_(stats) {
-  for (int i = 0; i < std::max(1, options_.workers); ++i) {
-    workers_.emplace_back([this] {
-      PrefaultThreadHeap();  // the first batch must not fault in this thread's arena
-      WorkerLoop();
-    });
-  }
+  for (int i = 0; i < std::max(1, options_.workers); ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 Scheduler::~Scheduler() { Shutdown(); }
