@@ -33,7 +33,11 @@
 //            channels 8t+4ks + (0, 2, 1, 3), so bytes 0,2 and bytes 1,3 form the two registers.
 //   fp8  fscales fp32 [strips][g][s].
 // Limits: K % 8 == 0; group_size % 32 == 0 or channelwise; M per launch <= 128.
-// Measured (H200): bench/results/gemm-nvidia-h200-2026-11-22-r2.md; history in bench/gemm/NOTES.md.
+// Measured (H200, 2026-11-22, bench/results/gemm-nvidia-h200-2026-11-22-r2.md, commit 917f922):
+// W4A16 g128 M=1 7.6 / 16.8 / 14.9 / 17.3 µs on (K,N) = 4096², 4096x14336, 14336x4096, 8192² =
+// 1.64-2.08x cuBLASLt BF16 (29-52% of the copy ceiling); M=16 0.86-1.30x; M=64 0.36-0.56x; W8A16
+// M=1 1.27-1.41x. Below issue 4's bars (2.5x / 1.3x / 1.6x): latency bound, not issue bound
+// (40% fewer loop instructions moved M=1 by 7%); bench/gemm/NOTES.md has the analysis and next steps.
 #pragma once
 
 #include <cuda_bf16.h>
