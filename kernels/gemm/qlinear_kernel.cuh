@@ -100,8 +100,10 @@ __device__ __forceinline__ void Fp8Word(uint32_t w, uint32_t& b0, uint32_t& b1) 
     const uint32_t h1 = ((w >> 4) & 0x07f007f0u) | (w & 0x80008000u);
     const uint32_t h0 = ((w << 4) & 0x07f007f0u) | ((w << 8) & 0x80008000u);
     constexpr uint32_t k2p120 = 0x7b807b80u;  // bf16 2^120 in both halves
-    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(b0) : "r"(h0), "r"(k2p120));
-    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(b1) : "r"(h1), "r"(k2p120));
+    constexpr uint32_t kNegZero = 0x80008000u;
+    // x * 2^120 + (-0) == x * 2^120 exactly; fma.bf16x2 exists from sm_80 (mul.bf16x2 only from sm_90).
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(b0) : "r"(h0), "r"(k2p120), "r"(kNegZero));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(b1) : "r"(h1), "r"(k2p120), "r"(kNegZero));
   }
 }
 
