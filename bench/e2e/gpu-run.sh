@@ -50,9 +50,9 @@ for cfg in EAGER: EAGER: LAZY: EAGER:--warm-connection LAZY:--warm-connection; d
     --server-arg=--demo-cache-dir=$CACHE --steady=100 --log="$OUT/server-cold$i.log" ${cfg#*:} | tee "$OUT/coldstart$i.json"
   grep -E "backend up at|loaded and warmed|ready in" "$OUT/server-cold$i.log"
 done
-echo "-- run 6: CUDA_MODULE_LOADING=LAZY, one malloc arena (FLASHQ_MALLOC_ARENAS=1, server and client)"
+echo "-- run 6: CUDA_MODULE_LOADING=LAZY, one malloc arena (MALLOC_ARENA_MAX=1, server and client)"
 export CUDA_MODULE_LOADING=LAZY
-FLASHQ_MALLOC_ARENAS=1 timeout 300 "$ROOT"/.gpu/bin/flashq-coldstart --server-binary="$B/libexec/flashq-server" \
+MALLOC_ARENA_MAX=1 timeout 300 "$ROOT"/.gpu/bin/flashq-coldstart --server-binary="$B/libexec/flashq-server" \
   --backend=cuda --server-arg=--demo-cache-dir=$CACHE --steady=100 --log="$OUT/server-cold6.log" | tee "$OUT/coldstart6.json"
 export CUDA_MODULE_LOADING=EAGER
 fi
