@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plots of the recorded kernel results (bench/results/*.json) for the README.
 
-  .venv/bin/python bench/plot_results.py   # writes bench/results/{attention,gemm}-h200-2026-11-22.png
+  .venv/bin/python bench/plot_results.py   # redraws the attention and gemm plots the README shows
 """
 import json, os, sys
 import matplotlib
@@ -47,9 +47,11 @@ def gemm(src, dst):
     g = json.load(open(os.path.join(R, src)))
     shapes = sorted({(x["K"], x["N"]) for x in g["records"]})
     fig, axes = plt.subplots(1, len(shapes), figsize=(4 * len(shapes), 3.8), sharey=True)
+    series = [("bf16_cublaslt", False, "cuBLASLt BF16"), ("w4a16_g128", True, "W4A16 g128 (invariant)"),
+              ("w4a16_g128", False, "W4A16 g128 (fast)"), ("w8a16", True, "W8A16"),
+              ("torch_int4pack_g128", False, "torch int4 g128")]
     for ax, (K, N) in zip(axes, shapes):
-        for method, inv, label in [("bf16_cublaslt", False, "cuBLASLt BF16"), ("w4a16", True, "W4A16 (invariant)"),
-                                   ("w4a16", False, "W4A16 (fast)"), ("w8a16", True, "W8A16")]:
+        for method, inv, label in series:
             pts = sorted((x["M"], x["us"]) for x in g["records"]
                          if x["method"] == method and x["K"] == K and x["N"] == N and x["batch_invariant"] == inv)
             if pts:
@@ -58,12 +60,16 @@ def gemm(src, dst):
         ax.set_xlabel("M")
     axes[0].set_ylabel("µs")
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"linear layers ({g['device']}, {g['date']}, {g['commit']})", fontsize=9)
+    fig.suptitle(f"linear layers ({g['device']}, {g['date']}, commit {g['commit']})", fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(R, dst), dpi=110)
 
 
 if __name__ == "__main__":
-    attention("attention-h200-2026-11-22.json", "attention-h200-2026-11-22.png")
-    gemm("gemm-nvidia-h200-2026-11-22.json", "gemm-nvidia-h200-2026-11-22.png")
+    # usage: plot_results.py [attention|gemm SRC.json DST.png]; no arguments: the records the README shows
+    if len(sys.argv) == 4:
+        {"attention": attention, "gemm": gemm}[sys.argv[1]](sys.argv[2], sys.argv[3])
+    else:
+        attention("attention-h200-2026-11-22-r2.json", "attention-h200-2026-11-22-r2.png")
+        gemm("gemm-nvidia-h200-2026-11-22-r2.json", "gemm-nvidia-h200-2026-11-22-r2.png")
     print("wrote", R)

@@ -57,31 +57,28 @@ MALLOC_ARENA_MAX=1 timeout 300 "$ROOT"/.gpu/bin/flashq-coldstart --server-binary
 export CUDA_MODULE_LOADING=EAGER
 fi
 
+# serve_and_load NAME PORT WORKERS SCENARIOS CONCURRENCIES: a server on the demo models, gpu_e2e.py against it,
+# then SIGTERM (the exit status shows a clean drain); tables land in $OUT/NAME.{json,md}.
+serve_and_load() {
+  local name=$1 port=$2
+  "$B/libexec/flashq-server" --backend=cuda --demo-cache-dir=$CACHE --grpc-port=$port --metrics-port=$((port + 1)) \
+    --kv-cache-blocks=40000 --gpu-arena-mb=12288 --workers-per-model=$3 > "$OUT/server-$name.log" 2>&1 &
+  local spid=$!
+  for _ in $(seq 1 240); do grep -q "flashq-server ready" "$OUT/server-$name.log" && break; sleep 0.5; done
+  timeout 420 python3 "$ROOT"/bench/e2e/gpu_e2e.py --bench="$B/libexec/flashq-bench" --endpoint=localhost:$port \
+    --metrics=http://localhost:$((port + 1))/metrics --out-dir="$OUT/$name" --max-time=5 --scenarios="$4" \
+    --concurrency="$5" | tail -n 20
+  kill -TERM $spid; wait $spid; echo "server exit status: $?" | tee -a "$OUT/server-$name.log"
+  cp "$OUT/$name/e2e.json" "$OUT/$name.json"; cp "$OUT/$name/e2e.md" "$OUT/$name.md"
+}
 if part e2e; then
-echo "== end-to-end scenarios"
-"$B/libexec/flashq-server" --backend=cuda --demo-cache-dir=$CACHE --grpc-port=18001 --metrics-port=18002 \
-  --kv-cache-blocks=40000 --gpu-arena-mb=12288 --workers-per-model=2 > "$OUT/server-e2e.log" 2>&1 &
-SPID=$!
-for _ in $(seq 1 240); do grep -q "flashq-server ready" "$OUT/server-e2e.log" && break; sleep 0.5; done
-timeout 420 python3 "$ROOT"/bench/e2e/gpu_e2e.py --bench="$B/libexec/flashq-bench" --endpoint=localhost:18001 \
-  --metrics=http://localhost:18002/metrics --out-dir="$OUT/e2e" --max-time=5 \
-  --scenarios="${E2E_SCENARIOS:-a_kv_decode,b_attention_ragged,c_linear_w4a16}" --concurrency="${E2E_CONC:-1,16,64,256}" |
-  tail -n 20
-kill -TERM $SPID; wait $SPID; echo "server exit status: $?" | tee -a "$OUT/server-e2e.log"
-cp "$OUT"/e2e/e2e.json "$OUT"/e2e/e2e.md "$OUT"/ 2>/dev/null
+  echo "== end-to-end scenarios"
+  serve_and_load e2e 18001 2 "${E2E_SCENARIOS:-a_kv_decode,b_attention_ragged,c_linear_w4a16}" "${E2E_CONC:-1,16,64,256}"
 fi
 unset CUDA_VISIBLE_DEVICES
 if part multi && [ "$GPUS" -ge 2 ]; then
   echo "== several GPUs: one worker per GPU, sessions pinned by sequence id, stateless work round-robin"
-  "$B/libexec/flashq-server" --backend=cuda --demo-cache-dir=$CACHE --grpc-port=18011 --metrics-port=18012 \
-    --kv-cache-blocks=40000 --gpu-arena-mb=12288 --workers-per-model=4 > "$OUT/server-multi.log" 2>&1 &
-  SPID=$!
-  for _ in $(seq 1 240); do grep -q "flashq-server ready" "$OUT/server-multi.log" && break; sleep 0.5; done
-  timeout 300 python3 "$ROOT"/bench/e2e/gpu_e2e.py --bench="$B/libexec/flashq-bench" --endpoint=localhost:18011 \
-    --metrics=http://localhost:18012/metrics --out-dir="$OUT/e2e-multi" --max-time=5 \
-    --scenarios=a_kv_decode,c_linear_w4a16 --concurrency=64,256 | tail -n 6
-  kill -TERM $SPID; wait $SPID; echo "server exit status: $?" | tee -a "$OUT/server-multi.log"
-  cp "$OUT"/e2e-multi/e2e.json "$OUT"/e2e-multi.json; cp "$OUT"/e2e-multi/e2e.md "$OUT"/e2e-multi.md
+  serve_and_load e2e-multi 18011 4 a_kv_decode,c_linear_w4a16 64,256
 fi
 echo "== summary"
 cat "$OUT/device.txt" "$OUT/server_gpu_tests.txt" | tail -n 8

@@ -3,6 +3,7 @@
 // (a request's bits do not depend on what shares its batch).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -55,6 +56,35 @@ class CudaBackendTest : public ::testing::Test {
     EXPECT_EQ(bad, 0);
   }
 
+  // An attention batch of 8 query / 2 KV heads, hd 128, over random q, k, v that `data`
+  // holds (the batch keeps views of it).
+  struct AttentionData {
+    std::string q, k, v;
+  };
+  AttentionBatch RandomAttention(DType t, bool causal, std::vector<int32_t> cu_q, std::vector<int32_t> cu_k,
+                                 AttentionData* data) {
+    AttentionBatch b;
+    b.dtype = t;
+    b.num_heads_q = 8;
+    b.num_heads_kv = 2;
+    b.head_dim = 128;
+    b.causal = causal;
+    b.softmax_scale = 1.0f / std::sqrt(128.0f);
+    for (size_t i = 1; i < cu_q.size(); ++i) {
+      b.max_seqlen_q = std::max(b.max_seqlen_q, cu_q[i] - cu_q[i - 1]);
+      b.max_seqlen_k = std::max(b.max_seqlen_k, cu_k[i] - cu_k[i - 1]);
+    }
+    data->q = Random(t, int64_t(cu_q.back()) * 8 * 128);
+    data->k = Random(t, int64_t(cu_k.back()) * 2 * 128);
+    data->v = Random(t, int64_t(cu_k.back()) * 2 * 128);
+    b.cu_seqlens_q = std::move(cu_q);
+    b.cu_seqlens_k = std::move(cu_k);
+    b.q = data->q;
+    b.k = data->k;
+    b.v = data->v;
+    return b;
+  }
+
   // Samples in flashq_kernel_seconds{kernel, gpu}.
   uint64_t KernelCount(const std::string& kernel, int gpu) {
     for (const auto& family : registry_.Collect()) {
@@ -80,22 +110,10 @@ TEST_F(CudaBackendTest, VarlenAttentionMatchesCpuAndIsBatchInvariant) {
   ASSERT_TRUE(gpu.ok() && cpu.ok());
   for (DType t : {DType::kF16, DType::kBF16}) {
     for (bool causal : {false, true}) {
-      AttentionBatch b;
-      b.dtype = t;
-      b.num_heads_q = 8;
-      b.num_heads_kv = 2;
-      b.head_dim = 128;
-      b.causal = causal;
-      b.softmax_scale = 1.0f / std::sqrt(128.0f);
+      AttentionData data;
+      AttentionBatch b = RandomAttention(t, causal, {0, 1, 70, 70, 333}, {0, 5, 74, 80, 343}, &data);
       b.want_lse = true;
-      b.cu_seqlens_q = {0, 1, 70, 70, 333};
-      b.cu_seqlens_k = {0, 5, 74, 80, 343};
-      b.max_seqlen_q = 263;
-      b.max_seqlen_k = 263;
-      std::string q = Random(t, 333 * 8 * 128), k = Random(t, 343 * 2 * 128), v = Random(t, 343 * 2 * 128);
-      b.q = q;
-      b.k = k;
-      b.v = v;
+      const std::string &q = data.q, &k = data.k, &v = data.v;
       std::string og, oc;
       std::vector<float> lg, lc;
       ASSERT_TRUE((*gpu)->Run(b, &og, &lg).ok());
@@ -195,19 +213,8 @@ TEST_F(CudaBackendTest, SeveralGpusShareStatelessWorkAndPinSessions) {
   const DType t = DType::kBF16;
   auto gpu = cuda_->CreateAttention();
   ASSERT_TRUE(gpu.ok());
-  AttentionBatch b;
-  b.dtype = t;
-  b.num_heads_q = 8;
-  b.num_heads_kv = 2;
-  b.head_dim = 128;
-  b.causal = true;
-  b.softmax_scale = 1.0f / std::sqrt(128.0f);
-  b.cu_seqlens_q = b.cu_seqlens_k = {0, 77, 200};
-  b.max_seqlen_q = b.max_seqlen_k = 123;
-  std::string q = Random(t, 200 * 8 * 128), k = Random(t, 200 * 2 * 128), v = Random(t, 200 * 2 * 128);
-  b.q = q;
-  b.k = k;
-  b.v = v;
+  AttentionData data;
+  const AttentionBatch b = RandomAttention(t, true, {0, 77, 200}, {0, 77, 200}, &data);
   std::vector<uint64_t> before(gpus);
   for (int d = 0; d < gpus; ++d) before[d] = KernelCount("varlen_attention", d);
   std::string first;
