@@ -215,7 +215,8 @@ class CudaKvAttention : public KvAttentionExecutor {
     std::vector<absl::Status> status(ctx_.size());
     std::vector<std::thread> others;
     for (size_t dev = 1; dev < ctx_.size(); ++dev) {
-      if (!by_device[dev].empty()) others.emplace_back([&, dev] { status[dev] = RunDevice(int(dev), b, by_device[dev], outputs); });
+      if (by_device[dev].empty()) continue;
+      others.emplace_back([&, dev] { status[dev] = RunDevice(int(dev), b, by_device[dev], outputs); });
     }
     if (!by_device[0].empty()) status[0] = RunDevice(0, b, by_device[0], outputs);
     for (auto& t : others) t.join();
