@@ -105,8 +105,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& kind, co
 }
 
 int Run(const Options& o) {
-  // Request buffers (up to tens of MB) come from one warm heap and stay there once
-  // freed, so no request pays mmap and page faults for its tensors (kernels/common/heap.h).
+  // Request buffers (up to tens of MB) come from the heap and stay there once freed, so
+  // steady-state requests pay no mmap or page faults for their tensors (kernels/common/heap.h).
   ConfigureHeapForTensors();
   // Signals are taken by one thread with sigwait, so block them everywhere first.
   sigset_t sigs;
