@@ -4,7 +4,7 @@
 //
 // glibc still gives threads their own arenas, and a model's first large request runs
 // on threads whose arenas have not held a tensor: on the H200 a 512-token attention
-// request's first call spent ~6 ms in the server against ~2.5 ms later. With one arena
+// request's first call spent ~7 ms in the server against ~2.8 ms later. With one arena
 // (MALLOC_ARENA_MAX=1 in the environment) that gap closes, but lock contention cost
 // 20-35% of throughput at concurrency 64-256, so it is an option, not the default.
 // Pre-faulting every arena did not close the gap. Figures:
