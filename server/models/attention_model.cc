@@ -180,6 +180,18 @@ void AttentionModel::Execute(const std::vector<Work*>& batch) {
   b.cu_seqlens_q = {0};
   b.cu_seqlens_k = {0};
   std::string q, k, v;  // merged only when the batch has several requests
+  if (batch.size() > 1) {
+    size_t nq = 0, nk = 0, nv = 0;
+    for (Work* wp : batch) {
+      const auto& w = static_cast<const AttentionWork&>(*wp);
+      nq += w.q->data.size();
+      nk += w.k->data.size();
+      nv += w.v->data.size();
+    }
+    q.reserve(nq);
+    k.reserve(nk);
+    v.reserve(nv);
+  }
   for (Work* wp : batch) {
     const auto& w = static_cast<const AttentionWork&>(*wp);
     const int32_t oq = b.cu_seqlens_q.back(), ok = b.cu_seqlens_k.back();
