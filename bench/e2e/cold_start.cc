@@ -38,6 +38,7 @@ std::vector<float> Randn(size_t n, std::mt19937& rng) {
 }
 
 struct Probe {
+  std::string model;
   std::string name;
   std::function<inference::ModelInferRequest(int i)> make;
 };
@@ -93,14 +94,14 @@ int main(int argc, char** argv) {
   const auto x = Randn(4096, rng);
   const auto q = Randn(size_t(512) * 32 * 128, rng), kv = Randn(size_t(512) * 8 * 128, rng);
   std::vector<Probe> probes = {
-      {"up_proj_int4 (M=1)",
+      {"up_proj_int4", "up_proj_int4 (M=1)",
        [&](int) {
          inference::ModelInferRequest r;
          r.set_model_name("up_proj_int4");
          (void)flashq::client::AddFloatInput(r, "X", DType::kF16, Shape{1, 4096}, x);
          return r;
        }},
-      {"attention (1 x 512 tokens, 32/8 heads, hd 128, causal)",
+      {"attention", "attention (1 x 512 tokens, 32/8 heads, hd 128, causal)",
        [&](int) {
          inference::ModelInferRequest r;
          r.set_model_name("attention");
@@ -110,7 +111,7 @@ int main(int argc, char** argv) {
          (*r.mutable_parameters())["causal"].set_bool_param(true);
          return r;
        }},
-      {"kv_attention (decode step after a 512-token prefill)",
+      {"kv_attention", "kv_attention (decode step after a 512-token prefill)",
        [&](int i) {
          // Request 0 of each session is the prefill; the probe times the decode steps.
          inference::ModelInferRequest r;
@@ -144,13 +145,12 @@ int main(int argc, char** argv) {
   int rc = 0;
   for (size_t pi = 0; pi < probes.size(); ++pi) {
     const Probe& p = probes[pi];
-    const bool kv_probe = p.name.rfind("kv_attention", 0) == 0;
+    const bool kv_probe = p.model == "kv_attention";
     std::vector<double> lat, server_lat;
     double first = -1, first_server = -1;
     auto server_ns = [&] {
       inference::ModelStatisticsResponse st;
-      const std::string model = p.name.substr(0, p.name.find(' '));
-      if (!(*client)->ModelStatistics(0, model, &st).ok() || st.model_stats_size() == 0) return -1.0;
+      if (!(*client)->ModelStatistics(0, p.model, &st).ok() || st.model_stats_size() == 0) return -1.0;
       return double(st.model_stats(0).inference_stats().success().ns());
     };
     for (int i = 0; i < (kv_probe ? 2 * (steady + 1) : steady + 1); ++i) {
