@@ -29,6 +29,7 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/mma_utils.cuh"
+#include "kernels/attention/wgmma_consumer.cuh"
 #include "kernels/attention/wgmma_ops.cuh"
 #include "kernels/common/cuda_check.h"
 
@@ -48,12 +49,6 @@ struct WgmmaPrefillTraits {
   static_assert(D == 64 || D == 128, "wgmma prefill: head dim 64 or 128");
 };
 
-// Element offset of (row, 16-byte chunk) in a panel-major SWIZZLE_128B tile of kRows rows.
-template <int kRows>
-__device__ __forceinline__ int PanelOff(int row, int chunk) {
-  return (chunk >> 3) * kRows * 64 + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
-}
-
 template <int D, int kThreads, int kRows, typename T>
 __device__ __forceinline__ void LoadPanelTile(T* smem, const T* base, int64_t row_stride, int valid, int tid) {
   constexpr int kChunks = D / 8;
@@ -69,22 +64,11 @@ __device__ __forceinline__ void LoadPanelTile(T* smem, const T* base, int64_t ro
   }
 }
 
-// wgmma shared-memory descriptor, SWIZZLE_128B (byte offsets; 16-byte units in the encoding).
-__device__ __forceinline__ uint64_t SmemDesc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) |
-         (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
-}
-
-__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
 template <typename T, int D, bool kCausal>
 __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(const VarlenAttentionParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = WgmmaPrefillTraits<D>;
   constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kThreads = Tr::kThreads;
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  constexpr int kSN = kBN / 2;  // S accumulators per thread (m64 x kBN / 128 threads)
-  constexpr int kON = D / 2;    // O accumulators per thread
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw_addr = SmemAddr(smem_raw);
   unsigned char* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
@@ -101,8 +85,6 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(const VarlenAttenti
   if (m0 >= lq) return;
   const int hk = h / (p.num_heads_q / p.num_heads_kv);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int wg = warp / 4, wl = warp % 4;
-  const int g = lane / 4, t = lane % 4;
 
   int n_blocks = (lk + kBN - 1) / kBN;
   if constexpr (kCausal) {
@@ -113,193 +95,45 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(const VarlenAttenti
   const T* k = static_cast<const T*>(p.k) + int64_t(k_start) * p.k_row_stride + int64_t(hk) * p.k_head_stride;
   const T* v = static_cast<const T*>(p.v) + int64_t(k_start) * p.v_row_stride + int64_t(hk) * p.v_head_stride;
 
-  float o[kON];
-#pragma unroll
-  for (int i = 0; i < kON; ++i) o[i] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-  const float scale_log2 = p.softmax_scale * kLog2e;
-  const int row0 = m0 + wg * 64 + wl * 16 + g;  // this thread's rows: row0 and row0 + 8
-
-  const uint32_t q_addr = SmemAddr(sQ) + wg * 64 * 128;
-  float s[kSN];
-  uint32_t a[kBN / 16][4], a_next[kBN / 16][4];
-
-  // S = Q K^T for the tile in stage st: D/16 k-steps of m64 n128 k16 (not waited on here).
-  auto issue_qk = [&](int st) {
-    const uint32_t k_addr = SmemAddr(sK(st));
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint64_t da = SmemDesc(q_addr + (kk / 4) * kBM * 128 + (kk % 4) * 32, 16, 1024);
-      const uint64_t db = SmemDesc(k_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
-      Wgmma<kBN, kBf16>::SS(s, da, db, kk > 0 ? 1 : 0);
-    }
-  };
-  // O += P V for the tile in stage st: kBN/16 k-steps of m64 nD k16, A = P (registers), B = V MN-major.
-  auto issue_pv = [&](int st) {
-    const uint32_t v_addr = SmemAddr(sV(st));
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      const uint64_t db = SmemDesc(v_addr + kk * 16 * 128, kBN * 128, 1024);
-      Wgmma<D, kBf16>::RS(o, a[kk], db, 1);
-    }
-  };
-  // Mask and online softmax of the tile starting at key n0; P goes to a_next; returns alpha
-  // (the rescale O needs once the previous P*V has landed) for rows g and g + 8.
-  auto softmax = [&](int n0, float (&alpha)[2]) {
-    const bool tail = n0 + kBN > lk;
-    const bool diag = kCausal && (n0 + kBN - 1 > m0 + lk - lq);
-    if (tail || diag) {
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = n0 + j * 8 + 2 * t + (e & 1);
-          const int row = row0 + (e >= 2 ? 8 : 0);
-          bool masked = col >= lk;
-          if constexpr (kCausal) masked = masked || (col > row + lk - lq);
-          if (masked) s[4 * j + e] = -INFINITY;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      mx = QuadMax(mx);
-      const float m_use = mx == -INFINITY ? 0.0f : mx * scale_log2;
-      alpha[r] = exp2f(row_max[r] * scale_log2 - m_use);
-      row_max[r] = mx;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) {
-        s[4 * j + 2 * r] = exp2f(fmaf(s[4 * j + 2 * r], scale_log2, -m_use));
-        s[4 * j + 2 * r + 1] = exp2f(fmaf(s[4 * j + 2 * r + 1], scale_log2, -m_use));
-        sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * alpha[r] + sum;
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      a_next[kk][0] = Pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-      a_next[kk][1] = Pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-      a_next[kk][2] = Pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-      a_next[kk][3] = Pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-  };
-  auto rescale_and_take_p = [&](const float (&alpha)[2]) {
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[4 * j] *= alpha[0]; o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1]; o[4 * j + 3] *= alpha[1];
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a[kk][i] = a_next[kk][i];
-  };
-  auto fence_s = [&] {
-#pragma unroll
-    for (int i = 0; i < kSN; ++i) RegFence(s[i]);
-  };
-  auto fence_o_a = [&] {
-#pragma unroll
-    for (int i = 0; i < kON; ++i) RegFence(o[i]);
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) RegFence(a[kk][i]);
-  };
+  // Tiles: iteration j loads tile j+1 (3-stage cp.async ring, all 256 threads) after the
+  // CTA barrier that makes tile j visible and frees tile j-2's stage.
   auto load_tile = [&](int j) {
     const int n1 = j * kBN, st = j % Tr::kStages;
     LoadPanelTile<D, kThreads, kBN>(sK(st), k + int64_t(n1) * p.k_row_stride, p.k_row_stride, lk - n1, tid);
     LoadPanelTile<D, kThreads, kBN>(sV(st), v + int64_t(n1) * p.v_row_stride, p.v_row_stride, lk - n1, tid);
   };
-
-  // Pipeline (3 stages): iteration j loads tile j+1, runs S_j = Q K_j^T and O += P_{j-1} V_{j-1}
-  // back to back on the tensor cores, and computes softmax(S_j) while P_{j-1} V_{j-1} is in flight.
-  if (n_blocks > 0) {
-    LoadPanelTile<D, kThreads, kBM>(sQ, q, p.q_row_stride, lq - m0, tid);
-    load_tile(0);
-    CpAsyncCommit();
-    CpAsyncWait<0>();
-    FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
-    __syncthreads();
-    if (n_blocks > 1) {
-      load_tile(1);
-      CpAsyncCommit();
+  struct Sync {
+    decltype(load_tile)& load;
+    T* sq;
+    T* skv;
+    const T* q;
+    int64_t q_row_stride;
+    int q_valid, n_blocks, tid;
+    __device__ __forceinline__ void WaitTile(int j) {
+      if (j == 0) {
+        LoadPanelTile<D, kThreads, kBM>(sq, q, q_row_stride, q_valid, tid);
+        load(0);
+        CpAsyncCommit();
+      }
+      CpAsyncWait<0>();
+      FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
+      __syncthreads();
+      if (j + 1 < n_blocks) {
+        load(j + 1);
+        CpAsyncCommit();
+      }
     }
-    WgmmaFence();
-    issue_qk(0);
-    WgmmaCommit();
-    WgmmaWait<0>();
-    fence_s();
-    float alpha[2];
-    softmax(0, alpha);
-    rescale_and_take_p(alpha);  // o is still zero
-  }
-  for (int j = 1; j < n_blocks; ++j) {
-    CpAsyncWait<0>();  // tile j
-    FenceProxyAsync();
-    __syncthreads();   // tile j visible; everyone's P_{j-2} V_{j-2} finished, so its stage is free
-    if (j + 1 < n_blocks) {
-      load_tile(j + 1);
-      CpAsyncCommit();
-    }
-    WgmmaFence();
-    issue_qk(j % Tr::kStages);
-    WgmmaCommit();
-    issue_pv((j - 1) % Tr::kStages);
-    WgmmaCommit();
-    WgmmaWait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
-    fence_s();
-    float alpha[2];
-    softmax(j * kBN, alpha);
-    WgmmaWait<0>();
-    fence_o_a();
-    rescale_and_take_p(alpha);
-  }
-  if (n_blocks > 0) {
-    WgmmaFence();
-    issue_pv((n_blocks - 1) % Tr::kStages);
-    WgmmaCommit();
-    WgmmaWait<0>();
-    fence_o_a();
-  }
+    __device__ __forceinline__ void BeginIssue() {}
+    __device__ __forceinline__ void EndIssue() {}
+    __device__ __forceinline__ void EndLastIssue() {}
+    __device__ __forceinline__ void Release(int) {}
+    __device__ __forceinline__ uint32_t KAddr(int j) { return SmemAddr(skv + (j % Tr::kStages) * 2 * (kBN * D)); }
+    __device__ __forceinline__ uint32_t VAddr(int j) { return KAddr(j) + kBN * D * 2; }
+  } sync{load_tile, sQ, sKV, q, p.q_row_stride, lq - m0, n_blocks, tid};
 
-  // Epilogue (as prefill_kernel.cuh): normalise, stage rows in sQ (Swz layout), 16-byte stores.
-  __syncthreads();
-  float inv[2], lse[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float sum = QuadSum(row_sum[r]);
-    inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
-    lse[r] = sum > 0.0f ? (row_max[r] * scale_log2 + log2f(sum)) * kLn2 : -INFINITY;
-  }
-  const int wrow0 = wg * 64 + wl * 16;  // this warp's first row in the tile
-  T* sO = sQ;
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j) {
-    *reinterpret_cast<uint32_t*>(sO + Swz<D>(wrow0 + g, j) + 2 * t) = Pack2<T>(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]);
-    *reinterpret_cast<uint32_t*>(sO + Swz<D>(wrow0 + g + 8, j) + 2 * t) =
-        Pack2<T>(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]);
-  }
-  if (p.lse != nullptr && t == 0) {
-    const int64_t lse_stride = p.lse_head_stride ? p.lse_head_stride : int64_t(p.cu_seqlens_q[p.batch]);
-    float* l = p.lse + int64_t(h) * lse_stride + q_start;
-    if (row0 < lq) l[row0] = lse[0];
-    if (row0 + 8 < lq) l[row0 + 8] = lse[1];
-  }
-  __syncwarp();
-  T* out = static_cast<T*>(p.o) + (int64_t(q_start) + m0) * p.o_row_stride + int64_t(h) * p.o_head_stride;
-  constexpr int kChunks = D / 8;
-#pragma unroll
-  for (int i = 0; i < 16 * kChunks / 32; ++i) {
-    const int idx = lane + i * 32;
-    const int row = wrow0 + idx / kChunks, chunk = idx % kChunks;
-    if (m0 + row < lq)
-      *reinterpret_cast<uint4*>(out + row * p.o_row_stride + chunk * 8) =
-          *reinterpret_cast<const uint4*>(sO + Swz<D>(row, chunk));
-  }
+  WgmmaConsumer<T, D, kBM, kBN, kCausal> c(p.softmax_scale, lq, lk, m0, warp, lane, SmemAddr(sQ));
+  c.Run(n_blocks, sync);
+  c.Epilogue(p, sQ, h, q_start, lane);
 #else
   __trap();  // built without sm_90a: the launcher never selects this kernel there
 #endif

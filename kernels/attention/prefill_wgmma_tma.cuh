@@ -82,9 +82,6 @@ __global__ void __launch_bounds__(384, 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = TmaPrefillTraits<D>;
   constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kStages = Tr::kStages;
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  constexpr int kSN = kBN / 2;
-  constexpr int kON = D / 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw_addr = SmemAddr(smem_raw);
   unsigned char* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
@@ -172,194 +169,34 @@ __global__ void __launch_bounds__(384, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegs));
 
   // ---- consumer warpgroups ----
-  const int wg = warp / 4, wl = warp % 4;
-  const int g = lane / 4, t = lane % 4;
-  float o[kON];
-#pragma unroll
-  for (int i = 0; i < kON; ++i) o[i] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-  const float scale_log2 = p.softmax_scale * kLog2e;
-  const int row0 = m0 + wg * 64 + wl * 16 + g;
-  const uint32_t q_addr = SmemAddr(sQ) + wg * 64 * 128;
-  float s[kSN];
-  uint32_t a[kBN / 16][4], a_next[kBN / 16][4];
-
-  // S = Q K^T for the tile in stage st: D/16 k-steps of m64 n128 k16 (not waited on here).
-  auto issue_qk = [&](int st) {
-    const uint32_t k_addr = SmemAddr(sK(st));
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint64_t da = SmemDesc(q_addr + (kk / 4) * kBM * 128 + (kk % 4) * 32, 16, 1024);
-      const uint64_t db = SmemDesc(k_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
-      Wgmma<kBN, kBf16>::SS(s, da, db, kk > 0 ? 1 : 0);
-    }
-  };
-  // O += P V for the tile in stage st: kBN/16 k-steps of m64 nD k16, A = P (registers), B = V MN-major.
-  auto issue_pv = [&](int st) {
-    const uint32_t v_addr = SmemAddr(sV(st));
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      const uint64_t db = SmemDesc(v_addr + kk * 16 * 128, kBN * 128, 1024);
-      Wgmma<D, kBf16>::RS(o, a[kk], db, 1);
-    }
-  };
-  // Mask and online softmax of the tile starting at key n0; P goes to a_next; returns alpha
-  // (the rescale O needs once the previous P*V has landed) for rows g and g + 8.
-  auto softmax = [&](int n0, float (&alpha)[2]) {
-    const bool tail = n0 + kBN > lk;
-    const bool diag = kCausal && (n0 + kBN - 1 > m0 + lk - lq);
-    if (tail || diag) {
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = n0 + j * 8 + 2 * t + (e & 1);
-          const int row = row0 + (e >= 2 ? 8 : 0);
-          bool masked = col >= lk;
-          if constexpr (kCausal) masked = masked || (col > row + lk - lq);
-          if (masked) s[4 * j + e] = -INFINITY;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      mx = QuadMax(mx);
-      const float m_use = mx == -INFINITY ? 0.0f : mx * scale_log2;
-      alpha[r] = exp2f(row_max[r] * scale_log2 - m_use);
-      row_max[r] = mx;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) {
-        s[4 * j + 2 * r] = exp2f(fmaf(s[4 * j + 2 * r], scale_log2, -m_use));
-        s[4 * j + 2 * r + 1] = exp2f(fmaf(s[4 * j + 2 * r + 1], scale_log2, -m_use));
-        sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * alpha[r] + sum;
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      a_next[kk][0] = Pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-      a_next[kk][1] = Pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-      a_next[kk][2] = Pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-      a_next[kk][3] = Pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-  };
-  auto rescale_and_take_p = [&](const float (&alpha)[2]) {
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[4 * j] *= alpha[0]; o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1]; o[4 * j + 3] *= alpha[1];
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a[kk][i] = a_next[kk][i];
-  };
-  auto fence_s = [&] {
-#pragma unroll
-    for (int i = 0; i < kSN; ++i) RegFence(s[i]);
-  };
-  auto fence_o_a = [&] {
-#pragma unroll
-    for (int i = 0; i < kON; ++i) RegFence(o[i]);
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) RegFence(a[kk][i]);
-  };
   // Ping-pong: warpgroup w waits on named barrier 1 + w before issuing its MMAs, then releases
   // the other one; warpgroup 0 goes first. Each warpgroup has n_blocks + 1 issue points.
-  const int my_bar = 1 + wg, other_bar = 2 - wg;
-  auto bar_sync = [&] {
-    if constexpr (kPingPong) NamedBarSync(my_bar, 256);
-  };
-  auto bar_arrive = [&](int id) {
-    if constexpr (kPingPong) NamedBarArrive(id, 256);
-  };
-  auto wait_full = [&](int j) {
-    MbarWait(full_bar(j % kStages), (j / kStages) & 1);
-    FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
-  };
-  MbarWait(q_bar, 0);
-  if (n_blocks > 0) {
-    if (wg == 1) bar_arrive(1);
-    wait_full(0);
-    bar_sync();
-    WgmmaFence();
-    issue_qk(0);
-    WgmmaCommit();
-    bar_arrive(other_bar);
-    WgmmaWait<0>();
-    fence_s();
-    float alpha[2];
-    softmax(0, alpha);
-    rescale_and_take_p(alpha);
-  }
-  for (int j = 1; j < n_blocks; ++j) {
-    wait_full(j);
-    bar_sync();
-    WgmmaFence();
-    issue_qk(j % kStages);
-    WgmmaCommit();
-    issue_pv((j - 1) % kStages);
-    WgmmaCommit();
-    bar_arrive(other_bar);
-    WgmmaWait<1>();
-    fence_s();
-    float alpha[2];
-    softmax(j * kBN, alpha);
-    WgmmaWait<0>();
-    fence_o_a();
-    rescale_and_take_p(alpha);
-    MbarArrive(empty_bar((j - 1) % kStages));
-  }
-  if (n_blocks > 0) {
-    bar_sync();
-    WgmmaFence();
-    issue_pv((n_blocks - 1) % kStages);
-    WgmmaCommit();
-    if (wg == 0) bar_arrive(other_bar);  // warpgroup 1 has no issue point left to release
-    WgmmaWait<0>();
-    fence_o_a();
-  }
+  struct Sync {
+    uint32_t bar_base, skv;
+    int wg;
+    __device__ __forceinline__ void WaitTile(int j) {
+      if (j == 0 && wg == 1 && kPingPong) NamedBarArrive(1, 256);
+      MbarWait(bar_base + (j % kStages) * 8, (j / kStages) & 1);
+      FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
+    }
+    __device__ __forceinline__ void BeginIssue() {
+      if constexpr (kPingPong) NamedBarSync(1 + wg, 256);
+    }
+    __device__ __forceinline__ void EndIssue() {
+      if constexpr (kPingPong) NamedBarArrive(2 - wg, 256);
+    }
+    __device__ __forceinline__ void EndLastIssue() {
+      if (wg == 0) EndIssue();  // warpgroup 1 has no issue point left to release
+    }
+    __device__ __forceinline__ void Release(int j) { MbarArrive(bar_base + (kStages + j % kStages) * 8); }
+    __device__ __forceinline__ uint32_t KAddr(int j) { return skv + (j % kStages) * 2 * (kBN * D * 2); }
+    __device__ __forceinline__ uint32_t VAddr(int j) { return KAddr(j) + kBN * D * 2; }
+  } sync{bar_base, SmemAddr(sKV), warp / 4};
 
-  // Epilogue: normalise; each warp stages its 16 rows in its own rows of sQ (same panel layout,
-  // so the other warpgroup's Q bytes are untouched) and stores 16-byte chunks.
-  float inv[2], lse[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float sum = QuadSum(row_sum[r]);
-    inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
-    lse[r] = sum > 0.0f ? (row_max[r] * scale_log2 + log2f(sum)) * kLn2 : -INFINITY;
-  }
-  const int wrow0 = wg * 64 + wl * 16;
-  __syncwarp();
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j) {
-    *reinterpret_cast<uint32_t*>(sQ + PanelOff<kBM>(wrow0 + g, j) + 2 * t) =
-        Pack2<T>(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]);
-    *reinterpret_cast<uint32_t*>(sQ + PanelOff<kBM>(wrow0 + g + 8, j) + 2 * t) =
-        Pack2<T>(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]);
-  }
-  if (p.lse != nullptr && t == 0) {
-    const int64_t lse_stride = p.lse_head_stride ? p.lse_head_stride : int64_t(p.cu_seqlens_q[p.batch]);
-    float* l = p.lse + int64_t(h) * lse_stride + q_start;
-    if (row0 < lq) l[row0] = lse[0];
-    if (row0 + 8 < lq) l[row0 + 8] = lse[1];
-  }
-  __syncwarp();
-  T* out = static_cast<T*>(p.o) + (int64_t(q_start) + m0) * p.o_row_stride + int64_t(h) * p.o_head_stride;
-  constexpr int kChunks = D / 8;
-#pragma unroll
-  for (int i = 0; i < 16 * kChunks / 32; ++i) {
-    const int idx = lane + i * 32;
-    const int row = wrow0 + idx / kChunks, chunk = idx % kChunks;
-    if (m0 + row < lq)
-      *reinterpret_cast<uint4*>(out + row * p.o_row_stride + chunk * 8) =
-          *reinterpret_cast<const uint4*>(sQ + PanelOff<kBM>(row, chunk));
-  }
+  WgmmaConsumer<T, D, kBM, kBN, kCausal> c(p.softmax_scale, lq, lk, m0, warp, lane, SmemAddr(sQ));
+  MbarWait(q_bar, 0);  // also before an empty K range: the epilogue reuses the Q tile
+  c.Run(n_blocks, sync);
+  c.Epilogue(p, sQ, h, q_start, lane);
 #else
   __trap();
 #endif
