@@ -53,7 +53,8 @@ __host__ __device__ inline int NumSplits(int lk, int split) { return (lk + split
 
 template <typename T, int D>
 __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
-    PagedDecodeKernel(const PagedDecodeParams p, int split_tokens, int max_splits, int m_tiles, int table_slots) {
+    PagedDecodeKernel(const PagedDecodeParams p, int split_tokens, int max_splits, int m_tiles, int table_slots,
+                      bool heads_inner) {
   using Tr = DecodeTraits<D>;
   constexpr int kBN = Tr::kBN, kThreads = Tr::kThreads, kStages = Tr::kStages, kChunks = Tr::kChunks;
   constexpr int kDB = D / 8, kKD = D / 16;
@@ -67,8 +68,9 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   // every CTA here has started (they fill the last wave's idle slots and wait for this grid).
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-  const int b = blockIdx.z, split = blockIdx.x;
-  const int hk = blockIdx.y / m_tiles, mt = blockIdx.y % m_tiles;
+  const int b = blockIdx.z, split = heads_inner ? blockIdx.y : blockIdx.x;
+  const int head_tile = heads_inner ? blockIdx.x : blockIdx.y;
+  const int hk = head_tile / m_tiles, mt = head_tile % m_tiles;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int q_start = p.cu_seqlens_q[b];
   const int lq = p.cu_seqlens_q[b + 1] - q_start, lk = p.seqlens_k[b];
@@ -376,9 +378,13 @@ Status LaunchCombine(const PagedDecodeParams& p, int split_tokens, int max_split
   return Status::Ok();
 }
 
-// One CTA per (split, kv head x query tile, sequence), then the combine kernel.
+// One CTA per (split, kv head x query tile, sequence), then the combine kernel. heads_inner puts
+// the kv heads in gridDim.x, so the CTAs of one (sequence, split) run side by side and read the
+// same pages together (each page row holds all kv heads: [page_size, Hkv, D]); otherwise the
+// splits of one head are adjacent.
 template <typename T, int D>
-Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream, bool pdl = false) {
+Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream, bool pdl = false,
+                              bool heads_inner = true) {
   using Tr = DecodeTraits<D>;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int max_splits = NumSplits(p.max_seqlen_k, split_tokens);
@@ -390,8 +396,10 @@ Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cuda
   if (smem > 227 * 1024) return InvalidArgument("run_paged_decode: page_size too small for split_tokens");
   auto kernel = PagedDecodeKernel<T, D>;
   FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid(max_splits, p.num_heads_kv * m_tiles, p.batch);
-  kernel<<<grid, Tr::kThreads, smem, stream>>>(p, split_tokens, max_splits, m_tiles, table_slots);
+  const dim3 grid = heads_inner ? dim3(p.num_heads_kv * m_tiles, max_splits, p.batch)
+                                 : dim3(max_splits, p.num_heads_kv * m_tiles, p.batch);
+  if (grid.y > 65535) return InvalidArgument("run_paged_decode: too many splits or heads for the grid");
+  kernel<<<grid, Tr::kThreads, smem, stream>>>(p, split_tokens, max_splits, m_tiles, table_slots, heads_inner);
   FQ_CUDA_RETURN_LAUNCH();
   if (max_splits > 1) {
     if (max_splits > 40 * 1024) return InvalidArgument("run_paged_decode: too many splits (raise split_tokens)");
