@@ -35,7 +35,7 @@ template <typename T, int D, bool kCausal, bool kTmaTails>
 Status LaunchPrefillTmaImpl(const VarlenAttentionParams& p, cudaStream_t stream);
 template <typename T, int D>  // decode_variants.cu
 Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream, bool pdl,
-                              bool heads_inner);
+                              bool tma);
 template <typename T, int D, int kPW, int kS>
 Status LaunchPagedDecodeStream(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream);
 }
@@ -317,13 +317,13 @@ std::string RunDecode(Timer& timer, const DecodeCfg& cfg, int reps) {
   const double gbps = bytes / (ms * 1e-3) / 1e9;
   std::printf("decode  B=%-3d L=%-6d page=%-3d split=%-4d %8.4f ms  %7.1f GB/s  check max_err %.3g %s\n", b, L, page,
               cfg.split, ms, gbps, max_err, ok ? "ok" : "FAIL");
-  // Variants: the one-CTA-per-item kernel with the splits of one kv head adjacent in the grid (the
-  // order before r3; r3 puts the kv heads of one split side by side), and the persistent warp-specialised streamed kernel
+  // Variants: the one-CTA-per-item kernel with every tile loaded by cp.async (the r2 dispatch; r3
+  // loads whole tiles by TMA on sm_90), and the persistent warp-specialised streamed kernel
   // (bench/attention/decode_stream_variant.cuh, 4 producer warps, 5 or 6 stages).
   std::string variant;
   const int split = cfg.split ? cfg.split : kDefaultSplitTokens;
   std::vector<std::pair<std::string, std::function<Status()>>> variants = {
-      {"heads_outer", [&] { return detail::LaunchPagedDecodeSplit<__nv_bfloat16, 128>(p, split, nullptr, true, false); }},
+      {"cpasync", [&] { return detail::LaunchPagedDecodeSplit<__nv_bfloat16, 128>(p, split, nullptr, true, false); }},
       {"stream_pw4", [&] { return detail::LaunchPagedDecodeStream<__nv_bfloat16, 128, 4, 5>(p, split, nullptr); }},
       {"stream_pw4_s6", [&] { return detail::LaunchPagedDecodeStream<__nv_bfloat16, 128, 4, 6>(p, split, nullptr); }}};
   for (auto& ve : variants) {

@@ -1,6 +1,6 @@
 // Device helpers shared by the attention kernels: cp.async (16-byte, zero-fill), ldmatrix,
 // mma.sync m16n8k16 (FP16/BF16 in, FP32 accumulate), packing, and the XOR-swizzled shared-memory
-// tile layout. sm_80+ instructions only, so one source serves sm_80, sm_89 and sm_90a.
+// tile layouts (Swz: one row of D; PanelOff: 64-column panels, the wgmma/TMA SWIZZLE_128B layout). sm_80+ instructions only, so one source serves sm_80, sm_89 and sm_90a.
 //
 // Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4):
 //   A (16x16, row): a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
@@ -89,6 +89,12 @@ __device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2ha
 template <int D>
 __device__ __forceinline__ int Swz(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+// Element offset of (row, 16-byte chunk) in a panel-major SWIZZLE_128B tile of kRows rows.
+template <int kRows>
+__device__ __forceinline__ int PanelOff(int row, int chunk) {
+  return (chunk >> 3) * kRows * 64 + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
 }
 
 __device__ __forceinline__ float QuadMax(float x) {

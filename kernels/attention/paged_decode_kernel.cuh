@@ -27,6 +27,7 @@
 
 #include <cmath>
 
+#include "kernels/attention/async_copy.cuh"
 #include "kernels/attention/attention.h"
 #include "kernels/attention/mma_utils.cuh"
 #include "kernels/common/cuda_check.h"
@@ -51,26 +52,39 @@ struct DecodeTraits {
 
 __host__ __device__ inline int NumSplits(int lk, int split) { return (lk + split - 1) / split; }
 
-template <typename T, int D>
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kDecodeTmaArch = false;  // the TMA instantiation compiles to the cp.async kernel here
+#else
+constexpr bool kDecodeTmaArch = true;
+#endif
+
+// K and V cache tensor maps for the TMA path: (D, Hkv, rows), rows = block * page_size + offset.
+struct DecodeMaps {
+  CUtensorMap k, v;
+};
+
+template <typename T, int D, bool kTma>
 __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
-    PagedDecodeKernel(const PagedDecodeParams p, int split_tokens, int max_splits, int m_tiles, int table_slots,
-                      bool heads_inner) {
+    PagedDecodeKernel(const PagedDecodeParams p, const __grid_constant__ DecodeMaps maps, int split_tokens,
+                      int max_splits, int m_tiles, int table_slots) {
   using Tr = DecodeTraits<D>;
   constexpr int kBN = Tr::kBN, kThreads = Tr::kThreads, kStages = Tr::kStages, kChunks = Tr::kChunks;
   constexpr int kDB = D / 8, kKD = D / 16;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* sQ = reinterpret_cast<T*>(smem_raw);  // (16, D)
-  T* sKV = sQ + Tr::kRows * D;             // kStages x [(kBN, D) K, (kBN, D) V]
-  int32_t* sTable = reinterpret_cast<int32_t*>(sKV + kStages * Tr::kStageElems);  // (table_slots,)
+  constexpr bool kUseTma = kTma && kDecodeTmaArch;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);  // TMA swizzle atoms
+  T* sQ = reinterpret_cast<T*>(smem);  // (16, D), Swz
+  T* sKV = sQ + Tr::kRows * D;         // kStages x [(kBN, D) K, (kBN, D) V], PanelOff<kBN>
+  uint64_t* sBar = reinterpret_cast<uint64_t*>(sKV + kStages * Tr::kStageElems);  // (kStages,) TMA path
+  int32_t* sTable = reinterpret_cast<int32_t*>(sBar + kStages);                   // (table_slots,)
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // With a programmatic dependent launch of the combine kernel, its CTAs may be scheduled once
   // every CTA here has started (they fill the last wave's idle slots and wait for this grid).
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-  const int b = blockIdx.z, split = heads_inner ? blockIdx.y : blockIdx.x;
-  const int head_tile = heads_inner ? blockIdx.x : blockIdx.y;
-  const int hk = head_tile / m_tiles, mt = head_tile % m_tiles;
+  const int b = blockIdx.z, split = blockIdx.x;
+  const int hk = blockIdx.y / m_tiles, mt = blockIdx.y % m_tiles;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int q_start = p.cu_seqlens_q[b];
   const int lq = p.cu_seqlens_q[b + 1] - q_start, lk = p.seqlens_k[b];
@@ -109,10 +123,43 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   const int first_page = kb / p.page_size;
   const int n_pages = ke > kb ? (ke - 1) / p.page_size - first_page + 1 : 0;
   for (int i = tid; i < n_pages && i < table_slots; i += kThreads) sTable[i] = table[first_page + i];
+  auto full_bar = [&](int stage) { return SmemAddr(sBar + stage); };
+  if constexpr (kUseTma) {
+    if (tid == 0) {
+      for (int st = 0; st < kStages; ++st) MbarInit(full_bar(st), kThreads);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+  }
   __syncthreads();
   const T* kc = static_cast<const T*>(p.k_cache) + int64_t(hk) * p.kv_head_stride;
   const T* vc = static_cast<const T*>(p.v_cache) + int64_t(hk) * p.kv_head_stride;
+  // A whole tile on the TMA path: one box of min(page_size, kBN) rows per page and 64-column panel
+  // (issued by thread 0; the launcher checks that pages tile the 64-key tiles), completing on the
+  // stage's mbarrier; every other thread just arrives.
+  auto tma_tile = [&](int tile, int stage) {
+    const uint32_t bar = full_bar(stage);
+    if (tid != 0) {
+      MbarArrive(bar);
+      return;
+    }
+    const uint32_t sk = SmemAddr(sKV + stage * Tr::kStageElems), sv = sk + kBN * D * 2;
+    MbarArriveExpectTx(bar, 2 * kBN * D * 2);
+    const int rows = min(p.page_size, kBN);
+    for (int r0 = 0; r0 < kBN; r0 += rows) {
+      const int key = kb + tile * kBN + r0;
+      const int page = key / p.page_size;
+      const int row = sTable[page - first_page] * p.page_size + (key - page * p.page_size);
+#pragma unroll
+      for (int pn = 0; pn < D / 64; ++pn) {
+        TmaLoad3d(sk + pn * kBN * 128 + r0 * 128, &maps.k, pn * 64, hk, row, bar);
+        TmaLoad3d(sv + pn * kBN * 128 + r0 * 128, &maps.v, pn * 64, hk, row, bar);
+      }
+    }
+  };
   auto load_tile = [&](int tile, int stage) {
+    if constexpr (kUseTma) {
+      if (kb + (tile + 1) * kBN <= ke) return tma_tile(tile, stage);
+    }
     T* sK = sKV + stage * Tr::kStageElems;
     T* sV = sK + kBN * D;
     constexpr int kPer = kBN * kChunks / kThreads;
@@ -128,9 +175,10 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
         const int page = key / p.page_size;
         off = int64_t(sTable[page - first_page]) * p.kv_block_stride + int64_t(key - page * p.page_size) * p.kv_row_stride;
       }
-      CpAsync16(SmemAddr(sK + Swz<D>(r, chunk)), ok ? kc + off + chunk * 8 : kc, ok);
-      CpAsync16(SmemAddr(sV + Swz<D>(r, chunk)), ok ? vc + off + chunk * 8 : vc, ok);
+      CpAsync16(SmemAddr(sK + PanelOff<kBN>(r, chunk)), ok ? kc + off + chunk * 8 : kc, ok);
+      CpAsync16(SmemAddr(sV + PanelOff<kBN>(r, chunk)), ok ? vc + off + chunk * 8 : vc, ok);
     }
+    if constexpr (kUseTma) CpAsyncMbarArrive(full_bar(stage));  // a tail tile: zero fill past ke
   };
 
 #pragma unroll
@@ -155,8 +203,13 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   }
 
   for (int it = 0; it < n_tiles; ++it) {
-    CpAsyncWait<kStages - 2>();
-    __syncthreads();
+    if constexpr (kUseTma) {
+      if (it == 0) CpAsyncWait<0>();  // Q (and a tail tile issued in the prologue)
+      MbarWait(full_bar(it % kStages), (it / kStages) & 1);
+    } else {
+      CpAsyncWait<kStages - 2>();
+    }
+    __syncthreads();  // tile it is visible; every warp is done with tile it - 1, whose stage is refilled below
     if (it == 0) {
 #pragma unroll
       for (int kk = 0; kk < kKD; ++kk)
@@ -166,14 +219,14 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
     if (it + kStages - 1 < n_tiles) load_tile(it + kStages - 1, (it + kStages - 1) % kStages);
     CpAsyncCommit();
 
-    const T* sK = sKV + (it % kStages) * Tr::kStageElems + warp * 16 * D;  // this warp's 16 keys
-    const T* sV = sKV + (it % kStages) * Tr::kStageElems + kBN * D + warp * 16 * D;
+    const T* sK = sKV + (it % kStages) * Tr::kStageElems;  // this warp takes keys 16 warp .. 16 warp + 15
+    const T* sV = sK + kBN * D;
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
     for (int kk = 0; kk < kKD; ++kk) {
       uint32_t b0, b1, b2, b3;
-      // Swizzle uses the row within the stage; warp * 16 is a multiple of 8, so row & 7 is unchanged.
-      LdMatrixX4(SmemAddr(sK + Swz<D>((lane % 8) + (lane / 16) * 8, 2 * kk + (lane / 8) % 2)), b0, b1, b2, b3);
+      LdMatrixX4(SmemAddr(sK + PanelOff<kBN>(warp * 16 + (lane % 8) + (lane / 16) * 8, 2 * kk + (lane / 8) % 2)), b0,
+                 b1, b2, b3);
       Mma16816<T>(s[0], q_frag[kk], b0, b1);
       Mma16816<T>(s[1], q_frag[kk], b2, b3);
     }
@@ -214,7 +267,8 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
 #pragma unroll
     for (int dp = 0; dp < kDB / 2; ++dp) {
       uint32_t b0, b1, b2, b3;
-      LdMatrixX4Trans(SmemAddr(sV + Swz<D>((lane % 8) + ((lane / 8) % 2) * 8, 2 * dp + lane / 16)), b0, b1, b2, b3);
+      LdMatrixX4Trans(SmemAddr(sV + PanelOff<kBN>(warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, 2 * dp + lane / 16)),
+                      b0, b1, b2, b3);
       Mma16816<T>(acc_o[2 * dp], a, b0, b1);
       Mma16816<T>(acc_o[2 * dp + 1], a, b2, b3);
     }
@@ -378,13 +432,13 @@ Status LaunchCombine(const PagedDecodeParams& p, int split_tokens, int max_split
   return Status::Ok();
 }
 
-// One CTA per (split, kv head x query tile, sequence), then the combine kernel. heads_inner puts
-// the kv heads in gridDim.x, so the CTAs of one (sequence, split) run side by side and read the
-// same pages together (each page row holds all kv heads: [page_size, Hkv, D]); otherwise the
-// splits of one head are adjacent.
+// One CTA per (split, kv head x query tile, sequence), then the combine kernel. With tma (sm_90),
+// whole K/V tiles come by TMA when the pages tile the 64-key tiles (page_size a multiple of 64, or
+// 8, 16 or 32) and a block's rows are contiguous (kv_block_stride = page_size x kv_row_stride);
+// otherwise, and for tail tiles, by cp.async.
 template <typename T, int D>
 Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream, bool pdl = false,
-                              bool heads_inner = true) {
+                              bool tma = false) {
   using Tr = DecodeTraits<D>;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int max_splits = NumSplits(p.max_seqlen_k, split_tokens);
@@ -392,14 +446,21 @@ Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cuda
   if (p.batch == 0 || max_splits == 0 || m_tiles == 0) return Status::Ok();
   // Pages one split can touch: split_tokens / page_size + 1 (a split may start mid-page).
   const int table_slots = split_tokens / p.page_size + 2;
-  const int smem = Tr::kSmemBytes + table_slots * 4;
+  const int smem = Tr::kSmemBytes + Tr::kStages * 8 + table_slots * 4 + 1024;  // + barriers, alignment slack
   if (smem > 227 * 1024) return InvalidArgument("run_paged_decode: page_size too small for split_tokens");
-  auto kernel = PagedDecodeKernel<T, D>;
+  const int ps = p.page_size;
+  DecodeMaps maps{};
+  tma = tma && (ps % 64 == 0 || ps == 8 || ps == 16 || ps == 32) && p.kv_block_stride == int64_t(ps) * p.kv_row_stride;
+  if (tma) {
+    constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+    const int rows = ps < Tr::kBN ? ps : Tr::kBN;
+    tma = EncodeRowsMap(&maps.k, p.k_cache, kBf16, D, p.num_heads_kv, p.kv_row_stride, p.kv_head_stride, rows).ok() &&
+          EncodeRowsMap(&maps.v, p.v_cache, kBf16, D, p.num_heads_kv, p.kv_row_stride, p.kv_head_stride, rows).ok();
+  }
+  auto kernel = tma ? PagedDecodeKernel<T, D, true> : PagedDecodeKernel<T, D, false>;
   FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid = heads_inner ? dim3(p.num_heads_kv * m_tiles, max_splits, p.batch)
-                                 : dim3(max_splits, p.num_heads_kv * m_tiles, p.batch);
-  if (grid.y > 65535) return InvalidArgument("run_paged_decode: too many splits or heads for the grid");
-  kernel<<<grid, Tr::kThreads, smem, stream>>>(p, split_tokens, max_splits, m_tiles, table_slots, heads_inner);
+  const dim3 grid(max_splits, p.num_heads_kv * m_tiles, p.batch);
+  kernel<<<grid, Tr::kThreads, smem, stream>>>(p, maps, split_tokens, max_splits, m_tiles, table_slots);
   FQ_CUDA_RETURN_LAUNCH();
   if (max_splits > 1) {
     if (max_splits > 40 * 1024) return InvalidArgument("run_paged_decode: too many splits (raise split_tokens)");
@@ -415,7 +476,7 @@ Status LaunchPagedDecode(const PagedDecodeParams& p, int split_tokens, cudaStrea
   int dev = 0, major = 0;
   FQ_CUDA_RETURN(cudaGetDevice(&dev));
   FQ_CUDA_RETURN(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  return LaunchPagedDecodeSplit<T, D>(p, split_tokens, stream, /*pdl=*/major >= 9);
+  return LaunchPagedDecodeSplit<T, D>(p, split_tokens, stream, /*pdl=*/major >= 9, /*tma=*/major >= 9);
 }
 
 }  // namespace flashq::attention::detail

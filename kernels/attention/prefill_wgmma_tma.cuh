@@ -62,16 +62,6 @@ struct TmaPrefillTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-__device__ __forceinline__ void MbarArriveExpectTx(uint32_t addr, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-      : "memory");
-}
-
 // kTmaTails (bench variant): a tail tile also comes by TMA when its box stays inside the buffer
 // (ends by row cu_seqlens[batch]); the rows past the sequence then hold the next sequence's values,
 // which the mask turns into P = 0 (finite inputs assumed).
@@ -203,43 +193,14 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 
-// Host: a 3D tensor map (Unimplemented when the driver rejects the layout: the caller falls back) (D, heads, rows) over a [rows, heads, D] tensor with the given element
-// strides; boxes of 64 columns x 1 head x 128 rows, 128-byte swizzle. The row extent is set to
-// 2^31 - 1: every box the kernel issues lies inside one sequence (tails use cp.async).
-inline Status EncodePrefillMap(CUtensorMap* map, const void* base, bool bf16, int d, int heads, int64_t row_stride,
-                               int64_t head_stride) {
-  using EncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static EncodeFn encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<EncodeFn>(fn);
-  }();
-  if (encode == nullptr) return Unimplemented("cuTensorMapEncodeTiled not available");
-  const cuuint64_t dims[3] = {cuuint64_t(d), cuuint64_t(heads), cuuint64_t(0x7fffffff)};
-  const cuuint64_t strides[2] = {cuuint64_t(head_stride) * 2, cuuint64_t(row_stride) * 2};
-  const cuuint32_t box[3] = {64, 1, 128};
-  const cuuint32_t estr[3] = {1, 1, 1};
-  const CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-                            const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return Unimplemented("cuTensorMapEncodeTiled rejected the layout: " + std::to_string(int(r)));
-  return Status::Ok();
-}
-
 template <typename T, int D, bool kCausal, bool kTmaTails>
 Status LaunchPrefillTmaImpl(const VarlenAttentionParams& p, cudaStream_t stream) {
   using Tr = TmaPrefillTraits<D>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   PrefillTmaMaps maps;
-  FQ_RETURN_IF_ERROR(EncodePrefillMap(&maps.q, p.q, kBf16, D, p.num_heads_q, p.q_row_stride, p.q_head_stride));
-  FQ_RETURN_IF_ERROR(EncodePrefillMap(&maps.k, p.k, kBf16, D, p.num_heads_kv, p.k_row_stride, p.k_head_stride));
-  FQ_RETURN_IF_ERROR(EncodePrefillMap(&maps.v, p.v, kBf16, D, p.num_heads_kv, p.v_row_stride, p.v_head_stride));
+  FQ_RETURN_IF_ERROR(EncodeRowsMap(&maps.q, p.q, kBf16, D, p.num_heads_q, p.q_row_stride, p.q_head_stride, Tr::kBM));
+  FQ_RETURN_IF_ERROR(EncodeRowsMap(&maps.k, p.k, kBf16, D, p.num_heads_kv, p.k_row_stride, p.k_head_stride, Tr::kBN));
+  FQ_RETURN_IF_ERROR(EncodeRowsMap(&maps.v, p.v, kBf16, D, p.num_heads_kv, p.v_row_stride, p.v_head_stride, Tr::kBN));
   auto kernel = PrefillTmaKernel<T, D, kCausal, kTmaTails>;
   FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const dim3 grid((p.max_seqlen_q + Tr::kBM - 1) / Tr::kBM, p.num_heads_q, p.batch);

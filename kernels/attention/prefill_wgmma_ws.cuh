@@ -15,6 +15,7 @@
 // 330-379, slower than the plain wgmma kernel (prefill_wgmma.cuh), so not used there.
 #pragma once
 
+#include "kernels/attention/async_copy.cuh"
 #include "kernels/attention/prefill_wgmma.cuh"
 
 namespace flashq::attention::detail {
@@ -35,31 +36,6 @@ struct WsPrefillTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-__device__ __forceinline__ void MbarInit(uint32_t addr, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
-}
-__device__ __forceinline__ bool MbarTryWait(uint32_t addr, int parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(addr), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
-__device__ __forceinline__ void MbarWait(uint32_t addr, int parity) {
-  // No trap after N polls: a __trap() reachable from the consumers keeps ptxas from giving
-  // them the registers setmaxnreg grants (wgmma_consumer.cuh).
-  while (!MbarTryWait(addr, parity)) {
-  }
-}
-__device__ __forceinline__ void MbarArrive(uint32_t addr) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");
-}
-// Arrives on the barrier once all of this thread's earlier cp.async copies have landed.
-__device__ __forceinline__ void CpAsyncMbarArrive(uint32_t addr) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
-}
 __device__ __forceinline__ void NamedBarSync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }

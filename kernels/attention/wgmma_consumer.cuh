@@ -31,12 +31,6 @@
 
 namespace flashq::attention::detail {
 
-// Element offset of (row, 16-byte chunk) in a panel-major SWIZZLE_128B tile of kRows rows.
-template <int kRows>
-__device__ __forceinline__ int PanelOff(int row, int chunk) {
-  return (chunk >> 3) * kRows * 64 + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
-}
-
 // wgmma shared-memory descriptor, SWIZZLE_128B (byte offsets; 16-byte units in the encoding).
 __device__ __forceinline__ uint64_t SmemDesc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) |
