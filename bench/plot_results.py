@@ -70,6 +70,6 @@ if __name__ == "__main__":
     if len(sys.argv) == 4:
         {"attention": attention, "gemm": gemm}[sys.argv[1]](sys.argv[2], sys.argv[3])
     else:
-        attention("attention-h200-2026-11-22-r2.json", "attention-h200-2026-11-22-r2.png")
+        attention("attention-h200-2026-11-23.json", "attention-h200-2026-11-23.png")
         gemm("gemm-nvidia-h200-2026-11-22-r2.json", "gemm-nvidia-h200-2026-11-22-r2.png")
     print("wrote", R)

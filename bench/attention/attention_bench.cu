@@ -29,6 +29,8 @@ using namespace flashq::attention;
 namespace flashq::attention::detail {  // bench-only variants, prefill_variants.cu
 template <typename T, int D, bool kCausal, int kBMOverride, int kMTOverride>
 Status LaunchPrefillImpl(const VarlenAttentionParams& p, cudaStream_t stream);
+template <typename T, int D, bool kCausal>  // prefill_variants.cu
+Status LaunchPrefillWgmma(const VarlenAttentionParams& p, cudaStream_t stream);
 template <typename T, int D, bool kCausal, bool kPingPong>
 Status LaunchPrefillWsImpl(const VarlenAttentionParams& p, cudaStream_t stream);
 template <typename T, int D, bool kCausal, bool kTmaTails>

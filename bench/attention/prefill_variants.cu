@@ -8,6 +8,11 @@ template Status LaunchPrefillImpl<__nv_bfloat16, 128, false, 64, 1>(const Varlen
 template Status LaunchPrefillImpl<__nv_bfloat16, 128, true, 64, 1>(const VarlenAttentionParams&, cudaStream_t);
 template Status LaunchPrefillImpl<__nv_bfloat16, 64, false, 128, 1>(const VarlenAttentionParams&, cudaStream_t);
 template Status LaunchPrefillImpl<__nv_bfloat16, 64, true, 128, 1>(const VarlenAttentionParams&, cudaStream_t);
+// The plain wgmma kernel (256 threads load, then compute; no warp specialisation).
+template Status LaunchPrefillWgmma<__nv_bfloat16, 128, false>(const VarlenAttentionParams&, cudaStream_t);
+template Status LaunchPrefillWgmma<__nv_bfloat16, 128, true>(const VarlenAttentionParams&, cudaStream_t);
+template Status LaunchPrefillWgmma<__nv_bfloat16, 64, false>(const VarlenAttentionParams&, cudaStream_t);
+template Status LaunchPrefillWgmma<__nv_bfloat16, 64, true>(const VarlenAttentionParams&, cudaStream_t);
 // Warp-specialised wgmma without the consumer ping-pong.
 template Status LaunchPrefillWsImpl<__nv_bfloat16, 128, false, false>(const VarlenAttentionParams&, cudaStream_t);
 template Status LaunchPrefillWsImpl<__nv_bfloat16, 128, true, false>(const VarlenAttentionParams&, cudaStream_t);

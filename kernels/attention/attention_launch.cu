@@ -53,10 +53,9 @@ template <typename T>
 Status DispatchHeadDim(const VarlenAttentionParams& p, cudaStream_t st) {
   using detail::LaunchPrefill;
   using detail::LaunchPrefillTma;
-  using detail::LaunchPrefillWgmma;
   using detail::LaunchPrefillWs;
-  // Hopper: the TMA warp-specialised kernel for head dims 64 and 128 (falls back to the plain
-  // wgmma kernel when the driver rejects the tensor maps, e.g. for unusual strides).
+  // Hopper: the TMA warp-specialised kernel for head dims 64 and 128 (falls back to the cp.async
+  // warp-specialised kernel when the driver rejects the tensor maps, e.g. for unusual strides).
   bool hopper = false;
   FQ_RETURN_IF_ERROR(IsHopper(&hopper));
   if (hopper && (p.head_dim == 64 || p.head_dim == 128)) {
@@ -64,7 +63,7 @@ Status DispatchHeadDim(const VarlenAttentionParams& p, cudaStream_t st) {
                                 : (p.causal ? LaunchPrefillTma<T, 128, true>(p, st) : LaunchPrefillTma<T, 128, false>(p, st));
     if (s.code() != StatusCode::kUnimplemented) return s;
     if (p.head_dim == 64) return p.causal ? LaunchPrefillWs<T, 64, true>(p, st) : LaunchPrefillWs<T, 64, false>(p, st);
-    return p.causal ? LaunchPrefillWgmma<T, 128, true>(p, st) : LaunchPrefillWgmma<T, 128, false>(p, st);
+    return p.causal ? LaunchPrefillWs<T, 128, true>(p, st) : LaunchPrefillWs<T, 128, false>(p, st);
   }
   switch (p.head_dim) {
     case 64: return p.causal ? LaunchPrefill<T, 64, true>(p, st) : LaunchPrefill<T, 64, false>(p, st);

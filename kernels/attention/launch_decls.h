@@ -11,10 +11,6 @@ namespace flashq::attention::detail {
 template <typename T, int D, bool kCausal>
 Status LaunchPrefill(const VarlenAttentionParams& p, cudaStream_t stream);
 
-// sm_90a wgmma prefill, D in {64, 128}.
-template <typename T, int D, bool kCausal>
-Status LaunchPrefillWgmma(const VarlenAttentionParams& p, cudaStream_t stream);
-
 // sm_90a warp-specialised wgmma prefill (producer warpgroup + 2 ping-pong consumers), D in {64, 128}.
 template <typename T, int D, bool kCausal>
 Status LaunchPrefillWs(const VarlenAttentionParams& p, cudaStream_t stream);

@@ -1,26 +1,29 @@
-// Paged split-KV decode attention with GQA packing, mma.sync (sm_80+; runs on sm_90a too).
+// Paged split-KV decode attention with GQA packing, mma.sync (sm_80+), K/V tiles by TMA on sm_90.
 //
 // Algorithm: one CTA per (split of split_tokens keys, kv head x 16-row query tile, sequence).
 // The query rows of a CTA are the (new token, query head) pairs of one kv head packed together
 // (row = token * group + head_in_group), so each K/V byte of a split is read once for all
-// Hq / Hkv heads. K/V tiles of 64 keys are gathered through the block table into shared memory
-// by a kStages-deep cp.async pipeline (the split's block-table slice is staged in shared memory
-// first, so issuing a tile never waits on a global load); each of the 4 warps takes 16 keys of a tile (split-K inside
-// the CTA) with its own online softmax, and the warps merge in a fixed order at the end. With one
-// split the CTA writes O and LSE; with several it writes fp32 (O, LSE) partials that
-// CombineKernel merges with a log-sum-exp in split order. Causal masking over the new tokens is
-// bottom-right aligned (runtime flag).
+// Hq / Hkv heads. K/V tiles of 64 keys are gathered through the block table (the split's slice is
+// staged in shared memory first, so issuing a tile never waits on a global load) into a
+// kStages-deep ring: on sm_90, when pages tile the 64-key tiles, a whole tile is one TMA box per
+// (page, 64-column panel) issued by one thread and completing on the stage's mbarrier; tail tiles,
+// other page sizes and sm_80/sm_89 use cp.async (16 bytes per thread, zero fill past the end).
+// Each of the 4 warps takes 16 keys of a tile (split-K inside the CTA) with its own online softmax,
+// and the warps merge in a fixed order at the end. With one split the CTA writes O and LSE; with
+// several it writes fp32 (O, LSE) partials that CombineKernel merges with a log-sum-exp in split
+// order. Causal masking over the new tokens is bottom-right aligned (runtime flag).
 // Layouts: q/o [tokens, Hq, D]; caches [num_blocks, page_size, Hkv, D] via strides; block_table
-// [batch, max_blocks]; workspace: O partials [total_q, Hq, max_splits, D] fp32 then LSE partials
-// [total_q, Hq, max_splits] fp32.
+// [batch, max_blocks]; shared K/V tiles in 64-column SWIZZLE_128B panels (PanelOff, the TMA layout);
+// workspace: O partials [total_q, Hq, max_splits, D] fp32 then LSE partials [total_q, Hq, max_splits].
 // Limits: D in {64, 128, 256}; split_tokens a multiple of 64; any page size >= 1. Splits are a
-// function of the sequence's own length only (batch invariant, deterministic). Many new tokens
+// function of the sequence's own length only (batch invariant, deterministic); TMA and cp.async
+// fill the same layout, so the path taken does not change a bit of the result. Many new tokens
 // per sequence work but re-read K/V once per 16 packed rows (the prefill kernel is the fast path).
-// Measured on H200 (bench/results/attention-h200-2026-11-22-r2.md; Hq 32, Hkv 8, hd128, BF16, split
-// 1024): B=32 L=4k 3.32-3.33 TB/s, B=64 L=8k 3.58-3.60 TB/s (78-84% of the 4.27 TB/s copy ceiling;
-// 1.28-1.42x SDPA flash, 0.81-0.85x cuDNN); B=1 L=32k 2.66-2.68 TB/s (1.01x cuDNN). Page size 16 vs 64
-// makes no difference. A persistent warp-specialised variant (bench/attention/decode_stream_variant.cuh)
-// was slower; bench/attention/NOTES.md says why.
+// Measured on H200 (bench/results/attention-h200-2026-11-23.md, commit c92bcc0; Hq 32, Hkv 8, hd128,
+// BF16, split 1024): B=64 L=8k 3.98-4.06 TB/s (94-96% of the 4.24 TB/s copy ceiling; 1.52-1.56x SDPA
+// flash, 0.89-0.91x cuDNN), B=32 L=4k 3.53-3.65 TB/s (0.87-0.90x cuDNN), B=1 L=32k 2.70-2.78 TB/s
+// (1.01-1.04x cuDNN); the cp.async-only kernel in the same run: 3.58, 3.32, 2.68 TB/s. A persistent
+// warp-specialised variant (bench/attention/decode_stream_variant.cuh) was slower; NOTES.md says why.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -15,11 +15,11 @@
 // sits at p * R * 128 bytes. Tiles are 1024-byte aligned.
 // Limits: D in {64, 128}; sm_90a only (the launcher falls back to mma.sync elsewhere). No TMA,
 // no warp specialisation or inter-warpgroup ping-pong: all 256 threads load, then compute.
-// Dispatched on Hopper only as the fallback of prefill_wgmma_tma.cuh for D = 128 (driver rejects
-// the tensor maps). Measured on H200 (bench/results, 2026-11-22, BF16, 32 heads):
-// hd128 351-412 TFLOP/s non-causal, 282-426 causal (1.04-1.28x SDPA flash, 0.62-0.74x cuDNN);
-// hd64 290 (the warp-specialised kernel is faster there). ncu (hd128): tensor pipe ~41% busy,
-// 2 warps per scheduler, issue-bound on softmax + cp.async instructions.
+// Not dispatched (bench-only since c92bcc0: bench/attention/prefill_variants.cu); the consumer
+// math is wgmma_consumer.cuh's, shared with the warp-specialised kernels. Also home of the panel
+// tile loader and traits they use. Measured on H200 (bench/results/attention-h200-2026-11-23.md,
+// BF16, 32 heads): hd128 371-437 TFLOP/s non-causal, 289-432 causal; hd64 312 / 292, against
+// 414-647 for the TMA kernel in the same run.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,21 +1,21 @@
 // Varlen prefill attention for Hopper (sm_90a), FlashAttention-3 style: TMA producer, two
 // consumer warpgroups with ping-pong and intra-warpgroup overlap.
 //
-// Algorithm: the consumer side is prefill_wgmma_ws.cuh's (per consumer warpgroup, iteration j
-// issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back and computes softmax(S_j) while
+// Algorithm: the consumers are wgmma_consumer.cuh's (per consumer warpgroup, iteration j issues
+// S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back and computes softmax(S_j) while
 // P_{j-1} V_{j-1} is in flight; the two warpgroups take turns issuing MMAs on named barriers). The
-// producer warpgroup no longer streams cp.async: one thread issues cp.async.bulk.tensor (TMA)
+// producer warpgroup does not stream cp.async as prefill_wgmma_ws.cuh's does: one thread issues cp.async.bulk.tensor (TMA)
 // copies of 64-column SWIZZLE_128B boxes (the panel layout the wgmma descriptors read) through 3D
 // tensor maps over (D, heads, rows), completing on the stage's mbarrier by transaction count, so
 // the load path costs the consumers' schedulers almost no issue slots. A tile that would run past
 // its sequence (the last K/V tile, a partial Q tile) is loaded with cp.async and zero fill
 // instead: the maps' row extent is unknown on the host (cu_seqlens live on the device), so a
 // TMA box must never cross a sequence end. Registers: producer 40, consumers 232 (setmaxnreg;
-// 24/240 or 32/240 only added spills in ptxas).
+// hd128 consumers use ~200 with no spills).
 // Layouts, masking, LSE and limits: as prefill_wgmma.cuh. D in {64, 128}; sm_90a only.
-// Dispatched on Hopper for D = 64 and 128. Measured on H200 (bench/results/attention-h200-2026-11-22-r2.md,
-// BF16, 32 heads): hd128 non-causal 368-433 TFLOP/s (+5-9% over prefill_wgmma.cuh in the same run;
-// 1.07-1.24x SDPA flash, 0.66-0.71x cuDNN), causal 282-431, hd64 384 / 351 causal, ragged 345 / 295.
+// Dispatched on Hopper for D = 64 and 128. Measured on H200 (bench/results/attention-h200-2026-11-23.md,
+// commit c92bcc0, BF16, 32 heads): hd128 non-causal 528-647 TFLOP/s (1.55-1.87x SDPA flash,
+// 0.92-1.07x cuDNN), causal 383-631, hd64 414 / 366 causal (0.88-0.91x cuDNN), ragged 480 / 408.
 #pragma once
 
 #include <cuda.h>

@@ -1,6 +1,6 @@
 // Varlen prefill attention for Hopper (sm_90a), warp-specialised: a producer warpgroup streams
 // Q/K/V tiles with cp.async into a 3-stage shared-memory ring (mbarrier full/empty handshakes),
-// two consumer warpgroups run the wgmma math of prefill_wgmma.cuh on 64 query rows each
+// two consumer warpgroups run the wgmma math of wgmma_consumer.cuh on 64 query rows each
 // (setmaxnreg moves registers from the producer, 40, to the consumers, 232).
 //
 // Algorithm: per consumer warpgroup, iteration j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1}
@@ -9,10 +9,9 @@
 // "ping-pong" of FlashAttention-3), so one warpgroup's softmax runs under the other's MMAs.
 // Consumers never touch the load path and never wait for each other at a CTA-wide barrier.
 // Layouts, masking, LSE and limits: as prefill_wgmma.cuh (64-column SWIZZLE_128B panels).
-// Dispatched on Hopper only as the fallback of prefill_wgmma_tma.cuh for D = 64.
-// Measured on H200 (bench/results, 2026-11-22, BF16, 32 heads):
-// hd64 365 TFLOP/s non-causal, 329 causal (1.17-1.20x SDPA flash, 0.79-0.80x cuDNN); hd128
-// 330-379, slower than the plain wgmma kernel (prefill_wgmma.cuh), so not used there.
+// Dispatched on Hopper only as the fallback of prefill_wgmma_tma.cuh (the driver rejects its tensor
+// maps). Measured on H200 (bench/results/attention-h200-2026-11-23.md, BF16, 32 heads): hd128
+// 418-471 TFLOP/s non-causal, 324-478 causal; hd64 360 / 329 (the TMA kernel: 414-647).
 #pragma once
 
 #include "kernels/attention/async_copy.cuh"

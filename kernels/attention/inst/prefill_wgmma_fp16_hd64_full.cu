@@ -1,6 +1,0 @@
-// Instantiation: varlen prefill for sm_90a (wgmma), fp16, head dim 64, non-causal.
-#include "kernels/attention/prefill_wgmma.cuh"
-
-namespace flashq::attention::detail {
-template Status LaunchPrefillWgmma<__half, 64, false>(const VarlenAttentionParams&, cudaStream_t);
-}  // namespace flashq::attention::detail
