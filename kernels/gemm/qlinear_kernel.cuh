@@ -125,6 +125,56 @@ __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// sm_90: bulk copies (cp.async.bulk, the TMA engine, no tensor map) completing on mbarriers.
+// Only code compiled for sm_90 calls these; their bodies are empty elsewhere so that the
+// sm_80/sm_89 builds never see the instructions.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+inline constexpr bool kArchBulk = true;
+#else
+inline constexpr bool kArchBulk = false;
+#endif
+__device__ __forceinline__ void MbarInit(uint32_t bar, int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void MbarInitFence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// Plain spin (no poll limit, no trap: a reachable __trap() in a wait loop constrains ptxas).
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t ok;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!ok);
+#endif
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+// One contiguous run of `bytes` (a multiple of 16, both ends 16-byte aligned) into shared memory.
+__device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+#endif
+}
+
 // mma with a zero accumulator input (starts a fresh k32 partial without zeroing registers).
 template <typename T>
 __device__ __forceinline__ void Mma0(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -140,7 +190,7 @@ __device__ __forceinline__ void Mma0(float (&c)[4], const uint32_t (&a)[4], uint
   }
 }
 
-template <bool kFp8, int NT>
+template <bool kFp8, int NT, bool kStageFlush, bool kBulk>
 struct Cfg {
   static constexpr int kWarps = kThreads / 32;
   // k32 steps per warp per pipeline stage: int4 4 (one stage = one g128 group, half the
@@ -148,19 +198,30 @@ struct Cfg {
   // kSubSteps-granular warp ranges.
   static constexpr int kSub = kFp8 ? 2 : kSubSteps;
   static_assert(kSubSteps % kSub == 0, "a warp's K range must be whole stages");
-  // Blocks per SM: bytes in flight per SM = blocks * (stages - 1) * weight bytes per stage.
+  // Blocks per SM: bytes in flight per SM = blocks * (stages in flight) * weight bytes per stage.
   // (Measured on H200: ~2 blocks per SM with deep stages beat 3 with shallow ones.)
   static constexpr int kMinBlocks = NT <= 4 ? 2 : 1;
-  static constexpr int kStages = kFp8 ? (NT == 1 ? 6 : NT == 2 ? 5 : NT == 4 ? 4 : 5) : (NT <= 2 ? 4 : 3);
   static constexpr int kWChunks = kFp8 ? 2 : 1;  // uint4 of weights per lane per k32 step
   static constexpr int kW = kWarps * kSub * kWChunks * 32;        // uint4 per stage [warp][ss][c][lane]
   static constexpr int kXRows = 8 * NT;                                // tokens per block
-  static constexpr int kX = kWarpsK * kSub * kXRows * 4;          // uint4 per stage [kg][ss][row][4]
-  static constexpr int kXPer = (kX + kThreads - 1) / kThreads;        // X chunks per thread per stage
-  static constexpr int kSZ = kFp8 ? 0 : kWarps * kSub * 6;       // uint4 per stage [warp][ss][6]
+  // cp.async path: X stage [kg][ss][row][4] (uint4); bulk path: [kg][row][kXRowB], one bulk
+  // copy per (kg, row), rows padded to 64 mod 128 bytes so the 8 lanes of an LDS.128 phase
+  // (rows g, g+1 x 4 chunks) hit distinct banks.
+  static constexpr int kXRowB = kSub * 4 + 4;
+  static constexpr int kX = kBulk ? kWarpsK * kXRows * kXRowB : kWarpsK * kSub * kXRows * 4;
+  static constexpr int kXPer = (kX + kThreads - 1) / kThreads;        // cp.async: X chunks per thread per stage
+  // Scales + zeros: one 96-byte block per warp per group change (at most once per stage with
+  // the stage flush, once per k32 step without).
+  static constexpr int kSZ = kFp8 ? 0 : kWarps * (kStageFlush ? 1 : kSub) * 6;
   static constexpr int kStage = kW + kX + kSZ;                         // uint4 per stage
+  // cp.async: kStages - 1 stages in flight (one barrier per stage). bulk: all kStages in flight
+  // (mbarrier full/empty handshakes), as many as fit beside kMinBlocks - 1 other blocks.
+  static constexpr int kStagesCp = kFp8 ? (NT == 1 ? 6 : NT == 2 ? 5 : NT == 4 ? 4 : 5) : (NT <= 2 ? 4 : 3);
+  static constexpr int kFit = int((225u * 1024u / kMinBlocks) / (kStage * 16u));
+  static constexpr int kStages = kBulk ? (kFit < 6 ? kFit : 6) : kStagesCp;
   static constexpr size_t kBytes = size_t(kStages) * kStage * 16;
-  static_assert(kX % kThreads == 0 || kX < kThreads, "X tile chunks split evenly over the block");
+  static_assert(kBulk || kX % kThreads == 0 || kX < kThreads, "X tile chunks split evenly over the block");
+  static_assert(kStages >= 2, "at least two pipeline stages");
   static_assert(kBytes >= size_t(kWarpsN) * NT * 8 * 32 * 4, "the K-warp reduction reuses the pipeline buffer");
   static_assert(kBytes * kMinBlocks <= 227 * 1024 - kMinBlocks * 1024, "blocks per SM must fit in shared memory");
 };
@@ -168,13 +229,17 @@ struct Cfg {
 // Roles are swapped (Yᵀ = W · Xᵀ): the mma's A operand is 16 output columns of W (dequantized
 // straight into the A fragment registers), its B operand is 8 tokens of X, so M <= 8 costs
 // one n8 tile instead of a mostly empty m16 tile and no register shuffles are needed.
-// kStageFlush (int4, groups of an even number of k32 steps): the fp32 scale is applied once
-// per pipeline stage (k64) instead of once per k32 step; a property of the weights, not of M.
-template <typename T, int NT, bool kFp8, bool kStageFlush>
-__global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT>::kMinBlocks)) QLinearKernel(const QLinearParams p) {
-  using C = Cfg<kFp8, NT>;
+// kStageFlush (int4, groups of a multiple of kSub k32 steps): the fp32 scale is applied once
+// per pipeline stage instead of once per k32 step; a property of the weights, not of M.
+// kBulk (sm_90 only; the host never launches it elsewhere): weights, X rows and scales arrive by
+// cp.async.bulk on per-stage mbarriers issued by warp 0; no block barrier in the main loop.
+template <typename T, int NT, bool kFp8, bool kStageFlush, bool kBulkReq>
+__global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kBulkReq>::kMinBlocks)) QLinearKernel(const QLinearParams p) {
+  using C = Cfg<kFp8, NT, kStageFlush, kBulkReq>;
+  constexpr bool kBulk = kBulkReq && kArchBulk;  // the sm_80/sm_89 builds compile the cp.async path
   constexpr int kXPer = C::kXPer;
   extern __shared__ uint4 smem[];
+  __shared__ __align__(8) uint64_t s_full[C::kStages], s_empty[C::kStages];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kw = warp / kWarpsN, nw = warp % kWarpsN;
   const int g = lane >> 2, t = lane & 3;
@@ -186,8 +251,10 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT>::kMinBlocks)) QLinear
   const int j0 = (split * kWarpsK + kw) * spw;
   const int nvalid = min(spw, p.nk32 - j0);  // this warp's real k32 steps (may be <= 0)
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(s_full));
+  const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(s_empty));
 
-  // ---- producer state (incremental: no divisions in the loop) ----
+  // ---- cp.async producer state (incremental: no divisions in the loop) ----
   const uint4* wsrc = static_cast<const uint4*>(p.qw) + (size_t(strip) * p.nk32 + j0) * (C::kWChunks * 32) + lane;
   const uint32_t wdst = uint32_t(((warp * C::kSub) * C::kWChunks) * 32 + lane) * 16;
   const uint4* szsrc = nullptr;
@@ -198,20 +265,23 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT>::kMinBlocks)) QLinear
     szsrc = static_cast<const uint4*>(p.sz) + (size_t(grp0) * p.strips + strip) * 6 + lane;
   }
   const size_t szstride = size_t(p.strips) * 6;
-  const uint32_t szdst = uint32_t(C::kW + C::kX + warp * C::kSub * 6 + lane) * 16;
+  constexpr int kSzPer = kStageFlush ? 1 : C::kSub;  // scale blocks per warp per stage
+  const uint32_t szdst = uint32_t(C::kW + C::kX + warp * kSzPer * 6 + lane) * 16;
   // X chunk q of this thread: row, k of stage 0, and whether it is copied at all.
   const T* xsrc[kXPer];
   int xk[kXPer];
   bool xcopy[kXPer];
+  if constexpr (!kBulk) {
 #pragma unroll
-  for (int q = 0; q < kXPer; ++q) {
-    const int id = tid + q * kThreads;
-    const int c = id & 3, r = id >> 2;
-    const int row = r % C::kXRows, kgss = r / C::kXRows;
-    const int ss = kgss % C::kSub, kg = kgss / C::kSub;
-    xk[q] = ((split * kWarpsK + kg) * spw + ss) * kStepK + 8 * c;
-    xcopy[q] = id < C::kX && m0 + row < p.M;
-    xsrc[q] = static_cast<const T*>(p.x) + size_t(xcopy[q] ? m0 + row : 0) * p.K + (xcopy[q] ? xk[q] : 0);
+    for (int q = 0; q < kXPer; ++q) {
+      const int id = tid + q * kThreads;
+      const int c = id & 3, r = id >> 2;
+      const int row = r % C::kXRows, kgss = r / C::kXRows;
+      const int ss = kgss % C::kSub, kg = kgss / C::kSub;
+      xk[q] = ((split * kWarpsK + kg) * spw + ss) * kStepK + 8 * c;
+      xcopy[q] = id < C::kX && m0 + row < p.M;
+      xsrc[q] = static_cast<const T*>(p.x) + size_t(xcopy[q] ? m0 + row : 0) * p.K + (xcopy[q] ? xk[q] : 0);
+    }
   }
 
   int jis = 0;  // next k32 step (inside this warp's range) to issue
@@ -226,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT>::kMinBlocks)) QLinear
       if constexpr (!kFp8) {
         if (!kStageFlush || ss == 0) {
           const bool newgrp = valid && (jis + ss == 0 || ipos == 0);
-          CpAsync16If(sst + szdst + uint32_t(ss * 6 * 16), szsrc, newgrp && lane < 6);
+          CpAsync16If(sst + szdst + uint32_t((kStageFlush ? 0 : ss) * 6 * 16), szsrc, newgrp && lane < 6);
           ipos += kStageFlush ? C::kSub : 1;
           if (ipos == p.gsteps) {
             ipos = 0;
@@ -245,6 +315,79 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT>::kMinBlocks)) QLinear
       CpAsync16IfZfill(sst + uint32_t(C::kW + tid + q * kThreads) * 16, kin ? xsrc[q] : p.x, xcopy[q], !kin);
       xk[q] += C::kSub * kStepK;
       xsrc[q] += C::kSub * kStepK;
+    }
+  };
+
+  // Bulk path: warp 0 issues global stage s into ring slot st. Lanes 0-7: the weights of warp
+  // `lane` (one contiguous run of its valid k32 steps), lanes 8-15: that warp's scale blocks,
+  // every lane: X rows (kg, row) = lane, lane + 32, ... (only rows < M and k < K).
+  // Stale bytes left in a slot (steps past a warp's range, rows >= M, the K tail of X) are
+  // harmless: stale weights dequantize to finite values and meet X the consumer zeroes
+  // (k >= K), stale rows only reach their own token's never-stored output columns.
+  auto issue_bulk = [&](int s, int st) {
+    const uint32_t sst = sbase + uint32_t(st) * (C::kStage * 16);
+    const uint32_t bar = full0 + 8u * st;
+    // This lane's copies: (dst, src, bytes) for the weights or scales, then up to kXLane X rows.
+    constexpr int kXPairs = kWarpsK * C::kXRows;
+    constexpr int kXLane = (kXPairs + 31) / 32;
+    uint32_t bytes = 0;
+    const int wl = lane & 7;  // the warp this lane loads weights (lanes 0-7) or scales (8-15) for
+    const int wstrip = blockIdx.x * kWarpsN + wl % kWarpsN;
+    const int wj0 = (split * kWarpsK + wl / kWarpsN) * spw;
+    const int wvalid = min(spw, p.nk32 - wj0) - s * C::kSub;  // valid steps of warp wl from this stage on
+    const int wn = wvalid <= 0 ? 0 : wvalid < C::kSub ? wvalid : C::kSub;
+    if (lane < 8) bytes += uint32_t(wn) * C::kWChunks * 512;
+    int szn = 0;  // scale blocks this lane copies (lanes 8-15)
+    uint32_t szmask = 0;
+    if constexpr (!kFp8) {
+      if (lane >= 8 && lane < 16) {
+#pragma unroll
+        for (int ss = 0; ss < kSzPer; ++ss) {
+          const int jj = s * C::kSub + ss;
+          if (jj < wvalid + s * C::kSub && (jj == 0 || (wj0 + jj) % p.gsteps == 0)) {
+            szmask |= 1u << ss;
+            ++szn;
+          }
+        }
+        bytes += uint32_t(szn) * 96;
+      }
+    }
+    uint32_t xbytes[kXLane];
+#pragma unroll
+    for (int r = 0; r < kXLane; ++r) {
+      const int q = lane + 32 * r;
+      const int row = q % C::kXRows, kg = q / C::kXRows;
+      const int kst = ((split * kWarpsK + kg) * spw + s * C::kSub) * kStepK;
+      const int kb = 2 * (p.K - kst);
+      xbytes[r] = (q < kXPairs && m0 + row < p.M && kb > 0) ? uint32_t(kb < C::kSub * 64 ? kb : C::kSub * 64) : 0u;
+      bytes += xbytes[r];
+    }
+    const uint32_t total = __reduce_add_sync(0xffffffffu, bytes);
+    if (lane == 0) MbarArriveExpectTx(bar, total);
+    __syncwarp();
+    if (lane < 8 && wn > 0)
+      BulkCopy(sst + uint32_t(wl * C::kSub * C::kWChunks * 32) * 16,
+               static_cast<const uint4*>(p.qw) + (size_t(wstrip) * p.nk32 + wj0 + s * C::kSub) * (C::kWChunks * 32),
+               uint32_t(wn) * C::kWChunks * 512, bar);
+    if constexpr (!kFp8) {
+      if (szn) {
+#pragma unroll
+        for (int ss = 0; ss < kSzPer; ++ss)
+          if (szmask >> ss & 1u) {
+            const int grp = (wj0 + s * C::kSub + ss) / p.gsteps;
+            BulkCopy(sst + uint32_t(C::kW + C::kX + (wl * kSzPer + ss) * 6) * 16,
+                     static_cast<const uint4*>(p.sz) + (size_t(grp) * p.strips + wstrip) * 6, 96, bar);
+          }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kXLane; ++r) {
+      if (xbytes[r] == 0) continue;
+      const int q = lane + 32 * r;
+      const int row = q % C::kXRows, kg = q / C::kXRows;
+      const int kst = ((split * kWarpsK + kg) * spw + s * C::kSub) * kStepK;
+      BulkCopy(sst + uint32_t(C::kW + (kg * C::kXRows + row) * C::kXRowB) * 16,
+               static_cast<const T*>(p.x) + size_t(m0 + row) * p.K + kst, xbytes[r], bar);
     }
   };
 
@@ -273,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT>::kMinBlocks)) QLinear
       if (!kFp8 && (!kStageFlush || ss == 0)) {
         // Group change: new scales and zero points (only registers change, warp-uniform).
         if (jj < nvalid && (jj == 0 || cpos == 0)) {
-          const uint4* sz = sst + C::kW + C::kX + (warp * C::kSub + ss) * 6;
+          const uint4* sz = sst + C::kW + C::kX + (warp * kSzPer + (kStageFlush ? 0 : ss)) * 6;
           const uint2 sv = reinterpret_cast<const uint2*>(sz)[g];
           const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&sv.x));
           const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&sv.y));
@@ -295,10 +438,22 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT>::kMinBlocks)) QLinear
         const uint4 v = wsm[cc * 32];
         wv[4 * cc] = v.x; wv[4 * cc + 1] = v.y; wv[4 * cc + 2] = v.z; wv[4 * cc + 3] = v.w;
       }
-      const uint4* xsm = sst + C::kW + ((kw * C::kSub + ss) * C::kXRows + g) * 4 + t;
       uint4 xv[NT];
+      if constexpr (kBulk) {
+        const uint4* xsm = sst + C::kW + (kw * C::kXRows + g) * C::kXRowB + ss * 4 + t;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) xv[nt] = xsm[nt * 8 * 4];
+        for (int nt = 0; nt < NT; ++nt) xv[nt] = xsm[nt * 8 * C::kXRowB];
+        // X chunks at k >= K were not copied: zero them (warp-uniform test, rare slow path).
+        const int kj = (j0 + jj) * kStepK;
+        if (kj + kStepK > p.K && kj + 8 * t >= p.K) {
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) xv[nt] = make_uint4(0u, 0u, 0u, 0u);
+        }
+      } else {
+        const uint4* xsm = sst + C::kW + ((kw * C::kSub + ss) * C::kXRows + g) * 4 + t;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) xv[nt] = xsm[nt * 8 * 4];
+      }
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
 #pragma unroll
@@ -334,26 +489,60 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT>::kMinBlocks)) QLinear
     }
   };
 
-  // ---- main loop: kStages-deep cp.async pipeline, one barrier per stage ----
-#pragma unroll
-  for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < nst) issue(s);
-    CpAsyncCommit();
-  }
-  int rd = 0, wr = C::kStages - 1;
-  for (int i = 0; i < nst; ++i) {
-    CpAsyncWait<C::kStages - 2>();
+  if constexpr (kBulk) {
+    // ---- main loop: kStages-deep ring, all stages in flight; full[st] completes when the
+    // stage's bytes have landed, empty[st] when all 8 warps have read it ----
+    if (tid == 0) {
+      for (int s = 0; s < C::kStages; ++s) {
+        MbarInit(full0 + 8u * s, 1);
+        MbarInit(empty0 + 8u * s, C::kWarps);
+      }
+      MbarInitFence();
+    }
     __syncthreads();
-    if (i + C::kStages - 1 < nst) issue(wr);
-    CpAsyncCommit();
-    compute(i, rd);
-    rd = rd + 1 == C::kStages ? 0 : rd + 1;
-    wr = wr + 1 == C::kStages ? 0 : wr + 1;
+    if (warp == 0)
+      for (int s = 0; s < C::kStages && s < nst; ++s) issue_bulk(s, s);
+    int st = 0;
+    uint32_t ph = 0;
+    for (int i = 0; i < nst; ++i) {
+      if (warp == 0 && i > 0 && i - 1 + C::kStages < nst) {
+        // Refill the slot stage i - 1 used once every warp is done with it.
+        const int sp = st == 0 ? C::kStages - 1 : st - 1;
+        MbarWait(empty0 + 8u * sp, (sp == C::kStages - 1) ? ph ^ 1u : ph);
+        issue_bulk(i - 1 + C::kStages, sp);
+      }
+      MbarWait(full0 + 8u * st, ph);
+      compute(i, st);
+      __syncwarp();
+      if (lane == 0) MbarArrive(empty0 + 8u * st);
+      if (++st == C::kStages) {
+        st = 0;
+        ph ^= 1u;
+      }
+    }
+    __syncthreads();
+  } else {
+    // ---- main loop: kStages-deep cp.async pipeline, one barrier per stage ----
+#pragma unroll
+    for (int s = 0; s < C::kStages - 1; ++s) {
+      if (s < nst) issue(s);
+      CpAsyncCommit();
+    }
+    int rd = 0, wr = C::kStages - 1;
+    for (int i = 0; i < nst; ++i) {
+      CpAsyncWait<C::kStages - 2>();
+      __syncthreads();
+      if (i + C::kStages - 1 < nst) issue(wr);
+      CpAsyncCommit();
+      compute(i, rd);
+      rd = rd + 1 == C::kStages ? 0 : rd + 1;
+      wr = wr + 1 == C::kStages ? 0 : wr + 1;
+    }
+    CpAsyncWait<0>();
+    __syncthreads();
   }
 
   // ---- reduce the 2 K-warps in order 0, 1 ----
-  CpAsyncWait<0>();
-  __syncthreads();
   constexpr int kNA = NT * 8;
   float* red = reinterpret_cast<float*>(smem);
   if (kw == 1) {
@@ -365,8 +554,8 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT>::kMinBlocks)) QLinear
         for (int e = 0; e < 4; ++e) red[(nw * kNA + (nt * 2 + u) * 4 + e) * 32 + lane] = acc[nt][u][e];
   }
   __syncthreads();
-  if (kw != 0) return;  // no block barrier below until the split-K ticket, which kw == 0 warps handle alone
-  {
+  T* y = static_cast<T*>(p.y);
+  if (kw == 0) {
     float fs[4];
     if constexpr (kFp8) {
       const float4 u4 = __ldg(reinterpret_cast<const float4*>(p.fscales + (size_t(strip) * 8 + g) * 4));
@@ -383,11 +572,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT>::kMinBlocks)) QLinear
           if constexpr (kFp8) v *= fs[2 * u + (e >> 1)];
           acc[nt][u][e] = v;
         }
-  }
-
-  T* y = static_cast<T*>(p.y);
-  const int colw = strip * kWarpN + g;
-  auto for_each_out = [&](auto&& fn) {
+    const int colw = strip * kWarpN + g;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -396,59 +581,104 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT>::kMinBlocks)) QLinear
         for (int e = 0; e < 4; ++e) {
           const int row = m0 + nt * 8 + 2 * t + (e & 1);
           const int col = colw + 16 * u + 8 * (e >> 1);
-          if (row < p.M && col < p.N) fn(acc[nt][u][e], row, col);
+          if (row < p.M && col < p.N) {
+            if (p.splits == 1) y[size_t(row) * p.N + col] = T(acc[nt][u][e]);
+            else p.partial[(size_t(split) * p.M + row) * p.N + col] = acc[nt][u][e];
+          }
         }
-  };
-  if (p.splits == 1) {
-    for_each_out([&](float v, int row, int col) { y[size_t(row) * p.N + col] = T(v); });
-    return;
+    __threadfence();
   }
-  for_each_out([&](float v, int row, int col) { p.partial[(size_t(split) * p.M + row) * p.N + col] = v; });
-  __threadfence();
-  // Only the 4 kw == 0 warps are still here: named barrier 1 over 128 threads.
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kWarpsN * 32) : "memory");
+  if (p.splits == 1) return;
+  // Split-K: the last block of the tile (atomic ticket) sums splits 0..S-1 in that order.
   __shared__ int s_last;
   const int tile = blockIdx.z * gridDim.x + blockIdx.x;
+  __syncthreads();
   if (tid == 0) s_last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kWarpsN * 32) : "memory");
+  __syncthreads();
   if (!s_last) return;
   __threadfence();
-  // The last block of the tile sums splits 0..S-1 in that order; its 128 remaining threads
-  // take part and each element's S loads are issued together (coalesced along N).
-  constexpr int kRed = kWarpsN * 32;
-  constexpr int kPer = C::kXRows * kBlockN / kRed;
+  // All 256 threads: 4 consecutive columns each (32 per row) x 8 rows per pass; a pass issues
+  // every split's loads of its element group together, so the tail costs one L2 round trip
+  // per 8 rows (it cost one per row when 128 threads walked the tile element by element).
   const int ncol0 = blockIdx.x * kBlockN;
   const size_t stride = size_t(p.M) * p.N;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int e = tid + i * kRed;
-    const int row = m0 + e / kBlockN, col = ncol0 + e % kBlockN;
+  const bool vec = (p.N & 3) == 0;
+  const int col = ncol0 + 4 * (tid & 31);
+#pragma unroll 1
+  for (int r0 = 0; r0 < C::kXRows; r0 += kThreads / 32) {
+    const int row = m0 + r0 + (tid >> 5);
     if (row >= p.M || col >= p.N) continue;
     const float* src = p.partial + size_t(row) * p.N + col;
-    float v[kMaxSplits];
+    float4 v[kMaxSplits];
+    if (vec) {
 #pragma unroll
-    for (int sp = 0; sp < kMaxSplits; ++sp) v[sp] = sp < p.splits ? __ldcg(src + sp * stride) : 0.0f;
-    float sum = v[0];
+      for (int sp = 0; sp < kMaxSplits; ++sp)
+        if (sp < p.splits) v[sp] = __ldcg(reinterpret_cast<const float4*>(src + sp * stride));
+    } else {
+#pragma unroll
+      for (int sp = 0; sp < kMaxSplits; ++sp)
+        if (sp < p.splits) {
+          v[sp].x = __ldcg(src + sp * stride);
+          v[sp].y = col + 1 < p.N ? __ldcg(src + sp * stride + 1) : 0.0f;
+          v[sp].z = col + 2 < p.N ? __ldcg(src + sp * stride + 2) : 0.0f;
+          v[sp].w = col + 3 < p.N ? __ldcg(src + sp * stride + 3) : 0.0f;
+        }
+    }
+    float4 sum = v[0];
 #pragma unroll
     for (int sp = 1; sp < kMaxSplits; ++sp)
-      if (sp < p.splits) sum += v[sp];
-    y[size_t(row) * p.N + col] = T(sum);
+      if (sp < p.splits) {
+        sum.x += v[sp].x;
+        sum.y += v[sp].y;
+        sum.z += v[sp].z;
+        sum.w += v[sp].w;
+      }
+    T* dst = y + size_t(row) * p.N + col;
+    if (vec) {
+      const T o[4] = {T(sum.x), T(sum.y), T(sum.z), T(sum.w)};
+      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(o);
+    } else {
+      dst[0] = T(sum.x);
+      if (col + 1 < p.N) dst[1] = T(sum.y);
+      if (col + 2 < p.N) dst[2] = T(sum.z);
+      if (col + 3 < p.N) dst[3] = T(sum.w);
+    }
   }
   if (tid == 0) p.counters[tile] = 0;
 }
 
-template <typename T, int NT, bool kFp8, bool kStageFlush>
-cudaError_t LaunchQLinearNT(const QLinearParams& p, cudaStream_t stream) {
-  using C = Cfg<kFp8, NT>;
+// Bulk copies need sm_90. Opt-in bench knob FLASHQ_GEMM_BULK=1: on the H200 this path was slower
+// than cp.async at M = 1, 16 and 64 (bench/gemm/NOTES.md).
+inline bool UseBulk() {
+  static const bool on = [] {
+    const char* e = std::getenv("FLASHQ_GEMM_BULK");
+    return e && e[0] == '1';
+  }();
+  if (!on) return false;
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+    return false;
+  return major >= 9;
+}
+
+template <typename T, int NT, bool kFp8, bool kStageFlush, bool kBulk>
+cudaError_t LaunchQLinearCfg(const QLinearParams& p, cudaStream_t stream) {
+  using C = Cfg<kFp8, NT, kStageFlush, kBulk>;
   // The attribute belongs to the current device: set it on every launch (a static
   // once-only call left every GPU but the first without it: cudaErrorInvalidValue).
-  const cudaError_t attr = cudaFuncSetAttribute(QLinearKernel<T, NT, kFp8, kStageFlush>,
+  const cudaError_t attr = cudaFuncSetAttribute(QLinearKernel<T, NT, kFp8, kStageFlush, kBulk>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kBytes));
   if (attr != cudaSuccess) return attr;
   const int n_blocks = (p.N + kBlockN - 1) / kBlockN;
   dim3 grid(n_blocks, p.splits, (p.M + C::kXRows - 1) / C::kXRows);
-  QLinearKernel<T, NT, kFp8, kStageFlush><<<grid, kThreads, C::kBytes, stream>>>(p);
+  QLinearKernel<T, NT, kFp8, kStageFlush, kBulk><<<grid, kThreads, C::kBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <typename T, int NT, bool kFp8, bool kStageFlush>
+cudaError_t LaunchQLinearNT(const QLinearParams& p, cudaStream_t stream) {
+  if (UseBulk()) return LaunchQLinearCfg<T, NT, kFp8, kStageFlush, true>(p, stream);
+  return LaunchQLinearCfg<T, NT, kFp8, kStageFlush, false>(p, stream);
 }
 
 // Benchmark knob: FLASHQ_GEMM_MAX_NT=1 or 2 caps the token-tile count per block
