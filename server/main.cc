@@ -105,8 +105,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& kind, co
 }
 
 int Run(const Options& o) {
-  // Request buffers (up to tens of MB) come from the heap and stay there once freed, so
-  // steady-state requests pay no mmap or page faults for their tensors (kernels/common/heap.h).
+  // Request buffers (up to tens of MB) come from the heap and stay there once freed, so requests
+  // pay no mmap or page faults for their tensors (kernels/common/heap.h).
   ConfigureHeapForTensors();
   // Signals are taken by one thread with sigwait, so block them everywhere first.
   sigset_t sigs;
@@ -218,7 +218,8 @@ int Run(const Options& o) {
     return 1;
   }
   std::cerr << "flashq-server: " << (*backend)->name() << " backend up at " << backend_s
-            << " s; gRPC, metrics and repository up at " << repository_s << " s\n";
+            << " s; gRPC, metrics and repository up at " << repository_s << " s; heap: " << HeapAllocatorName()
+            << "\n";
   InferenceServerOptions opts;
   opts.max_queue_size = Override(o.max_queue_size);
   opts.max_queue_delay_us = Override(o.max_queue_delay_us);

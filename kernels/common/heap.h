@@ -1,14 +1,16 @@
-// Heap policy for processes that move tensors of megabytes (the server and our load
-// tools): buffers below 32 MB come from the heap rather than fresh mmaps, freed memory
-// stays in the heap, and the main arena is touched once at start-up.
+// Heap policy for processes that move tensors of megabytes (the server and our load tools).
 //
-// glibc still gives threads their own arenas, and a model's first large request runs
-// on threads whose arenas have not held a tensor: on the H200 a 512-token attention
-// request's first call spent ~7 ms in the server against ~2.8 ms later. With one arena
-// (MALLOC_ARENA_MAX=1 in the environment) that gap closes, but lock contention cost
-// 20-35% of throughput at concurrency 64-256, so it is an option, not the default.
-// Pre-faulting every arena did not close the gap. Figures:
-// bench/results/server-e2e-h200-2026-11-22-r2.md.
+// A model's first large request runs on gRPC and scheduler threads that have not held a tensor
+// yet. With glibc's allocator each such thread has its own arena, whose pages fault in on first
+// touch: on the H200 a 512-token attention request's first call spent ~7 ms in the server against
+// ~2.8 ms later (bench/results/server-e2e-h200-2026-11-22-r2.md), and one arena for all threads
+// (MALLOC_ARENA_MAX=1) closed that gap but cost 20-35% of throughput at concurrency 64-256.
+// These programs therefore link tcmalloc where the build finds it (FLASHQ_TCMALLOC, the default):
+// blocks above 256 KB come from one page heap shared by all threads, so pages touched once serve
+// every later tensor whatever thread allocates it. Locally (CPU backend) the first 512-token request
+// faulted ~8000 pages in the server with glibc and ~190 with tcmalloc; later ones ~0 either way.
+// Both allocators keep freed memory (release rate 0; glibc: trim threshold 512 MB, buffers below
+// 32 MB from the heap) and get 64 MB touched once at start-up.
 #pragma once
 
 #include <malloc.h>
@@ -17,12 +19,29 @@
 #include <cstring>
 #include <vector>
 
+#if defined(FLASHQ_TCMALLOC)
+#include <gperftools/malloc_extension.h>
+#endif
+
 namespace flashq {
+
+// The allocator these programs run on, for their start-up log.
+inline const char* HeapAllocatorName() {
+#if defined(FLASHQ_TCMALLOC)
+  return "tcmalloc";
+#else
+  return "glibc malloc";
+#endif
+}
 
 // Call first thing in main, before any other thread exists.
 inline void ConfigureHeapForTensors() {
+#if defined(FLASHQ_TCMALLOC)
+  MallocExtension::instance()->SetMemoryReleaseRate(0.0);
+#else
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
+#endif
   constexpr size_t kBlock = size_t(4) << 20, kPrefault = size_t(64) << 20;
   std::vector<void*> blocks;
   for (size_t done = 0; done < kPrefault; done += kBlock) {
