@@ -2,11 +2,17 @@
 # Prepares .gpu/ (git-ignored, travels with carry) for bench/e2e/gpu-run.sh: the
 # relocatable bundle of a CUDA build (server, health, bench + their shared
 # libraries) plus the GPU test and cold-start binaries.
+# Build first, e.g.: cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release
+#   -DCMAKE_CUDA_ARCHITECTURES=90a-real && ninja -C build-cuda flashq-server flashq-health flashq-bench
+#   flashq-coldstart flashq_server_gpu_tests attention_gpu_test gemm_gpu_test
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${1:-$ROOT/build-cuda}
 rm -rf "$ROOT/.gpu" && mkdir -p "$ROOT/.gpu/bin"
 "$ROOT/deploy/bundle.sh" --build-dir "$BUILD" --out-dir "$ROOT/.gpu" >/dev/null
 cp "$BUILD/bin/flashq_server_gpu_tests" "$BUILD/bin/flashq-coldstart" "$ROOT/.gpu/bin/"
+for t in attention_gpu_test gemm_gpu_test; do  # the kernel GPU tests, run directly (optional)
+  [ -x "$BUILD/bin/$t" ] && cp "$BUILD/bin/$t" "$ROOT/.gpu/bin/"
+done
 git -C "$ROOT" rev-parse HEAD > "$ROOT/.gpu/COMMIT"
 du -sh "$ROOT/.gpu"

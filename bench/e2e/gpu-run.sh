@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for the CUDA backend (issue 5): GPU tests through the
-# server's executors, fatbin contents, cold start with JIT disabled and eager module
+# server's executors and the kernel GPU tests directly, fatbin contents, cold start with JIT disabled and eager module
 # loading, and the end-to-end scenarios. Prepare here with bench/e2e/gpu-prep.sh, then
 #   run(command="bash bench/e2e/gpu-run.sh", carry=[".gpu"])
 # Results land in $OUT (JSON + markdown); a short table is printed last.
@@ -32,6 +32,11 @@ echo "== GPU tests through the server's executors ($GPUS GPUs visible), then und
 "$ROOT"/.gpu/bin/flashq_server_gpu_tests --gtest_brief=1 2>&1 | tail -n 15 | tee "$OUT/server_gpu_tests.txt"
 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$ROOT"/.gpu/bin/flashq_server_gpu_tests --gtest_brief=1 2>&1 |
   grep -E "ERROR SUMMARY|PASSED|FAILED" | tee -a "$OUT/server_gpu_tests.txt"
+echo "== kernel GPU tests, directly"
+for t in attention_gpu_test gemm_gpu_test; do
+  [ -x "$ROOT/.gpu/bin/$t" ] || continue
+  timeout 240 "$ROOT/.gpu/bin/$t" --gtest_brief=1 2>&1 | tail -n 3 | sed "s/^/$t: /" | tee -a "$OUT/server_gpu_tests.txt"
+done
 fi
 # Cold start and the single-GPU scenarios run on GPU 0 alone; the several-GPU scenarios follow.
 export CUDA_VISIBLE_DEVICES=0
@@ -42,7 +47,7 @@ timeout 300 "$ROOT"/.gpu/bin/flashq-coldstart --server-binary="$B/libexec/flashq
 if part cold; then
 echo "== cold start (JIT disabled): module loading eager / lazy, fresh connection / warmed connection"
 i=0
-for cfg in EAGER: EAGER: LAZY: EAGER:--warm-connection LAZY:--warm-connection; do
+for cfg in EAGER: EAGER: LAZY: LAZY: EAGER:--warm-connection LAZY:--warm-connection; do
   i=$((i + 1))
   export CUDA_MODULE_LOADING=${cfg%%:*}
   echo "-- run $i: CUDA_MODULE_LOADING=$CUDA_MODULE_LOADING ${cfg#*:}"
@@ -50,10 +55,6 @@ for cfg in EAGER: EAGER: LAZY: EAGER:--warm-connection LAZY:--warm-connection; d
     --server-arg=--demo-cache-dir=$CACHE --steady=100 --log="$OUT/server-cold$i.log" ${cfg#*:} | tee "$OUT/coldstart$i.json"
   grep -E "backend up at|loaded and warmed|ready in" "$OUT/server-cold$i.log"
 done
-echo "-- run 6: CUDA_MODULE_LOADING=LAZY, one malloc arena (MALLOC_ARENA_MAX=1, server and client)"
-export CUDA_MODULE_LOADING=LAZY
-MALLOC_ARENA_MAX=1 timeout 300 "$ROOT"/.gpu/bin/flashq-coldstart --server-binary="$B/libexec/flashq-server" \
-  --backend=cuda --server-arg=--demo-cache-dir=$CACHE --steady=100 --log="$OUT/server-cold6.log" | tee "$OUT/coldstart6.json"
 export CUDA_MODULE_LOADING=EAGER
 fi
 
