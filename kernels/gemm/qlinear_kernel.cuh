@@ -125,54 +125,25 @@ __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-// sm_90: bulk copies (cp.async.bulk, the TMA engine, no tensor map) completing on mbarriers.
-// Only code compiled for sm_90 calls these; their bodies are empty elsewhere so that the
-// sm_80/sm_89 builds never see the instructions.
+// sm_90 thread-block clusters: the split-K blocks of one tile reduce through distributed shared
+// memory. Only code compiled for sm_90 calls these; elsewhere their bodies are empty.
+__device__ __forceinline__ void ClusterSync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-inline constexpr bool kArchBulk = true;
-#else
-inline constexpr bool kArchBulk = false;
-#endif
-__device__ __forceinline__ void MbarInit(uint32_t bar, int count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+  asm volatile("barrier.cluster.arrive.release.aligned;\n barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void MbarInitFence() {
+// Reads a float4 at shared address `addr` of cluster block `rank`.
+__device__ __forceinline__ float4 LdClusterF4(uint32_t addr, int rank) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-// Plain spin (no poll limit, no trap: a reachable __trap() in a wait loop constrains ptxas).
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t ok;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!ok);
-#endif
-}
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
-__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
-// One contiguous run of `bytes` (a multiple of 16, both ends 16-byte aligned) into shared memory.
-__device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
                : "memory");
 #endif
+  return v;
 }
 
 // mma with a zero accumulator input (starts a fresh k32 partial without zeroing registers).
@@ -190,7 +161,7 @@ __device__ __forceinline__ void Mma0(float (&c)[4], const uint32_t (&a)[4], uint
   }
 }
 
-template <bool kFp8, int NT, bool kStageFlush, bool kBulk>
+template <bool kFp8, int NT, bool kStageFlush>
 struct Cfg {
   static constexpr int kWarps = kThreads / 32;
   // k32 steps per warp per pipeline stage: int4 4 (one stage = one g128 group, half the
@@ -204,25 +175,17 @@ struct Cfg {
   static constexpr int kWChunks = kFp8 ? 2 : 1;  // uint4 of weights per lane per k32 step
   static constexpr int kW = kWarps * kSub * kWChunks * 32;        // uint4 per stage [warp][ss][c][lane]
   static constexpr int kXRows = 8 * NT;                                // tokens per block
-  // cp.async path: X stage [kg][ss][row][4] (uint4); bulk path: [kg][row][kXRowB], one bulk
-  // copy per (kg, row), rows padded to 64 mod 128 bytes so the 8 lanes of an LDS.128 phase
-  // (rows g, g+1 x 4 chunks) hit distinct banks.
-  static constexpr int kXRowB = kSub * 4 + 4;
-  static constexpr int kX = kBulk ? kWarpsK * kXRows * kXRowB : kWarpsK * kSub * kXRows * 4;
-  static constexpr int kXPer = (kX + kThreads - 1) / kThreads;        // cp.async: X chunks per thread per stage
+  static constexpr int kX = kWarpsK * kSub * kXRows * 4;          // uint4 per stage [kg][ss][row][4]
+  static constexpr int kXPer = (kX + kThreads - 1) / kThreads;        // X chunks per thread per stage
   // Scales + zeros: one 96-byte block per warp per group change (at most once per stage with
   // the stage flush, once per k32 step without).
   static constexpr int kSZ = kFp8 ? 0 : kWarps * (kStageFlush ? 1 : kSub) * 6;
   static constexpr int kStage = kW + kX + kSZ;                         // uint4 per stage
-  // cp.async: kStages - 1 stages in flight (one barrier per stage). bulk: all kStages in flight
-  // (mbarrier full/empty handshakes), as many as fit beside kMinBlocks - 1 other blocks.
-  static constexpr int kStagesCp = kFp8 ? (NT == 1 ? 6 : NT == 2 ? 5 : NT == 4 ? 4 : 5) : (NT <= 2 ? 4 : 3);
-  static constexpr int kFit = int((225u * 1024u / kMinBlocks) / (kStage * 16u));
-  static constexpr int kStages = kBulk ? (kFit < 6 ? kFit : 6) : kStagesCp;
+  static constexpr int kStages = kFp8 ? (NT == 1 ? 6 : NT == 2 ? 5 : NT == 4 ? 4 : 5) : (NT <= 2 ? 4 : 3);
   static constexpr size_t kBytes = size_t(kStages) * kStage * 16;
-  static_assert(kBulk || kX % kThreads == 0 || kX < kThreads, "X tile chunks split evenly over the block");
-  static_assert(kStages >= 2, "at least two pipeline stages");
-  static_assert(kBytes >= size_t(kWarpsN) * NT * 8 * 32 * 4, "the K-warp reduction reuses the pipeline buffer");
+  static_assert(kX % kThreads == 0 || kX < kThreads, "X tile chunks split evenly over the block");
+  static_assert(kBytes >= size_t(kWarpsN) * NT * 8 * 32 * 4 + size_t(NT) * 8 * kBlockN * 4,
+                "the K-warp reduction and the cluster tile reuse the pipeline buffer");
   static_assert(kBytes * kMinBlocks <= 227 * 1024 - kMinBlocks * 1024, "blocks per SM must fit in shared memory");
 };
 
@@ -231,15 +194,13 @@ struct Cfg {
 // one n8 tile instead of a mostly empty m16 tile and no register shuffles are needed.
 // kStageFlush (int4, groups of a multiple of kSub k32 steps): the fp32 scale is applied once
 // per pipeline stage instead of once per k32 step; a property of the weights, not of M.
-// kBulk (sm_90 only; the host never launches it elsewhere): weights, X rows and scales arrive by
-// cp.async.bulk on per-stage mbarriers issued by warp 0; no block barrier in the main loop.
-template <typename T, int NT, bool kFp8, bool kStageFlush, bool kBulkReq>
-__global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kBulkReq>::kMinBlocks)) QLinearKernel(const QLinearParams p) {
-  using C = Cfg<kFp8, NT, kStageFlush, kBulkReq>;
-  constexpr bool kBulk = kBulkReq && kArchBulk;  // the sm_80/sm_89 builds compile the cp.async path
+// p.cluster (sm_90 launches only): the split-K blocks of a tile form one cluster and reduce
+// through distributed shared memory instead of the fp32 workspace and an atomic ticket.
+template <typename T, int NT, bool kFp8, bool kStageFlush>
+__global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlocks)) QLinearKernel(const QLinearParams p) {
+  using C = Cfg<kFp8, NT, kStageFlush>;
   constexpr int kXPer = C::kXPer;
   extern __shared__ uint4 smem[];
-  __shared__ __align__(8) uint64_t s_full[C::kStages], s_empty[C::kStages];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kw = warp / kWarpsN, nw = warp % kWarpsN;
   const int g = lane >> 2, t = lane & 3;
@@ -251,10 +212,8 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kBulkReq
   const int j0 = (split * kWarpsK + kw) * spw;
   const int nvalid = min(spw, p.nk32 - j0);  // this warp's real k32 steps (may be <= 0)
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(s_full));
-  const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(s_empty));
 
-  // ---- cp.async producer state (incremental: no divisions in the loop) ----
+  // ---- producer state (incremental: no divisions in the loop) ----
   const uint4* wsrc = static_cast<const uint4*>(p.qw) + (size_t(strip) * p.nk32 + j0) * (C::kWChunks * 32) + lane;
   const uint32_t wdst = uint32_t(((warp * C::kSub) * C::kWChunks) * 32 + lane) * 16;
   const uint4* szsrc = nullptr;
@@ -271,17 +230,15 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kBulkReq
   const T* xsrc[kXPer];
   int xk[kXPer];
   bool xcopy[kXPer];
-  if constexpr (!kBulk) {
 #pragma unroll
-    for (int q = 0; q < kXPer; ++q) {
-      const int id = tid + q * kThreads;
-      const int c = id & 3, r = id >> 2;
-      const int row = r % C::kXRows, kgss = r / C::kXRows;
-      const int ss = kgss % C::kSub, kg = kgss / C::kSub;
-      xk[q] = ((split * kWarpsK + kg) * spw + ss) * kStepK + 8 * c;
-      xcopy[q] = id < C::kX && m0 + row < p.M;
-      xsrc[q] = static_cast<const T*>(p.x) + size_t(xcopy[q] ? m0 + row : 0) * p.K + (xcopy[q] ? xk[q] : 0);
-    }
+  for (int q = 0; q < kXPer; ++q) {
+    const int id = tid + q * kThreads;
+    const int c = id & 3, r = id >> 2;
+    const int row = r % C::kXRows, kgss = r / C::kXRows;
+    const int ss = kgss % C::kSub, kg = kgss / C::kSub;
+    xk[q] = ((split * kWarpsK + kg) * spw + ss) * kStepK + 8 * c;
+    xcopy[q] = id < C::kX && m0 + row < p.M;
+    xsrc[q] = static_cast<const T*>(p.x) + size_t(xcopy[q] ? m0 + row : 0) * p.K + (xcopy[q] ? xk[q] : 0);
   }
 
   int jis = 0;  // next k32 step (inside this warp's range) to issue
@@ -315,79 +272,6 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kBulkReq
       CpAsync16IfZfill(sst + uint32_t(C::kW + tid + q * kThreads) * 16, kin ? xsrc[q] : p.x, xcopy[q], !kin);
       xk[q] += C::kSub * kStepK;
       xsrc[q] += C::kSub * kStepK;
-    }
-  };
-
-  // Bulk path: warp 0 issues global stage s into ring slot st. Lanes 0-7: the weights of warp
-  // `lane` (one contiguous run of its valid k32 steps), lanes 8-15: that warp's scale blocks,
-  // every lane: X rows (kg, row) = lane, lane + 32, ... (only rows < M and k < K).
-  // Stale bytes left in a slot (steps past a warp's range, rows >= M, the K tail of X) are
-  // harmless: stale weights dequantize to finite values and meet X the consumer zeroes
-  // (k >= K), stale rows only reach their own token's never-stored output columns.
-  auto issue_bulk = [&](int s, int st) {
-    const uint32_t sst = sbase + uint32_t(st) * (C::kStage * 16);
-    const uint32_t bar = full0 + 8u * st;
-    // This lane's copies: (dst, src, bytes) for the weights or scales, then up to kXLane X rows.
-    constexpr int kXPairs = kWarpsK * C::kXRows;
-    constexpr int kXLane = (kXPairs + 31) / 32;
-    uint32_t bytes = 0;
-    const int wl = lane & 7;  // the warp this lane loads weights (lanes 0-7) or scales (8-15) for
-    const int wstrip = blockIdx.x * kWarpsN + wl % kWarpsN;
-    const int wj0 = (split * kWarpsK + wl / kWarpsN) * spw;
-    const int wvalid = min(spw, p.nk32 - wj0) - s * C::kSub;  // valid steps of warp wl from this stage on
-    const int wn = wvalid <= 0 ? 0 : wvalid < C::kSub ? wvalid : C::kSub;
-    if (lane < 8) bytes += uint32_t(wn) * C::kWChunks * 512;
-    int szn = 0;  // scale blocks this lane copies (lanes 8-15)
-    uint32_t szmask = 0;
-    if constexpr (!kFp8) {
-      if (lane >= 8 && lane < 16) {
-#pragma unroll
-        for (int ss = 0; ss < kSzPer; ++ss) {
-          const int jj = s * C::kSub + ss;
-          if (jj < wvalid + s * C::kSub && (jj == 0 || (wj0 + jj) % p.gsteps == 0)) {
-            szmask |= 1u << ss;
-            ++szn;
-          }
-        }
-        bytes += uint32_t(szn) * 96;
-      }
-    }
-    uint32_t xbytes[kXLane];
-#pragma unroll
-    for (int r = 0; r < kXLane; ++r) {
-      const int q = lane + 32 * r;
-      const int row = q % C::kXRows, kg = q / C::kXRows;
-      const int kst = ((split * kWarpsK + kg) * spw + s * C::kSub) * kStepK;
-      const int kb = 2 * (p.K - kst);
-      xbytes[r] = (q < kXPairs && m0 + row < p.M && kb > 0) ? uint32_t(kb < C::kSub * 64 ? kb : C::kSub * 64) : 0u;
-      bytes += xbytes[r];
-    }
-    const uint32_t total = __reduce_add_sync(0xffffffffu, bytes);
-    if (lane == 0) MbarArriveExpectTx(bar, total);
-    __syncwarp();
-    if (lane < 8 && wn > 0)
-      BulkCopy(sst + uint32_t(wl * C::kSub * C::kWChunks * 32) * 16,
-               static_cast<const uint4*>(p.qw) + (size_t(wstrip) * p.nk32 + wj0 + s * C::kSub) * (C::kWChunks * 32),
-               uint32_t(wn) * C::kWChunks * 512, bar);
-    if constexpr (!kFp8) {
-      if (szn) {
-#pragma unroll
-        for (int ss = 0; ss < kSzPer; ++ss)
-          if (szmask >> ss & 1u) {
-            const int grp = (wj0 + s * C::kSub + ss) / p.gsteps;
-            BulkCopy(sst + uint32_t(C::kW + C::kX + (wl * kSzPer + ss) * 6) * 16,
-                     static_cast<const uint4*>(p.sz) + (size_t(grp) * p.strips + wstrip) * 6, 96, bar);
-          }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kXLane; ++r) {
-      if (xbytes[r] == 0) continue;
-      const int q = lane + 32 * r;
-      const int row = q % C::kXRows, kg = q / C::kXRows;
-      const int kst = ((split * kWarpsK + kg) * spw + s * C::kSub) * kStepK;
-      BulkCopy(sst + uint32_t(C::kW + (kg * C::kXRows + row) * C::kXRowB) * 16,
-               static_cast<const T*>(p.x) + size_t(m0 + row) * p.K + kst, xbytes[r], bar);
     }
   };
 
@@ -438,22 +322,10 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kBulkReq
         const uint4 v = wsm[cc * 32];
         wv[4 * cc] = v.x; wv[4 * cc + 1] = v.y; wv[4 * cc + 2] = v.z; wv[4 * cc + 3] = v.w;
       }
+      const uint4* xsm = sst + C::kW + ((kw * C::kSub + ss) * C::kXRows + g) * 4 + t;
       uint4 xv[NT];
-      if constexpr (kBulk) {
-        const uint4* xsm = sst + C::kW + (kw * C::kXRows + g) * C::kXRowB + ss * 4 + t;
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) xv[nt] = xsm[nt * 8 * C::kXRowB];
-        // X chunks at k >= K were not copied: zero them (warp-uniform test, rare slow path).
-        const int kj = (j0 + jj) * kStepK;
-        if (kj + kStepK > p.K && kj + 8 * t >= p.K) {
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) xv[nt] = make_uint4(0u, 0u, 0u, 0u);
-        }
-      } else {
-        const uint4* xsm = sst + C::kW + ((kw * C::kSub + ss) * C::kXRows + g) * 4 + t;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) xv[nt] = xsm[nt * 8 * 4];
-      }
+      for (int nt = 0; nt < NT; ++nt) xv[nt] = xsm[nt * 8 * 4];
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
 #pragma unroll
@@ -489,62 +361,29 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kBulkReq
     }
   };
 
-  if constexpr (kBulk) {
-    // ---- main loop: kStages-deep ring, all stages in flight; full[st] completes when the
-    // stage's bytes have landed, empty[st] when all 8 warps have read it ----
-    if (tid == 0) {
-      for (int s = 0; s < C::kStages; ++s) {
-        MbarInit(full0 + 8u * s, 1);
-        MbarInit(empty0 + 8u * s, C::kWarps);
-      }
-      MbarInitFence();
-    }
-    __syncthreads();
-    if (warp == 0)
-      for (int s = 0; s < C::kStages && s < nst; ++s) issue_bulk(s, s);
-    int st = 0;
-    uint32_t ph = 0;
-    for (int i = 0; i < nst; ++i) {
-      if (warp == 0 && i > 0 && i - 1 + C::kStages < nst) {
-        // Refill the slot stage i - 1 used once every warp is done with it.
-        const int sp = st == 0 ? C::kStages - 1 : st - 1;
-        MbarWait(empty0 + 8u * sp, (sp == C::kStages - 1) ? ph ^ 1u : ph);
-        issue_bulk(i - 1 + C::kStages, sp);
-      }
-      MbarWait(full0 + 8u * st, ph);
-      compute(i, st);
-      __syncwarp();
-      if (lane == 0) MbarArrive(empty0 + 8u * st);
-      if (++st == C::kStages) {
-        st = 0;
-        ph ^= 1u;
-      }
-    }
-    __syncthreads();
-  } else {
-    // ---- main loop: kStages-deep cp.async pipeline, one barrier per stage ----
+  // ---- main loop: kStages-deep cp.async pipeline, one barrier per stage ----
 #pragma unroll
-    for (int s = 0; s < C::kStages - 1; ++s) {
-      if (s < nst) issue(s);
-      CpAsyncCommit();
-    }
-    int rd = 0, wr = C::kStages - 1;
-    for (int i = 0; i < nst; ++i) {
-      CpAsyncWait<C::kStages - 2>();
-      __syncthreads();
-      if (i + C::kStages - 1 < nst) issue(wr);
-      CpAsyncCommit();
-      compute(i, rd);
-      rd = rd + 1 == C::kStages ? 0 : rd + 1;
-      wr = wr + 1 == C::kStages ? 0 : wr + 1;
-    }
-    CpAsyncWait<0>();
-    __syncthreads();
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < nst) issue(s);
+    CpAsyncCommit();
   }
+  int rd = 0, wr = C::kStages - 1;
+  for (int i = 0; i < nst; ++i) {
+    CpAsyncWait<C::kStages - 2>();
+    __syncthreads();
+    if (i + C::kStages - 1 < nst) issue(wr);
+    CpAsyncCommit();
+    compute(i, rd);
+    rd = rd + 1 == C::kStages ? 0 : rd + 1;
+    wr = wr + 1 == C::kStages ? 0 : wr + 1;
+  }
+  CpAsyncWait<0>();
+  __syncthreads();
 
   // ---- reduce the 2 K-warps in order 0, 1 ----
   constexpr int kNA = NT * 8;
   float* red = reinterpret_cast<float*>(smem);
+  float* ctile = red + kWarpsN * kNA * 32;  // cluster path: this block's fp32 tile [kXRows][kBlockN]
   if (kw == 1) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -581,14 +420,59 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kBulkReq
         for (int e = 0; e < 4; ++e) {
           const int row = m0 + nt * 8 + 2 * t + (e & 1);
           const int col = colw + 16 * u + 8 * (e >> 1);
-          if (row < p.M && col < p.N) {
+          if (p.cluster) {
+            ctile[(nt * 8 + 2 * t + (e & 1)) * kBlockN + nw * kWarpN + 16 * u + 8 * (e >> 1) + g] = acc[nt][u][e];
+          } else if (row < p.M && col < p.N) {
             if (p.splits == 1) y[size_t(row) * p.N + col] = T(acc[nt][u][e]);
             else p.partial[(size_t(split) * p.M + row) * p.N + col] = acc[nt][u][e];
           }
         }
-    __threadfence();
+    if (!p.cluster) __threadfence();
   }
   if (p.splits == 1) return;
+  const int ncol0 = blockIdx.x * kBlockN;
+  const bool vec = (p.N & 3) == 0;
+  // y[row][col..col+3] = sum (4 fp32 columns), N % 4 == 0 or not.
+  auto store4 = [&](int row, int col, float4 sum) {
+    T* dst = y + size_t(row) * p.N + col;
+    if (vec) {
+      const T o[4] = {T(sum.x), T(sum.y), T(sum.z), T(sum.w)};
+      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(o);
+    } else {
+      dst[0] = T(sum.x);
+      if (col + 1 < p.N) dst[1] = T(sum.y);
+      if (col + 2 < p.N) dst[2] = T(sum.z);
+      if (col + 3 < p.N) dst[3] = T(sum.w);
+    }
+  };
+  if (p.cluster) {
+    // The tile's S split blocks are one cluster (rank = split): after the barrier each block
+    // sums every S-th group of 4 columns over ranks 0..S-1 in that order (the same fp32 sum as
+    // the workspace path below), reading the other blocks' tiles through distributed shared memory.
+    ClusterSync();
+    const int rows = min(C::kXRows, p.M - m0);
+    const uint32_t tbase = static_cast<uint32_t>(__cvta_generic_to_shared(ctile));
+#pragma unroll 1
+    for (int c = split + p.splits * tid; c < rows * (kBlockN / 4); c += p.splits * kThreads) {
+      const int row = m0 + c / (kBlockN / 4), col = ncol0 + 4 * (c % (kBlockN / 4));
+      float4 v[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q)
+        if (q < p.splits) v[q] = LdClusterF4(tbase + uint32_t(c) * 16, q);
+      float4 sum = v[0];
+#pragma unroll
+      for (int q = 1; q < 8; ++q)
+        if (q < p.splits) {
+          sum.x += v[q].x;
+          sum.y += v[q].y;
+          sum.z += v[q].z;
+          sum.w += v[q].w;
+        }
+      if (col < p.N) store4(row, col, sum);
+    }
+    ClusterSync();  // no block leaves while another still reads its tile
+    return;
+  }
   // Split-K: the last block of the tile (atomic ticket) sums splits 0..S-1 in that order.
   __shared__ int s_last;
   const int tile = blockIdx.z * gridDim.x + blockIdx.x;
@@ -600,9 +484,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kBulkReq
   // All 256 threads: 4 consecutive columns each (32 per row) x 8 rows per pass; a pass issues
   // every split's loads of its element group together, so the tail costs one L2 round trip
   // per 8 rows (it cost one per row when 128 threads walked the tile element by element).
-  const int ncol0 = blockIdx.x * kBlockN;
   const size_t stride = size_t(p.M) * p.N;
-  const bool vec = (p.N & 3) == 0;
   const int col = ncol0 + 4 * (tid & 31);
 #pragma unroll 1
   for (int r0 = 0; r0 < C::kXRows; r0 += kThreads / 32) {
@@ -633,52 +515,55 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kBulkReq
         sum.z += v[sp].z;
         sum.w += v[sp].w;
       }
-    T* dst = y + size_t(row) * p.N + col;
-    if (vec) {
-      const T o[4] = {T(sum.x), T(sum.y), T(sum.z), T(sum.w)};
-      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(o);
-    } else {
-      dst[0] = T(sum.x);
-      if (col + 1 < p.N) dst[1] = T(sum.y);
-      if (col + 2 < p.N) dst[2] = T(sum.z);
-      if (col + 3 < p.N) dst[3] = T(sum.w);
-    }
+    store4(row, col, sum);
   }
   if (tid == 0) p.counters[tile] = 0;
 }
 
-// Bulk copies need sm_90. Opt-in bench knob FLASHQ_GEMM_BULK=1: on the H200 this path was slower
-// than cp.async at M = 1, 16 and 64 (bench/gemm/NOTES.md).
-inline bool UseBulk() {
-  static const bool on = [] {
-    const char* e = std::getenv("FLASHQ_GEMM_BULK");
+// Split-K through a cluster needs sm_90. Only 2-split plans use it: on the H200 clusters of 2
+// beat the workspace + ticket reduction at M = 1, 16 and 64, clusters of 4 and 8 lost to it
+// (bench/gemm/NOTES.md). Bench knob FLASHQ_GEMM_NOCLUSTER=1 turns it off.
+inline bool UseCluster(int splits) {
+  static const bool off = [] {
+    const char* e = std::getenv("FLASHQ_GEMM_NOCLUSTER");
     return e && e[0] == '1';
   }();
-  if (!on) return false;
+  if (off || splits != 2) return false;
   int dev = 0, major = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
     return false;
   return major >= 9;
 }
 
-template <typename T, int NT, bool kFp8, bool kStageFlush, bool kBulk>
-cudaError_t LaunchQLinearCfg(const QLinearParams& p, cudaStream_t stream) {
-  using C = Cfg<kFp8, NT, kStageFlush, kBulk>;
+template <typename T, int NT, bool kFp8, bool kStageFlush>
+cudaError_t LaunchQLinearNT(const QLinearParams& p0, cudaStream_t stream) {
+  using C = Cfg<kFp8, NT, kStageFlush>;
+  auto* kernel = QLinearKernel<T, NT, kFp8, kStageFlush>;
   // The attribute belongs to the current device: set it on every launch (a static
   // once-only call left every GPU but the first without it: cudaErrorInvalidValue).
-  const cudaError_t attr = cudaFuncSetAttribute(QLinearKernel<T, NT, kFp8, kStageFlush, kBulk>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kBytes));
+  const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kBytes));
   if (attr != cudaSuccess) return attr;
+  QLinearParams p = p0;
+  p.cluster = UseCluster(p.splits) ? 1 : 0;
   const int n_blocks = (p.N + kBlockN - 1) / kBlockN;
   dim3 grid(n_blocks, p.splits, (p.M + C::kXRows - 1) / C::kXRows);
-  QLinearKernel<T, NT, kFp8, kStageFlush, kBulk><<<grid, kThreads, C::kBytes, stream>>>(p);
+  if (p.cluster) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = C::kBytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = p.splits;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, p);
+  }
+  kernel<<<grid, kThreads, C::kBytes, stream>>>(p);
   return cudaGetLastError();
-}
-
-template <typename T, int NT, bool kFp8, bool kStageFlush>
-cudaError_t LaunchQLinearNT(const QLinearParams& p, cudaStream_t stream) {
-  if (UseBulk()) return LaunchQLinearCfg<T, NT, kFp8, kStageFlush, true>(p, stream);
-  return LaunchQLinearCfg<T, NT, kFp8, kStageFlush, false>(p, stream);
 }
 
 // Benchmark knob: FLASHQ_GEMM_MAX_NT=1 or 2 caps the token-tile count per block
