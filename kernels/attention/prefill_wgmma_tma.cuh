@@ -159,29 +159,7 @@ __global__ void __launch_bounds__(384, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegs));
 
   // ---- consumer warpgroups ----
-  // Ping-pong: warpgroup w waits on named barrier 1 + w before issuing its MMAs, then releases
-  // the other one; warpgroup 0 goes first. Each warpgroup has n_blocks + 1 issue points.
-  struct Sync {
-    uint32_t bar_base, skv;
-    int wg;
-    __device__ __forceinline__ void WaitTile(int j) {
-      if (j == 0 && wg == 1 && kPingPong) NamedBarArrive(1, 256);
-      MbarWait(bar_base + (j % kStages) * 8, (j / kStages) & 1);
-      FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
-    }
-    __device__ __forceinline__ void BeginIssue() {
-      if constexpr (kPingPong) NamedBarSync(1 + wg, 256);
-    }
-    __device__ __forceinline__ void EndIssue() {
-      if constexpr (kPingPong) NamedBarArrive(2 - wg, 256);
-    }
-    __device__ __forceinline__ void EndLastIssue() {
-      if (wg == 0) EndIssue();  // warpgroup 1 has no issue point left to release
-    }
-    __device__ __forceinline__ void Release(int j) { MbarArrive(bar_base + (kStages + j % kStages) * 8); }
-    __device__ __forceinline__ uint32_t KAddr(int j) { return skv + (j % kStages) * 2 * (kBN * D * 2); }
-    __device__ __forceinline__ uint32_t VAddr(int j) { return KAddr(j) + kBN * D * 2; }
-  } sync{bar_base, SmemAddr(sKV), warp / 4};
+  WsConsumerSync<D, kBN, kStages, kPingPong> sync{bar_base, SmemAddr(sKV), warp / 4};
 
   WgmmaConsumer<T, D, kBM, kBN, kCausal> c(p.softmax_scale, lq, lk, m0, warp, lane, SmemAddr(sQ));
   MbarWait(q_bar, 0);  // also before an empty K range: the epilogue reuses the Q tile
