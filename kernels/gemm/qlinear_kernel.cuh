@@ -18,9 +18,11 @@
 // the value is w * 2^-8 (the 2^8 folds into the fp32 channel scale), for bf16 w * 2^-120, then
 // one exact bf16x2 multiply by 2^120 (subnormal E4M3 values stay exact).
 // The 2 K-warps reduce through shared memory in order 0, 1; split-K partials go to an fp32
-// workspace and the last block of a tile (atomic ticket) sums splits 0..S-1 in order. The K
-// partition depends on (K, N) only (PlanFor), the flush cadence on the group size only, and no
-// arithmetic mixes tokens, so row i is bitwise identical for any M and any NT.
+// workspace and the last block of a tile (atomic ticket) sums splits 0..S-1 in order, all 256
+// threads, 4 columns each, every split's loads in flight (one L2 round trip per 8 rows). On sm_90
+// a 2-split plan runs as 2-block clusters that do the same in-order sum over distributed shared
+// memory. The K partition depends on (K, N) only (PlanFor), the flush cadence on the group size
+// only, and no arithmetic mixes tokens, so row i is bitwise identical for any M and any NT.
 //
 // Layouts (built by weights.cu). k is permuted inside each k32 step so that thread
 // t = lane%4 owns channels 8t..8t+7 of both operands: X is read as one 16 B chunk per token
@@ -33,11 +35,12 @@
 //            channels 8t+4ks + (0, 2, 1, 3), so bytes 0,2 and bytes 1,3 form the two registers.
 //   fp8  fscales fp32 [strips][g][s].
 // Limits: K % 8 == 0; group_size % 32 == 0 or channelwise; M per launch <= 128.
-// Measured (H200, 2026-11-22, bench/results/gemm-nvidia-h200-2026-11-22-r2.md, commit 917f922):
-// W4A16 g128 M=1 7.6 / 16.8 / 14.9 / 17.3 µs on (K,N) = 4096², 4096x14336, 14336x4096, 8192² =
-// 1.64-2.08x cuBLASLt BF16 (29-52% of the copy ceiling); M=16 0.86-1.30x; M=64 0.36-0.56x; W8A16
-// M=1 1.27-1.41x. Below issue 4's bars (2.5x / 1.3x / 1.6x): latency bound, not issue bound
-// (40% fewer loop instructions moved M=1 by 7%); bench/gemm/NOTES.md has the analysis and next steps.
+// Measured (H200, 2026-11-23, bench/results/gemm-nvidia-h200-2026-11-23.md, commit d16051a):
+// W4A16 g128 batch-invariant M=1 7.81 / 15.83 / 15.35 / 17.50 µs on (K,N) = 4096², 4096x14336,
+// 14336x4096, 8192² = 1.62-2.01x cuBLASLt BF16 (28-51% of the copy ceiling); M=16 10.71 / 21.20 /
+// 20.72 / 24.59 µs = 1.17-1.54x; M=64 0.49-0.69x; W8A16 M=1 1.25-1.38x, M=16 1.00-1.18x. Still below
+// issue 4's bars (2.5x / 1.3x / 1.6x): M=1 time does not follow bytes in flight (a bulk-copy
+// pipeline with all 5 stages in flight was no faster); bench/gemm/NOTES.md has the analysis.
 #pragma once
 
 #include <cuda_bf16.h>
