@@ -1,5 +1,6 @@
 // Bench-only prefill variants (not shipped). The mma.sync first version's tiling (one 16-row m-tile per
 // warp: hd128 BM 64 / BN 64, hd64 BM 128 / BN 64) against the shipped two m-tiles per warp.
+#include "bench/attention/prefill_wgmma_plain.cuh"
 #include "kernels/attention/prefill_kernel.cuh"
 #include "kernels/attention/prefill_wgmma_tma.cuh"
 

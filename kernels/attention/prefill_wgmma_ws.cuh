@@ -8,14 +8,15 @@
 // in flight. The two consumer warpgroups take turns issuing their MMAs (named barriers, the
 // "ping-pong" of FlashAttention-3), so one warpgroup's softmax runs under the other's MMAs.
 // Consumers never touch the load path and never wait for each other at a CTA-wide barrier.
-// Layouts, masking, LSE and limits: as prefill_wgmma.cuh (64-column SWIZZLE_128B panels).
+// Layouts (64-column SWIZZLE_128B panels), masking and LSE: wgmma_consumer.cuh. D in {64, 128}; sm_90a only.
 // Dispatched on Hopper only as the fallback of prefill_wgmma_tma.cuh (the driver rejects its tensor
 // maps). Measured on H200 (bench/results/attention-h200-2026-11-23.md, BF16, 32 heads): hd128
 // 418-471 TFLOP/s non-causal, 324-478 causal; hd64 360 / 329 (the TMA kernel: 414-647).
 #pragma once
 
 #include "kernels/attention/async_copy.cuh"
-#include "kernels/attention/prefill_wgmma.cuh"
+#include "kernels/attention/wgmma_consumer.cuh"
+#include "kernels/common/cuda_check.h"
 
 namespace flashq::attention::detail {
 

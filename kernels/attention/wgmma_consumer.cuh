@@ -1,5 +1,7 @@
-// The math of one consumer warpgroup of the Hopper prefill kernels (prefill_wgmma.cuh,
-// prefill_wgmma_ws.cuh, prefill_wgmma_tma.cuh): 64 query rows, K/V tiles of kBN keys.
+// The math of one consumer warpgroup of the Hopper prefill kernels (prefill_wgmma_tma.cuh,
+// prefill_wgmma_ws.cuh, and the bench-only bench/attention/prefill_wgmma_plain.cuh): 64 query rows,
+// K/V tiles of kBN keys. Masking is bottom-right causal (FlashAttention 2.1+) and for key tails; LSE
+// is natural-log, fp32 [Hq, total_q] (or lse_head_stride).
 //
 // Algorithm (FlashAttention-3's intra-warpgroup overlap): iteration j issues S_j = Q K_j^T
 // (wgmma m64 n kBN k16, A = Q and B = K from shared memory, K-major) and O += P_{j-1} V_{j-1}

@@ -13,11 +13,11 @@
 // Layouts: shared tiles are 64-column panels of 128-byte rows with the 128-byte XOR swizzle
 // (chunk ^ row % 8), the canonical wgmma SWIZZLE_128B layout; panel p of a tile with R rows
 // sits at p * R * 128 bytes. Tiles are 1024-byte aligned.
-// Limits: D in {64, 128}; sm_90a only (the launcher falls back to mma.sync elsewhere). No TMA,
+// Limits: D in {64, 128}; sm_90a only. No TMA,
 // no warp specialisation or inter-warpgroup ping-pong: all 256 threads load, then compute.
-// Not dispatched (bench-only since c92bcc0: bench/attention/prefill_variants.cu); the consumer
-// math is wgmma_consumer.cuh's, shared with the warp-specialised kernels. Also home of the panel
-// tile loader and traits they use. Measured on H200 (bench/results/attention-h200-2026-11-23.md,
+// Bench-only since c92bcc0 (instantiated in prefill_variants.cu, timed as "plain wgmma"); the
+// consumer math is kernels/attention/wgmma_consumer.cuh's, shared with the shipped
+// warp-specialised kernels. Measured on H200 (bench/results/attention-h200-2026-11-23.md,
 // BF16, 32 heads): hd128 371-437 TFLOP/s non-causal, 289-432 causal; hd64 312 / 292, against
 // 414-647 for the TMA kernel in the same run.
 #pragma once
