@@ -68,7 +68,6 @@ struct TmaPrefillTraits {
 template <typename T, int D, bool kCausal, bool kTmaTails = false>
 __global__ void __launch_bounds__(384, 1)
     PrefillTmaKernel(const VarlenAttentionParams p, const __grid_constant__ PrefillTmaMaps maps) {
-  constexpr bool kPingPong = true;
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = TmaPrefillTraits<D>;
   constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kStages = Tr::kStages;
@@ -159,7 +158,7 @@ __global__ void __launch_bounds__(384, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegs));
 
   // ---- consumer warpgroups ----
-  WsConsumerSync<D, kBN, kStages, kPingPong> sync{bar_base, SmemAddr(sKV), warp / 4};
+  WsConsumerSync<D, kBN, kStages, /*kPingPong=*/true> sync{bar_base, SmemAddr(sKV), warp / 4};
 
   WgmmaConsumer<T, D, kBM, kBN, kCausal> c(p.softmax_scale, lq, lk, m0, warp, lane, SmemAddr(sQ));
   MbarWait(q_bar, 0);  // also before an empty K range: the epilogue reuses the Q tile
