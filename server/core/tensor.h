@@ -32,6 +32,14 @@ struct OutputTensor {
   std::string data;
 };
 
+// Bytes [off, off + n) of a batch's output for one request. When the request owns the whole
+// buffer (a batch of one) it is moved out instead of copied: outputs run to tens of MB.
+inline std::string TakeSlice(std::string& all, size_t off, size_t n) {
+  if (n == 0) return {};
+  if (off == 0 && n == all.size()) return std::move(all);
+  return all.substr(off, n);
+}
+
 // Element i of a FP16/BF16/FP32 buffer as float.
 float LoadAsFloat(DType t, const void* data, int64_t i);
 // Converts a whole FP16/BF16/FP32 buffer to float (appends to out).

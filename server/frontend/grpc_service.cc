@@ -42,17 +42,17 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-void FillInferResponse(const inference::ModelInferRequest& request, const Work& work,
+void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
                        inference::ModelInferResponse* response) {
   response->set_model_name(request.model_name());
   response->set_model_version(request.model_version().empty() ? "1" : request.model_version());
   response->set_id(request.id());
-  for (const OutputTensor& t : work.outputs) {
+  for (OutputTensor& t : work.outputs) {
     auto* o = response->add_outputs();
     o->set_name(t.name);
     o->set_datatype(std::string(DTypeName(t.dtype)));
     for (int64_t d : t.shape) o->add_shape(d);
-    response->add_raw_output_contents(t.data);
+    *response->add_raw_output_contents() = std::move(t.data);
   }
 }
 

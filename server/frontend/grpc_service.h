@@ -55,8 +55,8 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
   bool auth_inference_ = true;
 };
 
-// Copies a finished work's outputs into a response (raw_output_contents).
-void FillInferResponse(const inference::ModelInferRequest& request, const Work& work,
+// Moves a finished work's outputs into a response (raw_output_contents).
+void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
                        inference::ModelInferResponse* response);
 grpc::Status ToGrpc(const absl::Status& s);
 

@@ -228,7 +228,7 @@ void AttentionModel::Execute(const std::vector<Work*>& batch) {
     w.status = s;
     if (s.ok()) {
       if (w.want_o) {
-        w.outputs.push_back({"O", b.dtype, {tq, w.hq, w.d}, o.substr(q_off * row_bytes, tq * row_bytes)});
+        w.outputs.push_back({"O", b.dtype, {tq, w.hq, w.d}, TakeSlice(o, q_off * row_bytes, tq * row_bytes)});
       }
       if (w.want_lse) {
         OutputTensor t{"LSE", DType::kF32, {w.hq, tq}, std::string(size_t(w.hq * tq * 4), '\0')};

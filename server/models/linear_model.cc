@@ -181,7 +181,7 @@ void LinearModel::Execute(const std::vector<Work*>& batch) {
     auto& w = static_cast<LinearWork&>(*wp);
     const int64_t m = w.x->shape[0];
     w.status = s;
-    if (s.ok()) w.outputs.push_back({"Y", dtype, {m, N_}, y.substr(row * row_bytes, m * row_bytes)});
+    if (s.ok()) w.outputs.push_back({"Y", dtype, {m, N_}, TakeSlice(y, row * row_bytes, m * row_bytes)});
     row += m;
   }
 }
