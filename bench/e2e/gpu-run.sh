@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for the CUDA backend (issue 5): GPU tests through the
-# server's executors and the kernel GPU tests directly, fatbin contents, cold start with JIT disabled and eager module
-# loading, and the end-to-end scenarios. Prepare here with bench/e2e/gpu-prep.sh, then
+# server's executors and the kernel GPU tests directly, fatbin contents, cold start with JIT
+# disabled and eager module loading, and the end-to-end scenarios. Prepare here with
+# bench/e2e/gpu-prep.sh, then
 #   run(command="bash bench/e2e/gpu-run.sh", carry=[".gpu"])
 # Results land in $OUT (JSON + markdown); a short table is printed last.
 set -uo pipefail

@@ -1,6 +1,7 @@
 // Device helpers shared by the attention kernels: cp.async (16-byte, zero-fill), ldmatrix,
 // mma.sync m16n8k16 (FP16/BF16 in, FP32 accumulate), packing, and the XOR-swizzled shared-memory
-// tile layouts (Swz: one row of D; PanelOff: 64-column panels, the wgmma/TMA SWIZZLE_128B layout). sm_80+ instructions only, so one source serves sm_80, sm_89 and sm_90a.
+// tile layouts (Swz: rows of D; PanelOff: 64-column panels, the wgmma/TMA SWIZZLE_128B layout).
+// sm_80+ instructions only, so one source serves sm_80, sm_89 and sm_90a.
 //
 // Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4):
 //   A (16x16, row): a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)

@@ -3,14 +3,14 @@
 //
 // Algorithm: the consumers are wgmma_consumer.cuh's (per consumer warpgroup, iteration j issues
 // S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back and computes softmax(S_j) while
-// P_{j-1} V_{j-1} is in flight; the two warpgroups take turns issuing MMAs on named barriers). The
-// producer warpgroup does not stream cp.async as prefill_wgmma_ws.cuh's does: one thread issues cp.async.bulk.tensor (TMA)
-// copies of 64-column SWIZZLE_128B boxes (the panel layout the wgmma descriptors read) through 3D
-// tensor maps over (D, heads, rows), completing on the stage's mbarrier by transaction count, so
-// the load path costs the consumers' schedulers almost no issue slots. A tile that would run past
-// its sequence (the last K/V tile, a partial Q tile) is loaded with cp.async and zero fill
-// instead: the maps' row extent is unknown on the host (cu_seqlens live on the device), so a
-// TMA box must never cross a sequence end. Registers: producer 40, consumers 232 (setmaxnreg;
+// P_{j-1} V_{j-1} is in flight; the two warpgroups take turns issuing MMAs on named barriers).
+// Unlike prefill_wgmma_ws.cuh, the producer does not stream cp.async: one thread issues
+// cp.async.bulk.tensor (TMA) copies of 64-column SWIZZLE_128B boxes (the panel layout the wgmma
+// descriptors read) through 3D tensor maps over (D, heads, rows), completing on the stage's
+// mbarrier by transaction count, so the load path costs the consumers' schedulers almost no issue
+// slots. A tile that would run past its sequence (the last K/V tile, a partial Q tile) is loaded
+// with cp.async and zero fill instead: the maps' row extent is unknown on the host (cu_seqlens live
+// on the device), so a TMA box must never cross a sequence end. Registers: producer 40, consumers 232 (setmaxnreg;
 // hd128 consumers use ~200 with no spills).
 // Layouts, masking and LSE: wgmma_consumer.cuh. D in {64, 128}; sm_90a only.
 // Dispatched on Hopper for D = 64 and 128. Measured on H200 (bench/results/attention-h200-2026-11-23.md,
@@ -79,8 +79,9 @@ __global__ void __launch_bounds__(384, 1)
   auto sK = [&](int st) { return sKV + st * 2 * (kBN * D); };
   auto sV = [&](int st) { return sKV + st * 2 * (kBN * D) + kBN * D; };
   const uint32_t bar_base = SmemAddr(smem + Tr::kBarOffset);
-  auto full_bar = [&](int st) { return bar_base + st * 8; };
-  auto empty_bar = [&](int st) { return bar_base + (kStages + st) * 8; };
+  using Ring = WsRing<D, kBN, kStages, /*kPingPong=*/true>;
+  auto full_bar = [&](int st) { return Ring::FullBar(bar_base, st); };
+  auto empty_bar = [&](int st) { return Ring::EmptyBar(bar_base, st); };
   const uint32_t q_bar = bar_base + 2 * kStages * 8;
 
   const int b = blockIdx.z, h = blockIdx.y;
@@ -158,8 +159,7 @@ __global__ void __launch_bounds__(384, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegs));
 
   // ---- consumer warpgroups ----
-  WsConsumerSync<D, kBN, kStages, /*kPingPong=*/true> sync{bar_base, SmemAddr(sKV), warp / 4};
-
+  Ring sync{bar_base, SmemAddr(sKV), warp / 4};
   WgmmaConsumer<T, D, kBM, kBN, kCausal> c(p.softmax_scale, lq, lk, m0, warp, lane, SmemAddr(sQ));
   MbarWait(q_bar, 0);  // also before an empty K range: the epilogue reuses the Q tile
   c.Run(n_blocks, sync);

@@ -60,19 +60,21 @@ __device__ __forceinline__ void ProducerLoadTile(T* smem, const T* base, int64_t
   }
 }
 
-// The consumers' side of the warp-specialised pipelines (here and prefill_wgmma_tma.cuh), the Sync
-// policy of WgmmaConsumer::Run: tile j sits in stage j % kStages ([K, V] of kBN x D each, from
-// skv) and is ready when the stage's full mbarrier (bar_base + 8 * stage) completes its phase; the
-// consumers release it on the stage's empty mbarrier (bar_base + 8 * (kStages + stage)).
-// Ping-pong: warpgroup w waits on named barrier 1 + w before issuing its MMAs, then releases the
-// other one; warpgroup 0 goes first. Each warpgroup has n_blocks + 1 issue points.
+// The K/V ring of the warp-specialised pipelines (here and prefill_wgmma_tma.cuh): tile j sits in
+// stage j % kStages ([K, V] of kBN x D each, from skv), filled by the producer and announced on the
+// stage's full mbarrier, and handed back by the consumers on its empty mbarrier. It is also the
+// Sync policy of WgmmaConsumer::Run for the consumers. Ping-pong: warpgroup w waits on named
+// barrier 1 + w before issuing its MMAs, then releases the other one; warpgroup 0 goes first. Each
+// warpgroup has n_blocks + 1 issue points.
 template <int D, int kBN, int kStages, bool kPingPong>
-struct WsConsumerSync {
+struct WsRing {
   uint32_t bar_base, skv;
   int wg;
+  static __device__ __forceinline__ uint32_t FullBar(uint32_t bars, int stage) { return bars + stage * 8; }
+  static __device__ __forceinline__ uint32_t EmptyBar(uint32_t bars, int stage) { return bars + (kStages + stage) * 8; }
   __device__ __forceinline__ void WaitTile(int j) {
     if (j == 0 && wg == 1 && kPingPong) NamedBarArrive(1, 256);
-    MbarWait(bar_base + (j % kStages) * 8, (j / kStages) & 1);
+    MbarWait(FullBar(bar_base, j % kStages), (j / kStages) & 1);
     FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
   }
   __device__ __forceinline__ void BeginIssue() {
@@ -84,7 +86,7 @@ struct WsConsumerSync {
   __device__ __forceinline__ void EndLastIssue() {
     if (wg == 0) EndIssue();  // warpgroup 1 has no issue point left to release
   }
-  __device__ __forceinline__ void Release(int j) { MbarArrive(bar_base + (kStages + j % kStages) * 8); }
+  __device__ __forceinline__ void Release(int j) { MbarArrive(EmptyBar(bar_base, j % kStages)); }
   __device__ __forceinline__ uint32_t KAddr(int j) { return skv + (j % kStages) * 2 * (kBN * D * 2); }
   __device__ __forceinline__ uint32_t VAddr(int j) { return KAddr(j) + kBN * D * 2; }
 };
@@ -102,8 +104,9 @@ __global__ void __launch_bounds__(384, 1) PrefillWsKernel(const VarlenAttentionP
   auto sK = [&](int st) { return sKV + st * 2 * (kBN * D); };
   auto sV = [&](int st) { return sKV + st * 2 * (kBN * D) + kBN * D; };
   const uint32_t bar_base = SmemAddr(smem + Tr::kBarOffset);
-  auto full_bar = [&](int st) { return bar_base + st * 8; };
-  auto empty_bar = [&](int st) { return bar_base + (kStages + st) * 8; };
+  using Ring = WsRing<D, kBN, kStages, kPingPong>;
+  auto full_bar = [&](int st) { return Ring::FullBar(bar_base, st); };
+  auto empty_bar = [&](int st) { return Ring::EmptyBar(bar_base, st); };
 
   const int b = blockIdx.z, h = blockIdx.y;
   const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -148,8 +151,7 @@ __global__ void __launch_bounds__(384, 1) PrefillWsKernel(const VarlenAttentionP
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegs));
 
   // ---- consumer warpgroups ----
-  WsConsumerSync<D, kBN, kStages, kPingPong> sync{bar_base, SmemAddr(sKV), warp / 4};
-
+  Ring sync{bar_base, SmemAddr(sKV), warp / 4};
   WgmmaConsumer<T, D, kBM, kBN, kCausal> c(p.softmax_scale, lq, lk, m0, warp, lane, SmemAddr(sQ));
   c.Run(n_blocks, sync);
   c.Epilogue(p, sQ, h, q_start, lane);

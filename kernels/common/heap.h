@@ -8,7 +8,7 @@
 // These programs therefore link tcmalloc where the build finds it (FLASHQ_TCMALLOC, the default):
 // blocks above 256 KB come from one page heap shared by all threads, so pages touched once serve
 // every later tensor whatever thread allocates it. Locally (CPU backend) the first 512-token request
-// faulted ~8000 pages in the server with glibc and ~190 with tcmalloc; later ones ~0 either way.
+// faulted ~8000 pages in the server with glibc and ~50 with tcmalloc; later ones ~0 either way.
 // Both allocators keep freed memory (release rate 0; glibc: trim threshold 512 MB, buffers below
 // 32 MB from the heap) and get 64 MB touched once at start-up.
 #pragma once
