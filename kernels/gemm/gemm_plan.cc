@@ -13,15 +13,17 @@ SplitPlan PlanFor(int K, int N) {
   SplitPlan p;
   const int nk32 = (K + kStepK - 1) / kStepK;
   p.n_blocks = (N + kBlockN - 1) / kBlockN;
-  // Aim for ~kTargetBlocks blocks (two per SM on H100/H200); at most kMaxSplits splits,
-  // and each warp keeps at least 2 pipeline stages of kSubSteps k32 steps.
-  // Benchmark knob FLASHQ_GEMM_TARGET_BLOCKS (read when weights are created; never per call).
+  // A 32-column strip's K is cut into 2 * splits contiguous warp ranges (the small-M kernel runs
+  // them as the warps of one block). Aim for ~kTargetWarps warps in all, at most kMaxSplits
+  // splits, and each warp at least 2 stages of kSubSteps k32 steps.
+  // Benchmark knob FLASHQ_GEMM_TARGET_WARPS (read when weights are created; never per call).
   static const int target = [] {
-    const char* e = std::getenv("FLASHQ_GEMM_TARGET_BLOCKS");
+    const char* e = std::getenv("FLASHQ_GEMM_TARGET_WARPS");
     const int v = e ? std::atoi(e) : 0;
-    return v > 0 ? v : kTargetBlocks;
+    return v > 0 ? v : kTargetWarps;
   }();
-  int s = std::clamp(target / std::max(1, p.n_blocks), 1, kMaxSplits);
+  const int strips = (N + kWarpN - 1) / kWarpN;
+  int s = std::clamp(target / std::max(1, kWarpsK * strips), 1, kMaxSplits);
   s = std::max(1, std::min(s, nk32 / (kWarpsK * 2 * kSubSteps)));
   int spw = (nk32 + s * kWarpsK - 1) / (s * kWarpsK);
   spw = (spw + kSubSteps - 1) / kSubSteps * kSubSteps;

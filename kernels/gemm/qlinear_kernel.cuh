@@ -149,6 +149,20 @@ __device__ __forceinline__ float4 LdClusterF4(uint32_t addr, int rank) {
   return v;
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with the programmatic-serialization
+// attribute may start while the previous kernel in the stream finishes; it must wait before it
+// reads what that kernel wrote (X) or writes what it may still read (Y). Elsewhere: no-ops.
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void LaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // mma with a zero accumulator input (starts a fresh k32 partial without zeroing registers).
 template <typename T>
 __device__ __forceinline__ void Mma0(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -162,6 +176,68 @@ __device__ __forceinline__ void Mma0(float (&c)[4], const uint32_t (&a)[4], uint
         : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
   }
+}
+
+// Group change: the group's fp32 scales and -(magic + zero) of the warp's columns 8s + g, from
+// the group's 96-byte block in shared memory (fp16 scales [g][s], then uint8 zeros [g][s]).
+// sv: the 4 fp16 scales of row g of the block, z: its 4 uint8 zeros.
+template <typename T>
+__device__ __forceinline__ void GroupRegs(uint2 sv, uint32_t z, float (&scl)[4], uint32_t (&nzm)[4]) {
+  const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&sv.x));
+  const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&sv.y));
+  scl[0] = f0.x; scl[1] = f0.y; scl[2] = f1.x; scl[3] = f1.y;
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const uint32_t zb = (z >> (8 * s)) & 0xffu;
+    nzm[s] = ((Act<T>::kMagic + zb) * 0x10001u) ^ 0x80008000u;  // -(magic + z) in both halves
+  }
+}
+template <typename T>
+__device__ __forceinline__ void LoadGroup(const uint4* sz, int g, float (&scl)[4], uint32_t (&nzm)[4]) {
+  GroupRegs<T>(reinterpret_cast<const uint2*>(sz)[g], reinterpret_cast<const uint32_t*>(sz + 4)[g], scl, nzm);
+}
+
+// One k32 step of a warp, the arithmetic every kernel here shares (batch invariance rests on it):
+// A fragments from the step's weight words wv (int4: the exact integers q - z; fp8: the E4M3
+// values), one mma per (k16 half, 16-column half, 8-token tile). int4 accumulates into the
+// partial c, which the first mma of a flush unit (`fresh`) starts from zero; fp8 into acc.
+template <typename T, int NT, bool kFp8>
+__device__ __forceinline__ void StepMma(const uint32_t* wv, const uint4 (&xv)[NT], const uint32_t (&nzm)[4], bool fresh,
+                                        float (&c)[NT][2][4], float (&acc)[NT][2][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      uint32_t a[4];
+      if constexpr (kFp8) {
+        Fp8Word<T>(wv[2 * (2 * u) + ks], a[0], a[2]);
+        Fp8Word<T>(wv[2 * (2 * u + 1) + ks], a[1], a[3]);
+      } else {
+        a[0] = DequantPair<T>(wv[2 * u], 2 * ks, nzm[2 * u]);
+        a[1] = DequantPair<T>(wv[2 * u + 1], 2 * ks, nzm[2 * u + 1]);
+        a[2] = DequantPair<T>(wv[2 * u], 2 * ks + 1, nzm[2 * u]);
+        a[3] = DequantPair<T>(wv[2 * u + 1], 2 * ks + 1, nzm[2 * u + 1]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t b0 = ks ? xv[nt].z : xv[nt].x, b1 = ks ? xv[nt].w : xv[nt].y;
+        if constexpr (kFp8) Mma<T>(acc[nt][u], a, b0, b1);
+        else if (ks == 0 && fresh) Mma0<T>(c[nt][u], a, b0, b1);
+        else Mma<T>(c[nt][u], a, b0, b1);
+      }
+    }
+  }
+}
+
+// int4 flush: acc += scale * (the exact-integer-weight partial), in fp32.
+template <int NT>
+__device__ __forceinline__ void Flush(const float (&scl)[4], const float (&c)[NT][2][4], float (&acc)[NT][2][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][u][e] = fmaf(scl[2 * u + (e >> 1)], c[nt][u][e], acc[nt][u][e]);
 }
 
 template <bool kFp8, int NT, bool kStageFlush>
@@ -251,8 +327,11 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
     for (int ss = 0; ss < C::kSub; ++ss) {
       const bool valid = jis + ss < nvalid;
 #pragma unroll
+      // Steps past the weights read zeros (not stale data): the small-M kernel does the same, so
+      // both issue the very same mma operands (zeros of X meet these words).
       for (int c = 0; c < C::kWChunks; ++c)
-        CpAsync16If(sst + wdst + uint32_t((ss * C::kWChunks + c) * 32 * 16), wsrc + (ss * C::kWChunks + c) * 32, valid);
+        CpAsync16IfZfill(sst + wdst + uint32_t((ss * C::kWChunks + c) * 32 * 16),
+                         valid ? wsrc + (ss * C::kWChunks + c) * 32 : p.qw, true, !valid);
       if constexpr (!kFp8) {
         if (!kStageFlush || ss == 0) {
           const bool newgrp = valid && (jis + ss == 0 || ipos == 0);
@@ -302,19 +381,8 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
       const int jj = i * C::kSub + ss;
       if (!kFp8 && (!kStageFlush || ss == 0)) {
         // Group change: new scales and zero points (only registers change, warp-uniform).
-        if (jj < nvalid && (jj == 0 || cpos == 0)) {
-          const uint4* sz = sst + C::kW + C::kX + (warp * kSzPer + (kStageFlush ? 0 : ss)) * 6;
-          const uint2 sv = reinterpret_cast<const uint2*>(sz)[g];
-          const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&sv.x));
-          const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&sv.y));
-          scl[0] = f0.x; scl[1] = f0.y; scl[2] = f1.x; scl[3] = f1.y;
-          const uint32_t z = reinterpret_cast<const uint32_t*>(sz + 4)[g];
-#pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            const uint32_t zb = (z >> (8 * s)) & 0xffu;
-            nzm[s] = ((Act<T>::kMagic + zb) * 0x10001u) ^ 0x80008000u;  // -(magic + z) in both halves
-          }
-        }
+        if (jj < nvalid && (jj == 0 || cpos == 0))
+          LoadGroup<T>(sst + C::kW + C::kX + (warp * kSzPer + (kStageFlush ? 0 : ss)) * 6, g, scl, nzm);
         cpos += kStageFlush ? C::kSub : 1;
         if (cpos == p.gsteps) cpos = 0;
       }
@@ -329,38 +397,8 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
       uint4 xv[NT];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) xv[nt] = xsm[nt * 8 * 4];
-#pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          uint32_t a[4];
-          if constexpr (kFp8) {
-            Fp8Word<T>(wv[2 * (2 * u) + ks], a[0], a[2]);
-            Fp8Word<T>(wv[2 * (2 * u + 1) + ks], a[1], a[3]);
-          } else {
-            a[0] = DequantPair<T>(wv[2 * u], 2 * ks, nzm[2 * u]);
-            a[1] = DequantPair<T>(wv[2 * u + 1], 2 * ks, nzm[2 * u + 1]);
-            a[2] = DequantPair<T>(wv[2 * u], 2 * ks + 1, nzm[2 * u]);
-            a[3] = DequantPair<T>(wv[2 * u + 1], 2 * ks + 1, nzm[2 * u + 1]);
-          }
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint32_t b0 = ks ? xv[nt].z : xv[nt].x, b1 = ks ? xv[nt].w : xv[nt].y;
-            if constexpr (kFp8) Mma<T>(acc[nt][u], a, b0, b1);
-            else if (ks == 0 && (!kStageFlush || ss == 0)) Mma0<T>(c[nt][u], a, b0, b1);
-            else Mma<T>(c[nt][u], a, b0, b1);
-          }
-        }
-      }
-      if (!kFp8 && (!kStageFlush || ss == C::kSub - 1)) {
-        // acc += scale * (the exact-integer-weight partial), in fp32.
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int u = 0; u < 2; ++u)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[nt][u][e] = fmaf(scl[2 * u + (e >> 1)], c[nt][u][e], acc[nt][u][e]);
-      }
+      StepMma<T, NT, kFp8>(wv, xv, nzm, !kStageFlush || ss == 0, c, acc);
+      if (!kFp8 && (!kStageFlush || ss == C::kSub - 1)) Flush<NT>(scl, c, acc);
     }
   };
 
@@ -569,23 +607,224 @@ cudaError_t LaunchQLinearNT(const QLinearParams& p0, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Benchmark knob: FLASHQ_GEMM_MAX_NT=1 or 2 caps the token-tile count per block
-// (numerically identical: tiling along M never changes a row's arithmetic). NT = 8 (one
-// 64-token block, 1 block per SM) measured 1.6x slower at M = 64 than two NT = 4 blocks.
-inline int MaxNT() {
-  static const int v = [] {
-    const char* e = std::getenv("FLASHQ_GEMM_MAX_NT");
-    return e && e[0] == '1' ? 1 : e && e[0] == '2' ? 2 : 4;
-  }();
+// ---------------------------------------------------------------------------------------------
+// Small-M kernel (M <= 16): one block holds one 32-column strip and ALL of K, one warp per plan
+// warp range (2 * splits warps, 64..512 threads), so there is no split-K across blocks (no
+// workspace, ticket or second pass) and no shared memory or barrier in the main loop. Each warp
+// keeps kDepth k32 steps of its weights, X chunks and scale blocks in flight in REGISTERS
+// (ld.global.nc straight into the fragment words: the packed layout already gives each lane its
+// own 16 bytes), so a step costs one load per operand, the dequantization and the mmas. The
+// arithmetic per warp is StepMma/Flush on the same warp range as QLinearKernel, and the block
+// sums the warps in QLinearKernel's order ((w0 + w1) [* fp8 scale] + (w2 + w3) [* scale] + ...),
+// so each output is bitwise the one the 32-token kernel computes for M > 16.
+// ---------------------------------------------------------------------------------------------
+constexpr int kDirectMaxThreads = 64 * kMaxSplits;
+
+// Streaming 16-byte load of read-only data that is used once (weights: no L1 allocation).
+__device__ __forceinline__ uint4 LdStream(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+// Read-only 16-byte load through L1 (X: every block of the SM reads the same rows).
+__device__ __forceinline__ uint4 LdShared16(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
   return v;
 }
 
-// One instantiation file per (T, kFp8, kStageFlush) calls this.
+template <bool kFp8, int NT>
+struct DirectCfg {
+  static constexpr int kWChunks = kFp8 ? 2 : 1;  // uint4 of weights per lane per step
+  static constexpr int kSub = kFp8 ? 2 : kSubSteps;
+  // Steps in flight per warp, in registers: (kWChunks + NT) * 4 words each.
+  static constexpr int kDepth = kWChunks + NT > 2 ? 4 : 8;
+  static_assert(kDepth % kSub == 0 && kSubSteps % kSub == 0, "ring slots follow the flush units");
+};
+
+template <typename T, int NT, bool kFp8, bool kStageFlush>
+__global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
+  using C = DirectCfg<kFp8, NT>;
+  constexpr int kSub = C::kSub, kD = kFp8 || kStageFlush ? C::kDepth : 4;  // a scale block per step costs registers
+  // Scale blocks in flight: one per flush unit of the ring (stage flush), else one per step.
+  constexpr int kSzSlots = kFp8 ? 1 : kStageFlush ? kD / kSub : kD;
+  extern __shared__ float red[];  // [warp][NT * 8][32] accumulators, for the block's sum
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int strip = blockIdx.x;
+  const int spw = p.steps_per_warp;
+  const int j0 = warp * spw;                 // == (split * kWarpsK + kw) * spw of QLinearKernel
+  const int nvalid = min(spw, p.nk32 - j0);  // real k32 steps of this warp (may be <= 0)
+  // Steps [0, nfast) need no predicate: inside the warp's weights and inside K for every lane.
+  const int nfast = max(0, min(nvalid, p.K / kStepK - j0));
+
+  // ---- producer state: pointers advance one k32 step per load ----
+  const uint4* wp = static_cast<const uint4*>(p.qw) + (size_t(strip) * p.nk32 + j0) * (C::kWChunks * 32) + lane;
+  // X chunks: token rows 8nt + g (rows past M read row M-1: a broadcast, their outputs are never
+  // stored), k 8t..8t+7 of the step.
+  const int xk0 = j0 * kStepK + 8 * t;
+  const T* xp[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) xp[nt] = static_cast<const T*>(p.x) + size_t(min(nt * 8 + g, p.M - 1)) * p.K + xk0;
+  const char* szp = nullptr;  // 96-byte scale block of the group of the step loaded last
+  int gnext = 0, cnext = 0;   // next group start on the load side and on the compute side (relative to j0)
+  if constexpr (!kFp8) {
+    const int grp0 = j0 / p.gsteps;
+    szp = static_cast<const char*>(p.sz) + (size_t(grp0) * p.strips + strip) * 96;
+    gnext = cnext = (grp0 + 1) * p.gsteps - j0;
+  }
+
+  uint4 wb[kD][C::kWChunks];
+  uint4 xb[kD][NT];
+  uint2 sbs[kSzSlots];
+  uint32_t sbz[kSzSlots];
+  const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+  // Weights of step jn into ring slot r (zeros past the warp's steps) and, where a group starts,
+  // its scale block into scale slot r / kSub (stage flush) or r.
+  auto load_w = [&](int jn, int r, auto fast) {
+    const bool valid = fast || jn < nvalid;
+#pragma unroll
+    for (int c = 0; c < C::kWChunks; ++c) wb[r][c] = valid ? LdStream(wp + c * 32) : zero4;
+    wp += C::kWChunks * 32;
+    if constexpr (!kFp8) {
+      if (!kStageFlush || r % kSub == 0) {
+        const int sr = kStageFlush ? r / kSub : r;
+        if (jn == gnext) {
+          szp += size_t(p.strips) * 96;
+          gnext += p.gsteps;
+        }
+        if (jn < nvalid && (jn == 0 || jn + p.gsteps == gnext)) {
+          sbs[sr] = __ldg(reinterpret_cast<const uint2*>(szp) + g);
+          sbz[sr] = __ldg(reinterpret_cast<const uint32_t*>(szp + 64) + g);
+        }
+      }
+    }
+  };
+  // X of step jn into ring slot r (zeros past K).
+  auto load_x = [&](int jn, int r, auto fast) {
+    const bool kin = fast || xk0 + jn * kStepK < p.K;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      xb[r][nt] = kin ? LdShared16(xp[nt]) : zero4;
+      xp[nt] += kStepK;
+    }
+  };
+
+  float acc[NT][2][4];
+  float c[NT][2][4];  // int4: the current flush unit's partial
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][u][e] = 0.0f;
+  float scl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  uint32_t nzm[4] = {0u, 0u, 0u, 0u};
+
+  // ---- prologue: steps 0 .. kD-1. Weights and scales do not depend on the previous kernel: with
+  // a programmatic launch they stream in while it finishes; X only after the wait. ----
+#pragma unroll
+  for (int r = 0; r < kD; ++r)
+    if (r < spw) load_w(r, r, std::false_type{});
+  GridDependencyWait();
+#pragma unroll
+  for (int r = 0; r < kD; ++r)
+    if (r < spw) load_x(r, r, std::false_type{});
+
+  // ---- main loop: step j computes from slot j % kD, then refills it with step j + kD ----
+  for (int i = 0; i < spw; i += kD) {
+#pragma unroll
+    for (int r = 0; r < kD; ++r) {
+      const int j = i + r;
+      if (r % kSubSteps == 0 && j >= spw) break;  // spw is a multiple of kSubSteps
+      if (!kFp8 && (!kStageFlush || r % kSub == 0)) {
+        const int sr = kStageFlush ? r / kSub : r;
+        if (j < nvalid && (j == 0 || j == cnext)) GroupRegs<T>(sbs[sr], sbz[sr], scl, nzm);
+        if (j == cnext) cnext += p.gsteps;
+      }
+      uint32_t wv[4 * C::kWChunks];
+#pragma unroll
+      for (int cc = 0; cc < C::kWChunks; ++cc) {
+        wv[4 * cc] = wb[r][cc].x; wv[4 * cc + 1] = wb[r][cc].y; wv[4 * cc + 2] = wb[r][cc].z; wv[4 * cc + 3] = wb[r][cc].w;
+      }
+      StepMma<T, NT, kFp8>(wv, xb[r], nzm, !kStageFlush || r % kSub == 0, c, acc);
+      if (!kFp8 && (!kStageFlush || r % kSub == kSub - 1)) Flush<NT>(scl, c, acc);
+      const int jn = j + kD;
+      if (jn < nfast) {
+        load_w(jn, r, std::true_type{});
+        load_x(jn, r, std::true_type{});
+      } else if (jn < spw) {
+        load_w(jn, r, std::false_type{});
+        load_x(jn, r, std::false_type{});
+      }
+    }
+  }
+
+  // ---- sum the warps in QLinearKernel's order ----
+  LaunchDependents();  // the next kernel's blocks may start their weight prefetch
+  constexpr int kNA = NT * 8;  // accumulators per lane
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[(warp * kNA + (nt * 2 + u) * 4 + e) * 32 + lane] = acc[nt][u][e];
+  __syncthreads();
+  T* y = static_cast<T*>(p.y);
+  for (int o = threadIdx.x; o < kNA * 32; o += blockDim.x) {
+    const int i = o >> 5, l = o & 31;  // accumulator (nt, u, e) of lane l
+    const int e = i & 3, u = (i >> 2) & 1, nt = i >> 3;
+    const int row = nt * 8 + 2 * (l & 3) + (e & 1);
+    const int cs = 16 * u + 8 * (e >> 1) + (l >> 2);  // column inside the strip
+    const int col = strip * kWarpN + cs;
+    float fs = 1.0f;
+    if constexpr (kFp8)  // fp16 weights were w * 2^-8
+      fs = p.fscales[(size_t(strip) * 8 + (l >> 2)) * 4 + (cs >> 3)] * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
+    // Rounded adds and multiplies (no fma contraction): QLinearKernel rounds each split's sum
+    // to fp32 in memory before it adds the next.
+    float sum = 0.0f;
+    for (int q = 0; q < p.splits; ++q) {
+      float v = __fadd_rn(red[2 * q * kNA * 32 + o], red[(2 * q + 1) * kNA * 32 + o]);
+      if constexpr (kFp8) v = __fmul_rn(v, fs);
+      sum = q == 0 ? v : __fadd_rn(sum, v);
+    }
+    if (row < p.M && col < p.N) y[size_t(row) * p.N + col] = T(sum);
+  }
+}
+
+// Programmatic dependent launch of the small-M kernel (sm_90; a no-op attribute before). Bench
+// knob FLASHQ_GEMM_NOPDL=1 turns it off.
+inline bool UsePdl() {
+  static const bool off = [] {
+    const char* e = std::getenv("FLASHQ_GEMM_NOPDL");
+    return e && e[0] == '1';
+  }();
+  return !off;
+}
+
+template <typename T, int NT, bool kFp8, bool kStageFlush>
+cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((p.N + kWarpN - 1) / kWarpN);
+  cfg.blockDim = dim3(32 * kWarpsK * p.splits);
+  cfg.dynamicSmemBytes = size_t(kWarpsK) * p.splits * NT * 8 * 32 * sizeof(float);
+  cfg.stream = stream;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = UsePdl() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush>, p);
+}
+
+// One instantiation file per (T, kFp8, kStageFlush) calls this: M <= 8 and M <= 16 take the
+// small-M kernel with one or two 8-token tiles, larger M the 32-token split-K kernel.
 template <typename T, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
-  const int nt = MaxNT();
-  if (p.M <= 8 || nt == 1) return LaunchQLinearNT<T, 1, kFp8, kStageFlush>(p, stream);
-  if (p.M <= 16 || nt == 2) return LaunchQLinearNT<T, 2, kFp8, kStageFlush>(p, stream);
+  if (p.M <= 8) return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(p, stream);
+  if (p.M <= 16) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
   return LaunchQLinearNT<T, 4, kFp8, kStageFlush>(p, stream);
 }
 

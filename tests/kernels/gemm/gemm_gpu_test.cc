@@ -135,7 +135,7 @@ TEST_P(GemmGpuW4, MatchesDequantizedF64AndIsInvariant) {
   const int Mmax = 300;
   Acts x = MakeActs(Mmax, c.K, act, 200 + c.K);
   std::vector<float> big = RunW4(*dw, x, Mmax, act, true, nullptr);
-  for (int M : {1, 3, 17}) {
+  for (int M : {1, 3, 12, 17}) {
     Acts xs;
     xs.f.assign(x.f.begin(), x.f.begin() + size_t(M) * c.K);
     xs.bits.assign(x.bits.begin(), x.bits.begin() + size_t(M) * c.K);
@@ -218,7 +218,7 @@ TEST_P(GemmGpuFp8, W8A16MatchesAndIsInvariant) {
   auto big = run(Mmax);
   Acts all = x;
   ExpectClose(big, GemmF64(all.f, Mmax, K, deq, N), act, 0, "w8a16 M=150");
-  for (int M : {1, 3, 17}) {
+  for (int M : {1, 3, 12, 17}) {
     auto y = run(M);
     std::vector<float> xf(x.f.begin(), x.f.begin() + size_t(M) * K);
     ExpectClose(y, GemmF64(xf, M, K, deq, N), act, 0, "w8a16 M=" + std::to_string(M));
