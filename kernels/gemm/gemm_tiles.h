@@ -10,7 +10,7 @@ constexpr int kBlockN = kWarpN * kWarpsN; // 128 output columns per block
 constexpr int kThreads = 32 * kWarpsN * kWarpsK;
 constexpr int kStepK = 32;                // K per warp step (two m16n8k16 k-steps)
 constexpr int kSubSteps = 4;              // k32 steps per int4 pipeline stage; a warp's K range is a multiple
-constexpr int kTargetWarps = 4224;        // plan warps (strips x warp ranges): 32 per SM on a 132-SM H100/H200
+constexpr int kTargetWarps = 2112;        // plan warps (strips x warp ranges): one wave of 16 per SM on 132 SMs
 constexpr int kMaxSplits = 8;             // so a strip's 2 * splits warp ranges fit one 512-thread block
 constexpr int kMaxRowsPerLaunch = 128;    // invariant path: rows per launch (bounds split-K scratch)
 

@@ -648,6 +648,7 @@ template <typename T, int NT, bool kFp8, bool kStageFlush>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
   using C = DirectCfg<kFp8, NT>;
   constexpr int kSub = C::kSub, kD = kFp8 || kStageFlush ? C::kDepth : 4;  // a scale block per step costs registers
+  constexpr int kRefill = kD >= 2 * kSubSteps ? kSubSteps : 1;
   // Scale blocks in flight: one per flush unit of the ring (stage flush), else one per step.
   constexpr int kSzSlots = kFp8 ? 1 : kStageFlush ? kD / kSub : kD;
   extern __shared__ float red[];  // [warp][NT * 8][32] accumulators, for the block's sum
@@ -751,13 +752,21 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
       }
       StepMma<T, NT, kFp8>(wv, xb[r], nzm, !kStageFlush || r % kSub == 0, c, acc);
       if (!kFp8 && (!kStageFlush || r % kSub == kSub - 1)) Flush<NT>(scl, c, acc);
-      const int jn = j + kD;
-      if (jn < nfast) {
-        load_w(jn, r, std::true_type{});
-        load_x(jn, r, std::true_type{});
-      } else if (jn < spw) {
-        load_w(jn, r, std::false_type{});
-        load_x(jn, r, std::false_type{});
+      // Refill kRefill slots at once: a whole stage (2 KB of int4 weights, contiguous per warp)
+      // when the ring holds two or more stages, else each slot as soon as it is consumed.
+      if (r % kRefill == kRefill - 1) {
+        const int jn0 = j - (kRefill - 1) + kD;
+        if (jn0 + kRefill <= nfast) {
+#pragma unroll
+          for (int q = 0; q < kRefill; ++q) load_w(jn0 + q, r - (kRefill - 1) + q, std::true_type{});
+#pragma unroll
+          for (int q = 0; q < kRefill; ++q) load_x(jn0 + q, r - (kRefill - 1) + q, std::true_type{});
+        } else if (jn0 < spw) {
+#pragma unroll
+          for (int q = 0; q < kRefill; ++q) load_w(jn0 + q, r - (kRefill - 1) + q, std::false_type{});
+#pragma unroll
+          for (int q = 0; q < kRefill; ++q) load_x(jn0 + q, r - (kRefill - 1) + q, std::false_type{});
+        }
       }
     }
   }

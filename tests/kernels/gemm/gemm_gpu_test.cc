@@ -135,7 +135,7 @@ TEST_P(GemmGpuW4, MatchesDequantizedF64AndIsInvariant) {
   const int Mmax = 300;
   Acts x = MakeActs(Mmax, c.K, act, 200 + c.K);
   std::vector<float> big = RunW4(*dw, x, Mmax, act, true, nullptr);
-  for (int M : {1, 3, 12, 17}) {
+  for (int M : {1, 3, 8, 12, 17}) {
     Acts xs;
     xs.f.assign(x.f.begin(), x.f.begin() + size_t(M) * c.K);
     xs.bits.assign(x.bits.begin(), x.bits.begin() + size_t(M) * c.K);
@@ -161,7 +161,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          W4Case{512, 256, 64, false, 1},    // GPTQ act-order
                                          W4Case{1024, 384, 32, true, 2},    // GPTQ v1, split-K
                                          W4Case{1024, 520, 128, false, 3},  // AWQ
-                                         W4Case{4096, 512, 128, true, 0}),  // deep K, split-K
+                                         W4Case{4096, 512, 128, true, 0},   // deep K, split-K
+                                         W4Case{13312, 72, 128, false, 0}),  // M = 8: X rows too large for shared memory
                        ::testing::Values(ActType::kBF16, ActType::kF16)));
 
 TEST(GemmGpu, W4A16InvariantAt4096Rows) {
@@ -218,7 +219,7 @@ TEST_P(GemmGpuFp8, W8A16MatchesAndIsInvariant) {
   auto big = run(Mmax);
   Acts all = x;
   ExpectClose(big, GemmF64(all.f, Mmax, K, deq, N), act, 0, "w8a16 M=150");
-  for (int M : {1, 3, 12, 17}) {
+  for (int M : {1, 3, 8, 12, 17}) {
     auto y = run(M);
     std::vector<float> xf(x.f.begin(), x.f.begin() + size_t(M) * K);
     ExpectClose(y, GemmF64(xf, M, K, deq, N), act, 0, "w8a16 M=" + std::to_string(M));
