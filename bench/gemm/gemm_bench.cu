@@ -306,9 +306,9 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   cudaFree(ws);
 }
 
-// --profile: a few eager launches for ncu (K=N=8192, group 128): W4A16 M=1, 16, 64, W8A16 M=1.
-void ProfileLaunches() {
-  const int K = 8192, N = 8192, M = 64;
+// --profile [K N]: a few eager launches for ncu (default K=N=8192, group 128): W4A16 M=1, 16, 64, W8A16 M=1.
+void ProfileLaunches(int K, int N) {
+  const int M = 64;
   auto wf = Random(size_t(N) * K, 5);
   Int4Weights w4 = QuantizeInt4(wf.data(), N, K, 128, false);
   std::unique_ptr<W4A16Weights> d4;
@@ -342,7 +342,8 @@ int main(int argc, char** argv) {
     if (a == "--quick") quick = true;
     if (a == "--bars") bars = true;  // all four shapes at M = 1, 16, 64 (the issue's bars)
     if (a == "--profile") {
-      ProfileLaunches();
+      const bool kn = i + 2 < argc;
+      ProfileLaunches(kn ? std::atoi(argv[i + 1]) : 8192, kn ? std::atoi(argv[i + 2]) : 8192);
       return 0;
     }
   }

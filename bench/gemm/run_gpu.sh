@@ -27,10 +27,6 @@ PYTHONUNBUFFERED=1 timeout 240 python3 bench/gemm/torch_peers.py $QUICK --out "$
 tail -3 "$OUT/gemm_torch.txt"
 python3 bench/gemm/report.py --ours "$OUT/gemm_ours.json" --torch "$OUT/gemm_torch.json" --outdir "$OUT" \
   --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" --date "$(date -u +%F)" | tail -45
-if [ -n "${MT1:-}" ]; then  # variant: 8-token tiles for every M
-  FLASHQ_GEMM_MAX_NT=1 timeout 120 $B/gemm_bench --quick --out "$OUT/gemm_mt1.json" >/tmp/gemm_mt1.txt 2>&1
-  grep -E "^w4a16|^w8a16" /tmp/gemm_mt1.txt | grep -E "inv=1" | head -20
-fi
 if [ $SAN = 1 ]; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/gemm_gpu_test --gtest_brief=1 \
     --gtest_filter='Shapes/GemmGpuW4.*/1:Shapes/GemmGpuW4.*/4:Shapes/GemmGpuW4.*/6:Modes/GemmGpuFp8.*/0:Scales/*:GemmGpu.W4A16ShapeErrors*' >>"$LOG" 2>&1

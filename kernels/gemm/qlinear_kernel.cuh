@@ -1,28 +1,29 @@
 // Dequantize-in-register linear kernel for small and medium M: W4A16 (group-wise int4)
 // and W8A16 (FP8 E4M3, per-channel / per-tensor scale), 16-bit activations, fp32 accumulation.
 //
-// Algorithm (v3). Yᵀ = W · Xᵀ on mma.sync m16n8k16 with the roles swapped: the A operand is
+// Both kernels compute Yᵀ = W · Xᵀ on mma.sync m16n8k16 with the roles swapped: the A operand is
 // 16 output columns of W, dequantized straight into the A fragment registers, the B operand is
 // 8 tokens of X, so M <= 8 costs one n8 tile (not a mostly empty m16 tile) and no register
-// shuffles are needed. A block is 8 warps: 4 side by side along N (32 columns each, 128 per
-// block) x 2 splitting the block's K range into two contiguous halves; blocks split K further
-// (split-K, grid.y) and tile tokens in NT = 1, 2 or 4 n8 tiles (grid.z). One block-wide
-// cp.async pipeline (kStages deep, one barrier per stage) moves per stage, for each warp, kSub
-// k32 steps of its weights (one 16-byte load per lane per step and chunk, in fragment order),
-// the group's scales+zeros on a group change, and ONE copy of the X tile that all 4 N-warps
-// read. int4: kSub = 4 (one stage = one g128 group); fp8: kSub = 2.
+// shuffles are needed. A warp owns a 32-column strip and one contiguous "warp range" of k32 steps;
+// the plan (PlanFor: K and N only) cuts each strip's K into 2 * splits warp ranges.
 // int4: q becomes the exact integer q - z in 16 bits (one lop3 with a magic exponent, one
 // fma), the mma accumulates a stage (groups of 4k steps) or a k32 step (other group sizes,
 // the *_step.cu files) into a fresh fp32 fragment, and the group scale is applied in fp32.
 // fp8: the E4M3 byte is moved into a 16-bit float with shifts and a lop3 (no cvt): for fp16
 // the value is w * 2^-8 (the 2^8 folds into the fp32 channel scale), for bf16 w * 2^-120, then
 // one exact bf16x2 multiply by 2^120 (subnormal E4M3 values stay exact).
-// The 2 K-warps reduce through shared memory in order 0, 1; split-K partials go to an fp32
-// workspace and the last block of a tile (atomic ticket) sums splits 0..S-1 in order, all 256
-// threads, 4 columns each, every split's loads in flight (one L2 round trip per 8 rows). On sm_90
-// a 2-split plan runs as 2-block clusters that do the same in-order sum over distributed shared
-// memory. The K partition depends on (K, N) only (PlanFor), the flush cadence on the group size
-// only, and no arithmetic mixes tokens, so row i is bitwise identical for any M and any NT.
+// This per-warp arithmetic is StepMma/Flush in both kernels, and both sum the warp ranges as
+// ((w0 + w1) [* fp8 scale] + (w2 + w3) [* scale] + ...) in fp32. No arithmetic mixes tokens, so
+// row i is bitwise identical for any M.
+//
+// QLinearDirectKernel (M <= 16; below): one block per strip holding all of its warp ranges, no
+// split-K across blocks and no shared memory or barrier in the main loop; each warp keeps 8 (4)
+// k32 steps of its weights, X and scales in flight in registers and refills a 4-step stage at a
+// time; programmatic dependent launch on sm_90. QLinearKernel (M > 16, 32-token tiles): a block
+// is 4 strips x 2 warp ranges with one block-wide cp.async pipeline (kStages deep, one barrier
+// per stage, one copy of the X tile for the 4 N-warps); blocks split K further (grid.y = splits)
+// and the last block of a tile (atomic ticket) sums the fp32 partials in order, or on sm_90 a
+// 2-split plan runs as a 2-block cluster that sums over distributed shared memory.
 //
 // Layouts (built by weights.cu). k is permuted inside each k32 step so that thread
 // t = lane%4 owns channels 8t..8t+7 of both operands: X is read as one 16 B chunk per token
@@ -35,12 +36,7 @@
 //            channels 8t+4ks + (0, 2, 1, 3), so bytes 0,2 and bytes 1,3 form the two registers.
 //   fp8  fscales fp32 [strips][g][s].
 // Limits: K % 8 == 0; group_size % 32 == 0 or channelwise; M per launch <= 128.
-// Measured (H200, 2026-11-23, bench/results/gemm-nvidia-h200-2026-11-23.md, commit d16051a):
-// W4A16 g128 batch-invariant M=1 7.81 / 15.83 / 15.35 / 17.50 µs on (K,N) = 4096², 4096x14336,
-// 14336x4096, 8192² = 1.62-2.01x cuBLASLt BF16 (28-51% of the copy ceiling); M=16 10.71 / 21.20 /
-// 20.72 / 24.59 µs = 1.17-1.54x; M=64 0.49-0.69x; W8A16 M=1 1.25-1.38x, M=16 1.00-1.18x. Still below
-// issue 4's bars (2.5x / 1.3x / 1.6x): M=1 time does not follow bytes in flight (a bulk-copy
-// pipeline with all 5 stages in flight was no faster); bench/gemm/NOTES.md has the analysis.
+// Measured: bench/results/gemm-nvidia-h200-2026-11-23-r2.md (numbers in bench/gemm/NOTES.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -250,7 +246,7 @@ struct Cfg {
   static_assert(kSubSteps % kSub == 0, "a warp's K range must be whole stages");
   // Blocks per SM: bytes in flight per SM = blocks * (stages in flight) * weight bytes per stage.
   // (Measured on H200: ~2 blocks per SM with deep stages beat 3 with shallow ones.)
-  static constexpr int kMinBlocks = NT <= 4 ? 2 : 1;
+  static constexpr int kMinBlocks = 2;
   static constexpr int kWChunks = kFp8 ? 2 : 1;  // uint4 of weights per lane per k32 step
   static constexpr int kW = kWarps * kSub * kWChunks * 32;        // uint4 per stage [warp][ss][c][lane]
   static constexpr int kXRows = 8 * NT;                                // tokens per block
@@ -260,7 +256,7 @@ struct Cfg {
   // the stage flush, once per k32 step without).
   static constexpr int kSZ = kFp8 ? 0 : kWarps * (kStageFlush ? 1 : kSub) * 6;
   static constexpr int kStage = kW + kX + kSZ;                         // uint4 per stage
-  static constexpr int kStages = kFp8 ? (NT == 1 ? 6 : NT == 2 ? 5 : NT == 4 ? 4 : 5) : (NT <= 2 ? 4 : 3);
+  static constexpr int kStages = kFp8 ? 4 : 3;  // measured for NT = 4 (the only instantiation)
   static constexpr size_t kBytes = size_t(kStages) * kStage * 16;
   static_assert(kX % kThreads == 0 || kX < kThreads, "X tile chunks split evenly over the block");
   static_assert(kBytes >= size_t(kWarpsN) * NT * 8 * 32 * 4 + size_t(NT) * 8 * kBlockN * 4,
@@ -561,6 +557,14 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   if (tid == 0) p.counters[tile] = 0;
 }
 
+// Compute capability major of the current device (0 if it cannot be read).
+inline int DeviceMajor() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+    return 0;
+  return major;
+}
+
 // Split-K through a cluster needs sm_90. Only 2-split plans use it: on the H200 clusters of 2
 // beat the workspace + ticket reduction at M = 1, 16 and 64, clusters of 4 and 8 lost to it
 // (bench/gemm/NOTES.md). Bench knob FLASHQ_GEMM_NOCLUSTER=1 turns it off.
@@ -569,11 +573,7 @@ inline bool UseCluster(int splits) {
     const char* e = std::getenv("FLASHQ_GEMM_NOCLUSTER");
     return e && e[0] == '1';
   }();
-  if (off || splits != 2) return false;
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-    return false;
-  return major >= 9;
+  return !off && splits == 2 && DeviceMajor() >= 9;
 }
 
 template <typename T, int NT, bool kFp8, bool kStageFlush>
@@ -803,14 +803,14 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   }
 }
 
-// Programmatic dependent launch of the small-M kernel (sm_90; a no-op attribute before). Bench
-// knob FLASHQ_GEMM_NOPDL=1 turns it off.
+// Programmatic dependent launch of the small-M kernel (sm_90). Bench knob FLASHQ_GEMM_NOPDL=1
+// turns it off (H200 --bars: it saves 0.8-1.5 µs per call at M <= 16).
 inline bool UsePdl() {
   static const bool off = [] {
     const char* e = std::getenv("FLASHQ_GEMM_NOPDL");
     return e && e[0] == '1';
   }();
-  return !off;
+  return !off && DeviceMajor() >= 9;
 }
 
 template <typename T, int NT, bool kFp8, bool kStageFlush>
