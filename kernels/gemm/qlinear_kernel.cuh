@@ -236,6 +236,17 @@ __device__ __forceinline__ void Flush(const float (&scl)[4], const float (&c)[NT
       for (int e = 0; e < 4; ++e) acc[nt][u][e] = fmaf(scl[2 * u + (e >> 1)], c[nt][u][e], acc[nt][u][e]);
 }
 
+// A warp's accumulators to shared memory, [warp w][accumulator (nt, u, e)][lane], for a cross-warp sum.
+template <int NT>
+__device__ __forceinline__ void StoreAcc(float* red, int w, int lane, const float (&acc)[NT][2][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[(w * NT * 8 + (nt * 2 + u) * 4 + e) * 32 + lane] = acc[nt][u][e];
+}
+
 template <bool kFp8, int NT, bool kStageFlush>
 struct Cfg {
   static constexpr int kWarps = kThreads / 32;
@@ -354,20 +365,9 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   };
 
   // acc[nt][u][e]: output column n = 32*strip + 16u + g + 8*(e >= 2), token 8nt + 2t + (e & 1).
-  float acc[NT][2][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][u][e] = 0.0f;
-  float scl[4];       // int4: the group scales of columns 8s + g
-  uint32_t nzm[4];    // int4: -(magic + zero) of columns 8s + g, both halves
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    scl[q] = 0.0f;
-    nzm[q] = 0u;
-  }
+  float acc[NT][2][4] = {};
+  float scl[4] = {};     // int4: the group scales of columns 8s + g
+  uint32_t nzm[4] = {};  // int4: -(magic + zero) of columns 8s + g, both halves
 
   auto compute = [&](int i, int st) {
     const uint4* sst = smem + size_t(st) * C::kStage;
@@ -421,14 +421,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   constexpr int kNA = NT * 8;
   float* red = reinterpret_cast<float*>(smem);
   float* ctile = red + kWarpsN * kNA * 32;  // cluster path: this block's fp32 tile [kXRows][kBlockN]
-  if (kw == 1) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) red[(nw * kNA + (nt * 2 + u) * 4 + e) * 32 + lane] = acc[nt][u][e];
-  }
+  if (kw == 1) StoreAcc<NT>(red, nw, lane, acc);
   __syncthreads();
   T* y = static_cast<T*>(p.y);
   if (kw == 0) {
@@ -774,12 +767,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // ---- sum the warps in QLinearKernel's order ----
   LaunchDependents();  // the next kernel's blocks may start their weight prefetch
   constexpr int kNA = NT * 8;  // accumulators per lane
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) red[(warp * kNA + (nt * 2 + u) * 4 + e) * 32 + lane] = acc[nt][u][e];
+  StoreAcc<NT>(red, warp, lane, acc);
   __syncthreads();
   T* y = static_cast<T*>(p.y);
   for (int o = threadIdx.x; o < kNA * 32; o += blockDim.x) {
