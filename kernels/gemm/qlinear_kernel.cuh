@@ -621,7 +621,7 @@ __device__ __forceinline__ uint4 LdStream(const void* ptr) {
                : "l"(ptr));
   return v;
 }
-// Read-only 16-byte load through L1 (X: every block of the SM reads the same rows).
+// Read-only 16-byte load that may stay in L1 (X: every block reads the same rows).
 __device__ __forceinline__ uint4 LdShared16(const void* ptr) {
   uint4 v;
   asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
