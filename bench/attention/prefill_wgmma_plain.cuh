@@ -49,19 +49,10 @@ struct WgmmaPrefillTraits {
   static_assert(D == 64 || D == 128, "wgmma prefill: head dim 64 or 128");
 };
 
+// rows x D tile into panel-major SWIZZLE_128B shared memory (PanelOff), rows >= valid zero-filled.
 template <int D, int kThreads, int kRows, typename T>
 __device__ __forceinline__ void LoadPanelTile(T* smem, const T* base, int64_t row_stride, int valid, int tid) {
-  constexpr int kChunks = D / 8;
-  constexpr int kTotal = kRows * kChunks;
-  static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly over the threads");
-#pragma unroll
-  for (int i = 0; i < kTotal / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
-    const int row = idx / kChunks, chunk = idx % kChunks;
-    const bool ok = row < valid;
-    const T* src = ok ? base + row * row_stride + chunk * 8 : base;
-    CpAsync16(SmemAddr(smem + PanelOff<kRows>(row, chunk)), src, ok);
-  }
+  CpAsyncTile<D, kThreads, kRows>(smem, base, row_stride, valid, tid, [](int r, int c) { return PanelOff<kRows>(r, c); });
 }
 
 template <typename T, int D, bool kCausal>

@@ -98,6 +98,24 @@ __device__ __forceinline__ int PanelOff(int row, int chunk) {
   return (chunk >> 3) * kRows * 64 + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
 }
 
+// rows x D tile from global (row r at base + r * row_stride) into shared memory at element offset
+// off(row, chunk), one cp.async per 16-byte chunk over kThreads threads; rows >= valid are
+// zero-filled (so masked keys never inject NaN/Inf through P*V).
+template <int D, int kThreads, int kRows, typename T, typename Off>
+__device__ __forceinline__ void CpAsyncTile(T* smem, const T* base, int64_t row_stride, int valid, int tid, Off off) {
+  constexpr int kChunks = D / 8;
+  constexpr int kTotal = kRows * kChunks;
+  static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly over the threads");
+#pragma unroll
+  for (int i = 0; i < kTotal / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int row = idx / kChunks, chunk = idx % kChunks;
+    const bool ok = row < valid;
+    const T* src = ok ? base + row * row_stride + chunk * 8 : base;
+    CpAsync16(SmemAddr(smem + off(row, chunk)), src, ok);
+  }
+}
+
 __device__ __forceinline__ float QuadMax(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

@@ -44,21 +44,10 @@ struct PrefillTraits {
   static_assert(kBM % (16 * kMT) == 0, "query tile must be whole warps");
 };
 
-// rows x D tile from global (row r at base + r * row_stride) into swizzled shared memory;
-// rows >= valid are zero-filled (so masked keys never inject NaN/Inf through P*V).
+// rows x D tile into XOR-swizzled shared memory (Swz), rows >= valid zero-filled.
 template <int D, int kThreads, int kRows, typename T>
 __device__ __forceinline__ void LoadTile(T* smem, const T* base, int64_t row_stride, int valid, int tid) {
-  constexpr int kChunks = D / 8;
-  constexpr int kTotal = kRows * kChunks;
-  static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly over the threads");
-#pragma unroll
-  for (int i = 0; i < kTotal / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
-    const int row = idx / kChunks, chunk = idx % kChunks;
-    const bool ok = row < valid;
-    const T* src = ok ? base + row * row_stride + chunk * 8 : base;
-    CpAsync16(SmemAddr(smem + Swz<D>(row, chunk)), src, ok);
-  }
+  CpAsyncTile<D, kThreads, kRows>(smem, base, row_stride, valid, tid, [](int r, int c) { return Swz<D>(r, c); });
 }
 
 template <typename T, int D, bool kCausal, int kBMOverride = 0, int kMTOverride = 0>
