@@ -43,6 +43,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
@@ -550,11 +551,19 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   if (tid == 0) p.counters[tile] = 0;
 }
 
-// Compute capability major of the current device (0 if it cannot be read).
+// Compute capability major of the current device (0 if it cannot be read), queried once per device:
+// the launchers ask on every call.
 inline int DeviceMajor() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-    return 0;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices] = {};  // major + 1 once known
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev < kMaxDevices) {
+    if (const int known = cache[dev].load(std::memory_order_relaxed)) return known - 1;
+  }
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
+  if (dev < kMaxDevices) cache[dev].store(major + 1, std::memory_order_relaxed);
   return major;
 }
 
@@ -622,7 +631,7 @@ __device__ __forceinline__ uint4 LdStream(const void* ptr) {
   return v;
 }
 // Read-only 16-byte load that may stay in L1 (X: every block reads the same rows).
-__device__ __forceinline__ uint4 LdShared16(const void* ptr) {
+__device__ __forceinline__ uint4 LdCached16(const void* ptr) {
   uint4 v;
   asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
   return v;
@@ -701,7 +710,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
     const bool kin = fast || xk0 + jn * kStepK < p.K;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      xb[r][nt] = kin ? LdShared16(xp[nt]) : zero4;
+      xb[r][nt] = kin ? LdCached16(xp[nt]) : zero4;
       xp[nt] += kStepK;
     }
   };
