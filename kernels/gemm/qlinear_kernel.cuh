@@ -830,7 +830,8 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
 template <typename T, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
   if (p.M <= 8) return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(p, stream);
-  if (p.M <= 16) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
+  static_assert(kSmallMMaxRows == 16, "the small-M kernel's widest instantiation holds two 8-token tiles");
+  if (p.M <= kSmallMMaxRows) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
   return LaunchQLinearNT<T, 4, kFp8, kStageFlush>(p, stream);
 }
 

@@ -439,11 +439,11 @@ class CudaLinear : public LinearExecutor {
       e->replicas_.push_back(std::move(r));
     }
     FQ_CUDA_OK(cudaDeviceSynchronize());
-    // Warm-up: every path once, on each GPU, at the row counts the server will use: M = 1 and
-    // M = 16 load the small-M kernel's two instantiations (8 and 16 rows), max_rows the rest.
+    // Warm-up: every path once, on each GPU, at the row counts that select the kernels
+    // (gemm::kSmallMMaxRows) and at the largest the server will use.
     std::mt19937 rng(7);
     std::normal_distribution<float> nd;
-    for (int m : {1, std::min(16, e->max_rows_), e->max_rows_}) {
+    for (int m : {1, std::min(gemm::kSmallMMaxRows, e->max_rows_), e->max_rows_}) {
       std::vector<float> x(size_t(m) * w.K);
       for (float& f : x) f = nd(rng);
       for (DType t : {DType::kF16, DType::kBF16}) {
