@@ -1,0 +1,321 @@
+// mma_probe (sm_90a): the facts the M > 16 int4 kernel's design rests on, measured on the GPU.
+//  1. Bitwise: does wgmma m64n64k16 (A from registers, B K-major from shared memory) give the very
+//     bits of mma.sync m16n8k16 for the same products, chained over a k128 flush unit from a zero
+//     accumulator? With the k order inside each k16 the same, and with it permuted (if the
+//     permuted form also matches, the tensor core's k16 sum does not depend on the order).
+//  2. Throughput: mma.sync m16n8k16 and wgmma m64n64k16 (RS) in a loop, TFLOP/s per GPU.
+//  3. cuBLASLt 13: is OUTER_VEC_32F (row/column-wise) scaling accepted for FP8 TN on this GPU?
+// Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a mma_probe.cu -lcublasLt -o mma_probe
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+constexpr int kS = 8;        // k16 steps per chain (one k128 flush unit)
+constexpr int kK = 16 * kS;  // 128
+constexpr int kRows = 64, kCols = 64;
+
+__device__ __forceinline__ void MmaBf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool zero) {
+  if (zero) {
+    const float z = 0.0f;
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+                 : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// wgmma m64n64k16 bf16, A from registers, B K-major (tnsp-b = 0).
+__device__ __forceinline__ void WgmmaRs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, "
+      "%35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+__device__ __forceinline__ uint64_t SmemDesc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) | (uint64_t((sbo >> 4) & 0x3FFF) << 32) |
+         (uint64_t(1) << 62);
+}
+
+// A fragment (m16k16 at rows r0.., k k0..) of a row-major [rows][kK] bf16 matrix.
+__device__ __forceinline__ void LoadA(const uint16_t* a, int r0, int k0, int lane, uint32_t (&f)[4]) {
+  const int g = lane >> 2, t = lane & 3;
+  auto w = [&](int r, int k) { return uint32_t(a[r * kK + k]) | (uint32_t(a[r * kK + k + 1]) << 16); };
+  f[0] = w(r0 + g, k0 + 2 * t);
+  f[1] = w(r0 + g + 8, k0 + 2 * t);
+  f[2] = w(r0 + g, k0 + 2 * t + 8);
+  f[3] = w(r0 + g + 8, k0 + 2 * t + 8);
+}
+
+// One block = one 64x64 tile x kK. a: [64][kK], b: [64 cols][kK] (K-major). out_mma, out_wg: [64][64].
+__global__ void __launch_bounds__(128) EquivKernel(const uint16_t* a_all, const uint16_t* b_all, float* out_mma,
+                                                   float* out_wg, int zero_mode) {
+  __shared__ __align__(1024) uint16_t sb[2][kCols * 64];  // two 64-k panels, SWIZZLE_128B rows
+  const int tile = blockIdx.x;
+  const uint16_t* a = a_all + size_t(tile) * kRows * kK;
+  const uint16_t* b = b_all + size_t(tile) * kCols * kK;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  // mma.sync reference
+  for (int nt = 0; nt < kCols / 8; ++nt) {
+    float c[4];
+    for (int s = 0; s < kS; ++s) {
+      uint32_t f[4];
+      LoadA(a, 16 * warp, 16 * s, lane, f);
+      const uint16_t* bc = b + (8 * nt + g) * kK + 16 * s;
+      const uint32_t b0 = uint32_t(bc[2 * t]) | (uint32_t(bc[2 * t + 1]) << 16);
+      const uint32_t b1 = uint32_t(bc[2 * t + 8]) | (uint32_t(bc[2 * t + 9]) << 16);
+      MmaBf16(c, f, b0, b1, s == 0);
+    }
+    float* o = out_mma + size_t(tile) * kRows * kCols;
+    o[(16 * warp + g) * kCols + 8 * nt + 2 * t] = c[0];
+    o[(16 * warp + g) * kCols + 8 * nt + 2 * t + 1] = c[1];
+    o[(16 * warp + g + 8) * kCols + 8 * nt + 2 * t] = c[2];
+    o[(16 * warp + g + 8) * kCols + 8 * nt + 2 * t + 1] = c[3];
+  }
+  // B into shared memory: panel p holds k 64p..64p+63; row n at n*128 B, chunk c at c ^ (n & 7).
+  for (int i = threadIdx.x; i < kCols * (kK / 8); i += blockDim.x) {
+    const int n = i / (kK / 8), ch = i % (kK / 8), p = ch / 8, c = ch % 8;
+    const uint4 v = *reinterpret_cast<const uint4*>(b + n * kK + 8 * ch);
+    *reinterpret_cast<uint4*>(reinterpret_cast<char*>(sb[p]) + n * 128 + ((c ^ (n & 7)) * 16)) = v;
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  float d[32];
+  for (int i = 0; i < 32; ++i) d[i] = 0.0f;
+  uint32_t f[kS][4];
+  for (int s = 0; s < kS; ++s) LoadA(a, 16 * warp, 16 * s, lane, f[s]);
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+  for (int s = 0; s < kS; ++s) {
+    const uint32_t addr = uint32_t(__cvta_generic_to_shared(sb[s / 4])) + (s % 4) * 32;
+    WgmmaRs(d, f[s], SmemDesc(addr, 16, 1024), (zero_mode == 1 || s > 0) ? 1 : 0);
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  float* o = out_wg + size_t(tile) * kRows * kCols;
+  for (int j = 0; j < 8; ++j)
+    for (int e = 0; e < 4; ++e) o[(16 * warp + g + 8 * (e >> 1)) * kCols + 8 * j + 2 * t + (e & 1)] = d[4 * j + e];
+}
+
+// ---- throughput ----
+__global__ void MmaLoop(float* out, int iters) {
+  uint32_t a[4] = {0x3f803f80u ^ threadIdx.x, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};
+  uint32_t b0 = 0x3f803f80u, b1 = 0x3f803f80u ^ threadIdx.x;
+  float c[8][4] = {};
+  for (int i = 0; i < iters; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) MmaBf16(c[j], a, b0, b1, false);
+  float s = 0;
+  for (int j = 0; j < 8; ++j) s += c[j][0] + c[j][1] + c[j][2] + c[j][3];
+  if (s == 1.2345f) out[0] = s;
+}
+
+__global__ void __launch_bounds__(256) WgmmaLoop(float* out, int iters) {
+  __shared__ __align__(1024) uint16_t sb[64 * 64];
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) sb[i] = 0x3f80;
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  uint32_t a[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};
+  float d[2][32] = {};
+  const uint64_t desc = SmemDesc(uint32_t(__cvta_generic_to_shared(sb)), 16, 1024);
+  for (int i = 0; i < iters; ++i) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < 4; ++j) WgmmaRs(d[j & 1], a, desc + 2 * (j & 3), 1);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  float s = 0;
+  for (int j = 0; j < 32; ++j) s += d[0][j] + d[1][j];
+  if (s == 1.2345f) out[0] = s;
+}
+
+uint16_t Bf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+uint64_t g_rng = 88172645463325252ull;
+uint64_t Next() {
+  g_rng ^= g_rng << 13;
+  g_rng ^= g_rng >> 7;
+  g_rng ^= g_rng << 17;
+  return g_rng;
+}
+double Uni() { return double(Next() >> 11) / double(1ull << 53); }
+
+// Equivalence over `tiles` random 64x64xkK tiles; mode 0: wide-exponent values; 1: small integers (int4 q - z) x
+// normal-ish activations. perm: permute k within each k16 identically in A and B for the wgmma side.
+void Equiv(int tiles, int mode, bool perm, int zero_mode) {
+  std::vector<uint16_t> a(size_t(tiles) * kRows * kK), b(size_t(tiles) * kCols * kK);
+  auto val = [&](bool is_a) {
+    if (mode == 1 && is_a) return float(int(Next() % 31) - 15);
+    if (mode == 1) return float((Uni() - 0.5) * 4.0);
+    const int e = int(Next() % 40) - 25;
+    return float((Next() & 1 ? -1.0 : 1.0) * std::ldexp(1.0 + Uni(), e));
+  };
+  for (auto& v : a) v = Bf16Bits(val(true));
+  for (auto& v : b) v = Bf16Bits(val(false));
+  std::vector<uint16_t> ap = a, bp = b;
+  if (perm) {  // our packing's order: logical i of a k16 <- physical {8t+e, 8t+2+e} pattern, reversed here
+    int pi[16];
+    for (int i = 0; i < 16; ++i) pi[i] = (i * 7 + 3) % 16;
+    for (size_t r = 0; r < a.size() / 16; ++r)
+      for (int i = 0; i < 16; ++i) ap[r * 16 + i] = a[r * 16 + pi[i]];
+    for (size_t r = 0; r < b.size() / 16; ++r)
+      for (int i = 0; i < 16; ++i) bp[r * 16 + i] = b[r * 16 + pi[i]];
+  }
+  uint16_t *da, *db, *dap, *dbp;
+  float *om, *ow, *dummy;
+  CK(cudaMalloc(&da, a.size() * 2));
+  CK(cudaMalloc(&db, b.size() * 2));
+  CK(cudaMalloc(&dap, a.size() * 2));
+  CK(cudaMalloc(&dbp, b.size() * 2));
+  CK(cudaMalloc(&om, size_t(tiles) * kRows * kCols * 4));
+  CK(cudaMalloc(&ow, size_t(tiles) * kRows * kCols * 4));
+  CK(cudaMalloc(&dummy, size_t(tiles) * kRows * kCols * 4));
+  CK(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dap, ap.data(), a.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dbp, bp.data(), b.size() * 2, cudaMemcpyHostToDevice));
+  EquivKernel<<<tiles, 128>>>(da, db, om, dummy, zero_mode);
+  EquivKernel<<<tiles, 128>>>(dap, dbp, dummy, ow, zero_mode);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> hm(size_t(tiles) * kRows * kCols), hw(hm.size());
+  CK(cudaMemcpy(hm.data(), om, hm.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hw.data(), ow, hw.size() * 4, cudaMemcpyDeviceToHost));
+  // float64 reference of tile 0 (layout sanity)
+  auto bf = [](uint16_t h) {
+    uint32_t u = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return double(f);
+  };
+  double maxrel = 0;
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kCols; ++c) {
+      double s = 0, sa = 0;
+      for (int k = 0; k < kK; ++k) {
+        s += bf(a[r * kK + k]) * bf(b[c * kK + k]);
+        sa += std::fabs(bf(a[r * kK + k]) * bf(b[c * kK + k]));
+      }
+      maxrel = std::max(maxrel, std::fabs(hw[r * kCols + c] - s) / (sa + 1e-300));
+    }
+  size_t diff = 0;
+  for (size_t i = 0; i < hm.size(); ++i) {
+    uint32_t x, y;
+    std::memcpy(&x, &hm[i], 4);
+    std::memcpy(&y, &hw[i], 4);
+    diff += x != y;
+  }
+  std::printf("equiv mode=%s perm=%d zero=%s: %zu of %zu outputs differ bitwise; wgmma vs fp64 max |err|/sum|ab| %.2e\n",
+              mode ? "int4xact" : "wide-exp", int(perm), zero_mode ? "regs" : "scale_d", diff, hm.size(), maxrel);
+  cudaFree(da); cudaFree(db); cudaFree(dap); cudaFree(dbp); cudaFree(om); cudaFree(ow); cudaFree(dummy);
+}
+
+void Throughput() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  float* out;
+  CK(cudaMalloc(&out, 4));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  const int iters = 20000;
+  for (int warps : {4, 8, 16}) {
+    MmaLoop<<<sms, 32 * warps>>>(out, 100);
+    cudaEventRecord(e0);
+    MmaLoop<<<sms, 32 * warps>>>(out, iters);
+    cudaEventRecord(e1);
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    const double flop = double(sms) * warps * iters * 8 * 4096.0;
+    std::printf("mma.sync m16n8k16 bf16, %d warps/SM: %.0f TFLOP/s\n", warps, flop / ms / 1e9);
+  }
+  for (int wg : {1, 2}) {
+    WgmmaLoop<<<sms, 128 * wg>>>(out, 100);
+    cudaEventRecord(e0);
+    WgmmaLoop<<<sms, 128 * wg>>>(out, iters);
+    cudaEventRecord(e1);
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    const double flop = double(sms) * wg * iters * 4 * (2.0 * 64 * 64 * 16);
+    std::printf("wgmma m64n64k16 RS bf16, %d warpgroups/SM: %.0f TFLOP/s\n", wg, flop / ms / 1e9);
+  }
+}
+
+void BlasOuterVec() {
+  cublasLtHandle_t h;
+  cublasLtCreate(&h);
+  for (int M : {64, 4096}) {
+    const int N = 4096, K = 4096;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    int32_t m = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    cublasStatus_t s1 = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &m, sizeof(m));
+    cublasStatus_t s2 = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &m, sizeof(m));
+    float *sa, *sbv;
+    cudaMalloc(&sa, N * 4);
+    cudaMalloc(&sbv, M * 4);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sbv, sizeof(sbv));
+    cublasLtMatrixLayout_t la, lb, lc, ld;
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, N, K);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, M, K);
+    cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N);
+    cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, N, M, N);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    size_t ws = 64 << 20;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    cublasLtMatmulHeuristicResult_t res[8];
+    int got = 0;
+    cublasStatus_t s3 = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, ld, pref, 8, res, &got);
+    std::printf("cuBLASLt FP8 OUTER_VEC_32F M=%d: set %s/%s, heuristic %s, %d algos\n", M, cublasLtGetStatusString(s1),
+                cublasLtGetStatusString(s2), cublasLtGetStatusString(s3), got);
+  }
+}
+
+int main() {
+  cudaDeviceProp p;
+  CK(cudaGetDeviceProperties(&p, 0));
+  std::printf("device %s\n", p.name);
+  for (int mode : {0, 1})
+    for (bool perm : {false, true})
+      for (int zm : {0, 1}) Equiv(512, mode, perm, zm);
+  Throughput();
+  BlasOuterVec();
+  return 0;
+}
