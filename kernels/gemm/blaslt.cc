@@ -3,11 +3,17 @@
 // column-major terms: D[N x M] = op_T(W: K x N, ld K) · X(K x M, ld K), which is
 // Y[M][N] = X · Wᵀ in row-major terms (the only layout FP8 supports on Hopper).
 //
-// W8A8 row-wise scales run unscaled plus a scaling epilogue (see run_w8a8).
+// W8A8 row/column-wise scales use cuBLASLt's outer-vector scale mode (A: N weight scales,
+// B: M activation scales, applied in fp32 before the one 16-bit store).
 // Batch-invariant mode pins one algorithm per (N, K, types, scale mode): the first
 // heuristic candidate (asked for at a reference M) that, with split-K forced to 1,
 // passes cublasLtMatmulAlgoCheck at M = 1, 16, 128 and 4096; every M then runs it.
-// Otherwise each (M, N, K) gets the heuristic's first choice.
+// Otherwise each (M, N, K) times up to kCandidates heuristic candidates per form once, on the
+// first call whose stream is not being captured, with that call's own operands, and keeps
+// the fastest (until then, or if timing fails, the heuristic's first). For W8A8
+// row/column scales with BF16 output the candidates also include the unscaled GEMM
+// followed by our scaling epilogue (LaunchScaleRowsCols), faster than the outer-vector
+// kernels at small M (FP16 would overflow on the unscaled products).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -16,6 +22,8 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "kernels/common/cuda_check.h"
 #include "kernels/gemm/gemm_internal.h"
@@ -31,6 +39,9 @@ Status BlasStatus(cublasStatus_t s, const char* call) {
 
 enum class ScaleMode { kNone, kScalar, kOuterVec };
 
+constexpr int kCandidates = 8;  // non-invariant mode: heuristic candidates timed per form
+constexpr int kTimedRuns = 3;   // runs timed per candidate (after one untimed run)
+
 struct Key {
   int M, N, K, in, out, mode;
   bool invariant;
@@ -38,12 +49,23 @@ struct Key {
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
+// The device operands of one call (scales null unless the key has a scale mode).
+struct Operands {
+  const void* w;
+  const void* x;
+  void* y;
+  const float* a_scale;  // kScalar: 1 float; kOuterVec: N floats
+  const float* b_scale;  // kScalar: 1 float; kOuterVec: M floats
+};
+
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  ScaleMode mode = ScaleMode::kNone;  // desc's; kNone under a kOuterVec key: unscaled GEMM + epilogue
   cublasLtMatmulAlgo_t algo{};
-  size_t ws = 0;
-  std::mutex mu;  // guards the scale-pointer attributes between set and enqueue
+  bool chosen = false;  // algo is set (invariant mode: always)
+  bool timed = false;   // non-invariant mode: chosen by timing (or timing was tried and failed)
+  std::mutex mu;        // guards the scale-pointer attributes between set and enqueue, and the choice
   ~Plan() {
     if (desc) cublasLtMatmulDescDestroy(desc);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -52,7 +74,18 @@ struct Plan {
   }
 };
 
+// One algorithm of one plan (a plan per scale form).
+struct Candidate {
+  Plan* plan;
+  cublasLtMatmulAlgo_t algo;
+};
+
 cudaDataType_t ActCuda(ActType t) { return t == ActType::kF16 ? CUDA_R_16F : CUDA_R_16BF; }
+
+bool Capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone;
+}
 
 }  // namespace
 
@@ -60,6 +93,7 @@ struct BlasLt::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t ws_bytes = 0;
+  void* scale_placeholder = nullptr;  // 256 B of device memory: the scale pointers of descriptors before a call sets them
   std::mutex mu;
   std::map<Key, std::unique_ptr<Plan>> plans;
   std::map<Key, cublasLtMatmulAlgo_t> pinned;  // invariant mode: key with M = 0
@@ -67,6 +101,7 @@ struct BlasLt::Impl {
   ~Impl() {
     plans.clear();
     if (workspace) cudaFree(workspace);
+    if (scale_placeholder) cudaFree(scale_placeholder);
     if (handle) cublasLtDestroy(handle);
   }
 
@@ -78,6 +113,7 @@ struct BlasLt::Impl {
   }
 
   Status MakeDesc(Plan* p, ScaleMode mode) {
+    p->mode = mode;
     FQ_BLAS_RETURN(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
@@ -86,6 +122,12 @@ struct BlasLt::Impl {
       int32_t m = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
       FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &m, sizeof(m)));
       FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &m, sizeof(m)));
+    }
+    if (mode != ScaleMode::kNone) {
+      // Heuristic queries and algorithm checks see scale pointers, as the calls will (Enqueue sets the real ones).
+      const void* ph = scale_placeholder;
+      FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ph, sizeof(ph)));
+      FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ph, sizeof(ph)));
     }
     return Status::Ok();
   }
@@ -106,13 +148,12 @@ struct BlasLt::Impl {
     return Status::Ok();
   }
 
-  bool Fits(const Key& k, int M, cublasLtMatmulAlgo_t algo, size_t* ws) {
+  bool Fits(const Key& k, int M, cublasLtMatmulAlgo_t algo) {
     Plan p;
     if (!MakeDesc(&p, ScaleMode(k.mode)).ok() || !MakeLayouts(&p, M, k.N, k.K, cudaDataType_t(k.in), cudaDataType_t(k.out)).ok())
       return false;
     cublasLtMatmulHeuristicResult_t r{};
     if (cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.d, p.d, &algo, &r) != CUBLAS_STATUS_SUCCESS) return false;
-    if (ws) *ws = r.workspaceSize;
     return r.workspaceSize <= ws_bytes;
   }
 
@@ -136,7 +177,7 @@ struct BlasLt::Impl {
       int32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
       cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof(none));
       bool ok = true;
-      for (int m : {1, 16, 128, 4096}) ok = ok && Fits(k, m, algo, nullptr);
+      for (int m : {1, 16, 128, 4096}) ok = ok && Fits(k, m, algo);
       if (ok) {
         pinned[pk] = algo;
         *out = algo;
@@ -146,6 +187,8 @@ struct BlasLt::Impl {
     return Internal("cuBLASLt: no split-K-free algorithm valid for every M at N=" + std::to_string(k.N) + " K=" + std::to_string(k.K));
   }
 
+  // Finds or makes k's plan. Invariant plans get the pinned algorithm here; the others
+  // get theirs from Choose (under the plan's own mutex, not this one).
   Status GetPlan(const Key& k, Plan** out) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = plans.find(k);
@@ -158,32 +201,99 @@ struct BlasLt::Impl {
     FQ_RETURN_IF_ERROR(MakeLayouts(p.get(), k.M, k.N, k.K, cudaDataType_t(k.in), cudaDataType_t(k.out)));
     if (k.invariant) {
       FQ_RETURN_IF_ERROR(PinnedAlgo(k, &p->algo));
-      if (!Fits(k, k.M, p->algo, &p->ws)) return Internal("cuBLASLt: pinned algorithm rejects M=" + std::to_string(k.M));
-    } else {
-      cublasLtMatmulHeuristicResult_t r{};
-      int got = 0;
-      FQ_RETURN_IF_ERROR(Candidates(k, &r, 1, &got));
-      p->algo = r.algo;
-      p->ws = r.workspaceSize;
+      if (!Fits(k, k.M, p->algo)) return Internal("cuBLASLt: pinned algorithm rejects M=" + std::to_string(k.M));
+      p->chosen = true;
     }
     *out = p.get();
     plans.emplace(k, std::move(p));
     return Status::Ok();
   }
 
-  Status Run(const Key& k, const void* w, const void* x, void* y, const float* a_scale, const float* b_scale,
-             cudaStream_t stream) {
+  // One call of candidate c; the unscaled form of a kOuterVec key adds the scaling epilogue.
+  // Caller holds c.plan->mu.
+  Status Enqueue(const Key& k, const Candidate& c, const Operands& o, cudaStream_t stream) {
+    Plan* p = c.plan;
+    if (p->mode != ScaleMode::kNone) {
+      FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &o.a_scale, sizeof(o.a_scale)));
+      FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &o.b_scale, sizeof(o.b_scale)));
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    const cublasStatus_t st = cublasLtMatmul(handle, p->desc, &alpha, o.w, p->a, o.x, p->b, &beta, o.y, p->d, o.y, p->d, &c.algo,
+                                             workspace, ws_bytes, stream);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      return Internal("cublasLtMatmul (M=" + std::to_string(k.M) + " N=" + std::to_string(k.N) + " K=" + std::to_string(k.K) +
+                      ", scale mode " + std::to_string(int(p->mode)) + (k.invariant ? ", pinned" : "") + "): " + cublasLtGetStatusString(st));
+    if (p->mode != ScaleMode(k.mode)) {
+      const ActType act = k.out == int(CUDA_R_16F) ? ActType::kF16 : ActType::kBF16;
+      FQ_CUDA_RETURN(detail::LaunchScaleRowsCols(o.y, act, k.M, k.N, o.b_scale, o.a_scale, stream));
+    }
+    return Status::Ok();
+  }
+
+  // Index of the fastest candidate: each runs once, then kTimedRuns times between two
+  // events on `stream`, with the call's operands (o.y is overwritten). 0 when timing fails.
+  int Fastest(const Key& k, const std::vector<Candidate>& cands, const Operands& o, cudaStream_t stream) {
+    if (cands.size() < 2) return 0;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    int best = 0;
+    float best_ms = -1.0f;
+    if (cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+      for (size_t i = 0; i < cands.size(); ++i) {
+        bool ok = Enqueue(k, cands[i], o, stream).ok() && cudaEventRecord(e0, stream) == cudaSuccess;
+        for (int r = 0; ok && r < kTimedRuns; ++r) ok = Enqueue(k, cands[i], o, stream).ok();
+        float ms = 0.0f;
+        ok = ok && cudaEventRecord(e1, stream) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
+             cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
+        if (ok && (best_ms < 0.0f || ms < best_ms)) {
+          best = int(i);
+          best_ms = ms;
+        }
+      }
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return best;
+  }
+
+  // Non-invariant mode: sets p's algorithm (and, for a kOuterVec key, its form). With
+  // operands on a stream that is not being captured, times the candidates once; otherwise
+  // takes the heuristic's first (if p has none yet) and leaves the timing to a later call.
+  // Caller holds p->mu.
+  Status Choose(const Key& k, Plan* p, const Operands* o, cudaStream_t stream) {
+    if (p->timed) return Status::Ok();
+    const bool can_time = o && !Capturing(stream);
+    if (p->chosen && !can_time) return Status::Ok();
+    cublasLtMatmulHeuristicResult_t res[kCandidates];
+    int got = 0;
+    FQ_RETURN_IF_ERROR(Candidates(k, res, can_time ? kCandidates : 1, &got));
+    std::vector<Candidate> cands;
+    for (int i = 0; i < got; ++i) cands.push_back({p, res[i].algo});
+    Plan plain;  // kOuterVec key, BF16 out: the unscaled GEMM + epilogue form
+    if (can_time && ScaleMode(k.mode) == ScaleMode::kOuterVec && k.out == int(CUDA_R_16BF)) {
+      Key kp = k;
+      kp.mode = int(ScaleMode::kNone);
+      FQ_RETURN_IF_ERROR(MakeDesc(&plain, ScaleMode::kNone));
+      FQ_RETURN_IF_ERROR(MakeLayouts(&plain, k.M, k.N, k.K, cudaDataType_t(k.in), cudaDataType_t(k.out)));
+      FQ_RETURN_IF_ERROR(Candidates(kp, res, kCandidates, &got));
+      for (int i = 0; i < got; ++i) cands.push_back({&plain, res[i].algo});
+    }
+    const int best = can_time ? Fastest(k, cands, *o, stream) : 0;
+    if (cands[best].plan == &plain) {
+      std::swap(p->desc, plain.desc);  // same layouts; plain now owns (and frees) the scaled desc
+      p->mode = ScaleMode::kNone;
+    }
+    p->algo = cands[best].algo;
+    p->chosen = true;
+    p->timed = can_time;
+    return Status::Ok();
+  }
+
+  Status Run(const Key& k, const Operands& o, cudaStream_t stream) {
     Plan* p = nullptr;
     FQ_RETURN_IF_ERROR(GetPlan(k, &p));
-    const float alpha = 1.0f, beta = 0.0f;
     std::lock_guard<std::mutex> lock(p->mu);
-    if (ScaleMode(k.mode) != ScaleMode::kNone) {
-      FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
-      FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
-    }
-    FQ_BLAS_RETURN(cublasLtMatmul(handle, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->d, y, p->d, &p->algo, workspace,
-                                  ws_bytes, stream));
-    return Status::Ok();
+    if (!k.invariant) FQ_RETURN_IF_ERROR(Choose(k, p, &o, stream));
+    return Enqueue(k, {p, p->algo}, o, stream);
   }
 };
 
@@ -195,6 +305,7 @@ Status BlasLt::Create(size_t workspace_bytes, std::unique_ptr<BlasLt>* out) {
   b->impl_ = std::make_unique<Impl>();
   FQ_BLAS_RETURN(cublasLtCreate(&b->impl_->handle));
   if (workspace_bytes) FQ_CUDA_RETURN(cudaMalloc(&b->impl_->workspace, workspace_bytes));
+  FQ_CUDA_RETURN(cudaMalloc(&b->impl_->scale_placeholder, 256));
   b->impl_->ws_bytes = workspace_bytes;
   *out = std::move(b);
   return Status::Ok();
@@ -206,14 +317,17 @@ Status run_bf16(BlasLt* blas, const void* w, int N, int K, const LinearArgs& a, 
   if (a.M == 0) return Status::Ok();
   if (!w || !a.x || !a.y) return InvalidArgument("run_bf16: null pointer");
   Key k{a.M, N, K, int(ActCuda(a.act)), int(ActCuda(a.act)), int(ScaleMode::kNone), a.batch_invariant};
-  return blas->impl()->Run(k, w, a.x, a.y, nullptr, nullptr, stream);
+  return blas->impl()->Run(k, {w, a.x, a.y, nullptr, nullptr}, stream);
 }
 
 Status WarmBf16(BlasLt* blas, int M, int N, int K, ActType act, bool batch_invariant) {
   if (!blas) return InvalidArgument("WarmBf16: null BlasLt");
   Key k{M, N, K, int(ActCuda(act)), int(ActCuda(act)), int(ScaleMode::kNone), batch_invariant};
   Plan* p = nullptr;
-  return blas->impl()->GetPlan(k, &p);
+  FQ_RETURN_IF_ERROR(blas->impl()->GetPlan(k, &p));
+  if (batch_invariant) return Status::Ok();
+  std::lock_guard<std::mutex> lock(p->mu);
+  return blas->impl()->Choose(k, p, nullptr, nullptr);
 }
 
 Status run_w8a8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream) {
@@ -224,18 +338,12 @@ Status run_w8a8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cuda
   if (a.M < 0) return InvalidArgument("run_w8a8: M must be >= 0");
   if (a.M == 0) return Status::Ok();
   if (!a.x_fp8 || !a.x_scale || !a.y) return InvalidArgument("run_w8a8: null pointer");
+  // Tensor-wise: scalar scales. Otherwise outer-vector scales: w scale per column n (N
+  // floats, per-tensor weights expanded), x scale per row m (M floats).
   const bool tensorwise = !w.per_channel() && !a.per_row_act;
-  if (tensorwise) {
-    Key k{a.M, v.N, v.K, int(CUDA_R_8F_E4M3), int(ActCuda(a.out)), int(ScaleMode::kScalar), a.batch_invariant};
-    return blas->impl()->Run(k, v.w, a.x_fp8, a.y, v.scale1, a.x_scale, stream);
-  }
-  // Row/column-wise: cuBLASLt 13.0 rejects outer-vector scale modes for FP8 on Hopper
-  // ("unsupported value"), so the GEMM runs unscaled into y (16-bit) and a small
-  // epilogue multiplies by x_scale[m] * w_scale[n] in fp32 (one extra 16-bit rounding).
-  Key k{a.M, v.N, v.K, int(CUDA_R_8F_E4M3), int(ActCuda(a.out)), int(ScaleMode::kNone), a.batch_invariant};
-  FQ_RETURN_IF_ERROR(blas->impl()->Run(k, v.w, a.x_fp8, a.y, nullptr, nullptr, stream));
-  FQ_CUDA_RETURN(detail::LaunchScaleRowsCols(a.y, a.out, a.M, v.N, a.x_scale, v.scale_vec, stream));
-  return Status::Ok();
+  const ScaleMode mode = tensorwise ? ScaleMode::kScalar : ScaleMode::kOuterVec;
+  Key k{a.M, v.N, v.K, int(CUDA_R_8F_E4M3), int(ActCuda(a.out)), int(mode), a.batch_invariant};
+  return blas->impl()->Run(k, {v.w, a.x_fp8, a.y, tensorwise ? v.scale1 : v.scale_vec, a.x_scale}, stream);
 }
 
 }  // namespace flashq::gemm

@@ -8,7 +8,8 @@
 // batch_invariant (the server's default): row i of Y is bitwise identical whatever M is.
 // Our kernels choose split-K and the K-order of accumulation from K and N only; the
 // cuBLASLt paths pin one algorithm per (N, K, types) with split-K off. With it off,
-// W4A16 may dequantize to 16-bit and call cuBLASLt for large M.
+// W4A16 may dequantize to 16-bit and call cuBLASLt for large M, and cuBLASLt calls take
+// the fastest of a few algorithms timed per shape (see BlasLt).
 #pragma once
 
 #include <cstddef>
@@ -29,8 +30,14 @@ namespace flashq::gemm {
 enum class ActType { kF16, kBF16 };  // 16-bit activation / output type
 
 // cuBLASLt handle, a preallocated cuBLASLt workspace and a plan cache keyed by shape.
-// Thread-safe. Plans are made on first use of a shape; call Warm() at load for the
+// Thread-safe. Plans are made on first use of a shape; call WarmBf16() at load for the
 // shapes you serve so that no heuristic query happens on the request path.
+// Batch-invariant plans run the pinned algorithm. Non-invariant plans are timed once:
+// the first call of a shape whose stream is not being captured runs up to 8 heuristic
+// candidates (for W8A8 row/column scales, in both forms: see run_w8a8) a few times each
+// on its stream with its own operands, waits for them, and keeps the fastest; y is then
+// written by the real call. Until then (warm-up, capture) or if timing fails, the
+// heuristic's first candidate runs.
 class BlasLt {
  public:
   static Status Create(size_t workspace_bytes, std::unique_ptr<BlasLt>* out);
@@ -119,8 +126,11 @@ Status run_w8a16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t st
 
 // W8A8: x_fp8 [M][K] E4M3 with x_scale (device, M floats; all equal for per-tensor).
 // Tensor-wise mode (weights per-tensor and !per_row_act): cuBLASLt scalar scales. Otherwise
-// (weights per channel and/or activations per row) the cuBLASLt GEMM runs unscaled and an
-// epilogue applies x_scale[m] * w_scale[n]. Needs K % 16 == 0, N % 16 == 0.
+// (weights per channel and/or activations per row) cuBLASLt's outer-vector scales
+// (x_scale[m] * w_scale[n] in fp32, one 16-bit rounding). For BF16 outputs, non-invariant
+// mode may instead run the GEMM unscaled into y and scale y in place (two roundings) when
+// that timed faster for the shape, as it does at small M; not for FP16, which the unscaled
+// products (up to 448^2 * K) overflow. Needs K % 16 == 0, N % 16 == 0.
 // Per-tensor activation scales depend on the whole batch: only per_row_act is batch-invariant.
 struct W8A8Args {
   const uint8_t* x_fp8 = nullptr;
@@ -139,8 +149,10 @@ Status run_quantize_act_fp8(const void* x, ActType act, int M, int K, bool per_r
 
 // ---- 16-bit baseline through cuBLASLt ----
 // w: device [N][K] in a.act's type. Plans are cached per (M, N, K, type, mode).
+// Non-invariant mode: the first call of a shape may run the GEMM several times (timing).
 Status run_bf16(BlasLt* blas, const void* w, int N, int K, const LinearArgs& a, cudaStream_t stream);
 // Resolves (and caches) the plan for a shape ahead of time: cold start, not request path.
+// Non-invariant plans get the heuristic's first algorithm here, timed by the first call.
 Status WarmBf16(BlasLt* blas, int M, int N, int K, ActType act, bool batch_invariant);
 
 // Describes the split-K plan our kernels use for (K, N) (for logs and benchmarks).

@@ -528,9 +528,10 @@ class CudaLinear : public LinearExecutor {
               w8.x_fp8 = xq;
               w8.x_scale = xs;
               w8.per_row_act = true;
-              // The FP8 GEMM writes unscaled products (|x8 . w8| reaches 448^2 * K) before its
-              // row/column scale epilogue: FP16 would overflow there, BF16 does not. FP16
-              // requests get BF16 from the GEMM and are converted on the host.
+              // Batch-invariant mode scales inside cuBLASLt, but the non-invariant mode may
+              // run the GEMM unscaled and scale afterwards when that is faster, which only
+              // BF16 output allows (|x8 . w8| reaches 448^2 * K: FP16 would overflow). So the
+              // GEMM writes BF16; FP16 requests are converted on the host.
               w8.y = yd;
               w8.M = m;
               w8.out = gemm::ActType::kBF16;

@@ -230,52 +230,60 @@ TEST_P(GemmGpuFp8, W8A16MatchesAndIsInvariant) {
 INSTANTIATE_TEST_SUITE_P(Modes, GemmGpuFp8,
                          ::testing::Combine(::testing::Bool(), ::testing::Values(ActType::kBF16, ActType::kF16)));
 
-class GemmGpuW8A8 : public ::testing::TestWithParam<bool> {};
+// (per-channel weights, per-row activations), BF16 output. Both modes match the reference;
+// with per-row activation scales the invariant mode is also bitwise batch-invariant.
+class GemmGpuW8A8 : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(GemmGpuW8A8, QuantizeAndGemmMatchReference) {
-  const bool rowwise = GetParam();
+  const auto [per_channel, per_row] = GetParam();
   Ctx ctx;
   const int K = 512, N = 272;
   auto wf = RandomVec(size_t(N) * K, 41);
-  Fp8Weights w = QuantizeFp8(wf.data(), N, K, /*per_channel=*/rowwise);
+  Fp8Weights w = QuantizeFp8(wf.data(), N, K, per_channel);
   std::unique_ptr<Fp8DeviceWeights> dw;
   OK(Fp8DeviceWeights::Create(w, &dw));
   const int Mmax = 64;
   Acts x = MakeActs(Mmax, K, ActType::kBF16, 42);
-  std::vector<float> big;
+  const std::string name = std::string("w8a8 w/") + (per_channel ? "channel" : "tensor") + " x/" + (per_row ? "row" : "tensor");
+  std::vector<float> big;  // invariant mode at Mmax
   for (int M : {Mmax, 1, 3, 17}) {
     Dev xd(size_t(M) * K * 2), xq(size_t(M) * K), xs(size_t(M) * 4);
     CK(cudaMemcpy(xd.p, x.bits.data(), size_t(M) * K * 2, cudaMemcpyHostToDevice));
-    OK(run_quantize_act_fp8(xd.p, ActType::kBF16, M, K, rowwise, static_cast<uint8_t*>(xq.p), static_cast<float*>(xs.p), nullptr));
+    OK(run_quantize_act_fp8(xd.p, ActType::kBF16, M, K, per_row, static_cast<uint8_t*>(xq.p), static_cast<float*>(xs.p), nullptr));
     // Same bits as the host quantizer.
     std::vector<uint8_t> hq(size_t(M) * K), rq(size_t(M) * K);
     std::vector<float> hs(M), rs(M);
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(hq.data(), xq.p, hq.size(), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hs.data(), xs.p, M * 4, cudaMemcpyDeviceToHost));
-    QuantizeActFp8(x.f.data(), M, K, rowwise, rq.data(), rs.data());
+    QuantizeActFp8(x.f.data(), M, K, per_row, rq.data(), rs.data());
     ASSERT_EQ(hq, rq) << "activation fp8 bits";
     ASSERT_EQ(hs, rs) << "activation scales";
-    auto y = RunPoisoned(M, N, ActType::kBF16, [&](void* yp) {
-      W8A8Args a;
-      a.x_fp8 = static_cast<uint8_t*>(xq.p);
-      a.x_scale = static_cast<float*>(xs.p);
-      a.per_row_act = rowwise;
-      a.y = yp;
-      a.M = M;
-      Status s = run_w8a8(ctx.blas.get(), *dw, a, nullptr);
-      EXPECT_TRUE(s.ok()) << s.message();
-    });
     std::vector<float> ref(size_t(M) * N);
-    LinearRefFp8W8A8<double>(x.f.data(), M, w, rowwise, ref.data());
+    LinearRefFp8W8A8<double>(x.f.data(), M, w, per_row, ref.data());
     std::vector<double> refd(ref.begin(), ref.end());
-    ExpectClose(y, refd, ActType::kBF16, 0, std::string("w8a8 ") + (rowwise ? "rowwise" : "tensorwise") + " M=" + std::to_string(M));
-    if (M == Mmax) big = y;
-    else if (rowwise) ASSERT_EQ(0, std::memcmp(y.data(), big.data(), y.size() * sizeof(float))) << "batch invariance M=" << M;
+    for (bool inv : {true, false}) {
+      auto y = RunPoisoned(M, N, ActType::kBF16, [&](void* yp) {
+        W8A8Args a;
+        a.x_fp8 = static_cast<uint8_t*>(xq.p);
+        a.x_scale = static_cast<float*>(xs.p);
+        a.per_row_act = per_row;
+        a.y = yp;
+        a.M = M;
+        a.batch_invariant = inv;
+        Status s = run_w8a8(ctx.blas.get(), *dw, a, nullptr);
+        EXPECT_TRUE(s.ok()) << s.message();
+      });
+      const std::string what = name + (inv ? " invariant" : " fast") + " M=" + std::to_string(M);
+      ExpectClose(y, refd, ActType::kBF16, 0, what);
+      if (!inv || !per_row) continue;
+      if (M == Mmax) big = y;
+      else ASSERT_EQ(0, std::memcmp(y.data(), big.data(), y.size() * sizeof(float))) << "batch invariance " << what;
+    }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Scales, GemmGpuW8A8, ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(Scales, GemmGpuW8A8, ::testing::Combine(::testing::Bool(), ::testing::Bool()));
 
 TEST(GemmGpu, Bf16CublasLtMatchesAndPinnedAlgoIsInvariant) {
   Ctx ctx;
@@ -294,17 +302,22 @@ TEST(GemmGpu, Bf16CublasLtMatchesAndPinnedAlgoIsInvariant) {
     CK(cudaMemcpy(xd.p, x.bits.data(), x.bits.size() * 2, cudaMemcpyHostToDevice));
     std::vector<float> big;
     for (int m : {M, 1, 17}) {
-      auto y = RunPoisoned(m, N, act, [&](void* yp) {
-        LinearArgs a{xd.p, yp, m, act, true, nullptr, 0};
-        Status s = run_bf16(ctx.blas.get(), wd.p, N, K, a, nullptr);
-        EXPECT_TRUE(s.ok()) << s.message();
-      });
       std::vector<float> xf(x.f.begin(), x.f.begin() + size_t(std::min(m, 64)) * K);
       auto ref = GemmF64(xf, std::min(m, 64), K, wf, N);
-      std::vector<float> yh(y.begin(), y.begin() + ref.size());
-      ExpectClose(yh, ref, act, 0, std::string("cublasLt ") + Name(act) + " M=" + std::to_string(m));
-      if (m == M) big = y;
-      else ASSERT_EQ(0, std::memcmp(y.data(), big.data(), y.size() * sizeof(float))) << "pinned algorithm invariance M=" << m;
+      // Fast mode: algorithm timed by the first call (after a warm-up that only plans, at M = 17).
+      if (m == 17) OK(WarmBf16(ctx.blas.get(), m, N, K, act, false));
+      for (bool inv : {true, false}) {
+        auto y = RunPoisoned(m, N, act, [&](void* yp) {
+          LinearArgs a{xd.p, yp, m, act, inv, nullptr, 0};
+          Status s = run_bf16(ctx.blas.get(), wd.p, N, K, a, nullptr);
+          EXPECT_TRUE(s.ok()) << s.message();
+        });
+        std::vector<float> yh(y.begin(), y.begin() + ref.size());
+        ExpectClose(yh, ref, act, 0, std::string("cublasLt ") + Name(act) + (inv ? "" : " fast") + " M=" + std::to_string(m));
+        if (!inv) continue;
+        if (m == M) big = y;
+        else ASSERT_EQ(0, std::memcmp(y.data(), big.data(), y.size() * sizeof(float))) << "pinned algorithm invariance M=" << m;
+      }
     }
   }
 }
