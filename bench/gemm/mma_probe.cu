@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #define CK(x)                                                                                 \
@@ -273,49 +274,90 @@ void Throughput() {
   }
 }
 
-void BlasOuterVec() {
+// Runs one FP8 TN GEMM with outer-vector scales at (N, K) and several M, and prints each step's status: the
+// heuristic's own first algorithm at M, and the first algorithm found at M = 1024 with split-K forced to 1
+// (what a pinned, batch-invariant plan uses), for BF16 and FP16 output.
+void BlasOuterVec(int N, int K) {
   cublasLtHandle_t h;
   cublasLtCreate(&h);
-  for (int M : {64, 4096}) {
-    const int N = 4096, K = 4096;
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
-    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
-    int32_t m = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-    cublasStatus_t s1 = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &m, sizeof(m));
-    cublasStatus_t s2 = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &m, sizeof(m));
-    float *sa, *sbv;
-    cudaMalloc(&sa, N * 4);
-    cudaMalloc(&sbv, M * 4);
-    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
-    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sbv, sizeof(sbv));
-    cublasLtMatrixLayout_t la, lb, lc, ld;
-    cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, N, K);
-    cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, M, K);
-    cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N);
-    cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, N, M, N);
-    cublasLtMatmulPreference_t pref;
-    cublasLtMatmulPreferenceCreate(&pref);
-    size_t ws = 64 << 20;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    cublasLtMatmulHeuristicResult_t res[8];
-    int got = 0;
-    cublasStatus_t s3 = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, ld, pref, 8, res, &got);
-    std::printf("cuBLASLt FP8 OUTER_VEC_32F M=%d: set %s/%s, heuristic %s, %d algos\n", M, cublasLtGetStatusString(s1),
-                cublasLtGetStatusString(s2), cublasLtGetStatusString(s3), got);
+  const int Mmax = 4096;
+  void *w, *x, *y, *ws;
+  float *sa, *sb;
+  size_t wsb = 64 << 20;
+  CK(cudaMalloc(&w, size_t(N) * K));
+  CK(cudaMalloc(&x, size_t(Mmax) * K));
+  CK(cudaMalloc(&y, size_t(Mmax) * N * 2));
+  CK(cudaMalloc(&ws, wsb));
+  CK(cudaMalloc(&sa, N * 4));
+  CK(cudaMalloc(&sb, Mmax * 4));
+  CK(cudaMemset(w, 0x38, size_t(N) * K));
+  CK(cudaMemset(x, 0x38, size_t(Mmax) * K));
+  for (cudaDataType_t out : {CUDA_R_16BF, CUDA_R_16F}) {
+    auto make = [&](int M, cublasLtMatmulDesc_t* desc, cublasLtMatrixLayout_t* la, cublasLtMatrixLayout_t* lb,
+                    cublasLtMatrixLayout_t* ld) {
+      cublasLtMatmulDescCreate(desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+      cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+      cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+      cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+      int32_t m = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &m, sizeof(m));
+      cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &m, sizeof(m));
+      cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
+      cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
+      cublasLtMatrixLayoutCreate(la, CUDA_R_8F_E4M3, K, N, K);
+      cublasLtMatrixLayoutCreate(lb, CUDA_R_8F_E4M3, K, M, K);
+      cublasLtMatrixLayoutCreate(ld, out, N, M, N);
+    };
+    auto heur = [&](int M, cublasLtMatmulAlgo_t* algo) {
+      cublasLtMatmulDesc_t d;
+      cublasLtMatrixLayout_t la, lb, ld;
+      make(M, &d, &la, &lb, &ld);
+      cublasLtMatmulPreference_t pref;
+      cublasLtMatmulPreferenceCreate(&pref);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb));
+      cublasLtMatmulHeuristicResult_t r[8];
+      int got = 0;
+      cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h, d, la, lb, ld, ld, pref, 8, r, &got);
+      if (got > 0) *algo = r[0].algo;
+      return s == CUBLAS_STATUS_SUCCESS && got > 0 ? got : 0;
+    };
+    cublasLtMatmulAlgo_t pinned;
+    const int npin = heur(1024, &pinned);
+    int32_t one = 1, none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasLtMatmulAlgoConfigSetAttribute(&pinned, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one));
+    cublasLtMatmulAlgoConfigSetAttribute(&pinned, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof(none));
+    for (int M : {1, 3, 4, 8, 15, 16, 17, 64, 4096}) {
+      cublasLtMatmulDesc_t d;
+      cublasLtMatrixLayout_t la, lb, ld;
+      make(M, &d, &la, &lb, &ld);
+      cublasLtMatmulAlgo_t own;
+      const int nown = heur(M, &own);
+      const float alpha = 1.0f, beta = 0.0f;
+      cublasLtMatmulHeuristicResult_t chk{};
+      cublasStatus_t c_own = nown ? cublasLtMatmulAlgoCheck(h, d, la, lb, ld, ld, &own, &chk) : CUBLAS_STATUS_NOT_SUPPORTED;
+      cublasStatus_t r_own = nown ? cublasLtMatmul(h, d, &alpha, w, la, x, lb, &beta, y, ld, y, ld, &own, ws, wsb, 0) : c_own;
+      cublasStatus_t c_pin = npin ? cublasLtMatmulAlgoCheck(h, d, la, lb, ld, ld, &pinned, &chk) : CUBLAS_STATUS_NOT_SUPPORTED;
+      cublasStatus_t r_pin = npin ? cublasLtMatmul(h, d, &alpha, w, la, x, lb, &beta, y, ld, y, ld, &pinned, ws, wsb, 0) : c_pin;
+      CK(cudaDeviceSynchronize());
+      std::printf("cuBLASLt FP8 OUTER_VEC_32F %s N=%d K=%d M=%4d: own algo (%d found) check %s run %s; pinned(M=1024, split-K 1) check %s run %s\n",
+                  out == CUDA_R_16BF ? "bf16" : "f16", N, K, M, nown, cublasLtGetStatusString(c_own), cublasLtGetStatusString(r_own),
+                  cublasLtGetStatusString(c_pin), cublasLtGetStatusString(r_pin));
+      cublasLtMatmulDescDestroy(d);
+    }
   }
 }
 
-int main() {
+int main(int argc, char** argv) {
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, 0));
   std::printf("device %s\n", p.name);
-  for (int mode : {0, 1})
-    for (bool perm : {false, true})
-      for (int zm : {0, 1}) Equiv(512, mode, perm, zm);
-  Throughput();
-  BlasOuterVec();
+  const bool blas_only = argc > 1 && std::strcmp(argv[1], "--blas") == 0;
+  if (!blas_only) {
+    for (int mode : {0, 1})
+      for (bool perm : {false, true})
+        for (int zm : {0, 1}) Equiv(512, mode, perm, zm);
+    Throughput();
+  }
+  for (auto [n, k] : {std::pair{4096, 4096}, {272, 512}, {256, 512}, {272, 4096}, {4096, 512}}) BlasOuterVec(n, k);
   return 0;
 }
