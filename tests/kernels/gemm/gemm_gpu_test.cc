@@ -1,6 +1,6 @@
 // GPU tests (label `gpu`): every path against "dequantize W, then a float64 GEMM" on
 // random data, with the output poisoned before each run; determinism; batch invariance
-// (row i bitwise identical for M = 1, 17, 300, 4096); loader errors.
+// (row i bitwise identical for M = 1 .. 128, 300, 4096); loader errors.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -135,7 +135,9 @@ TEST_P(GemmGpuW4, MatchesDequantizedF64AndIsInvariant) {
   const int Mmax = 300;
   Acts x = MakeActs(Mmax, c.K, act, 200 + c.K);
   std::vector<float> big = RunW4(*dw, x, Mmax, act, true, nullptr);
-  for (int M : {1, 3, 8, 12, 17}) {
+  // 1-16: small-M kernel; 17-32 and 33-128 per launch: the sm_90 wgmma kernel's 32- and 64-token tiles
+  // (QLinearKernel elsewhere); 300: three launches of 128, 128 and 44 rows.
+  for (int M : {1, 3, 8, 12, 17, 32, 40, 64, 128}) {
     Acts xs;
     xs.f.assign(x.f.begin(), x.f.begin() + size_t(M) * c.K);
     xs.bits.assign(x.bits.begin(), x.bits.begin() + size_t(M) * c.K);
