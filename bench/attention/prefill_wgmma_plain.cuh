@@ -30,7 +30,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/attention/mma_utils.cuh"
 #include "kernels/attention/wgmma_consumer.cuh"
-#include "kernels/common/wgmma_ops.cuh"
+#include "kernels/attention/wgmma_ops.cuh"
 #include "kernels/common/cuda_check.h"
 
 namespace flashq::attention::detail {

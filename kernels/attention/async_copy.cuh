@@ -10,10 +10,37 @@
 #include <string>
 
 #include "kernels/attention/attention.h"
-#include "kernels/common/mbarrier.cuh"
 
 namespace flashq::attention::detail {
 
+__device__ __forceinline__ void MbarInit(uint32_t addr, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+__device__ __forceinline__ bool MbarTryWait(uint32_t addr, int parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(addr), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+__device__ __forceinline__ void MbarWait(uint32_t addr, int parity) {
+  // No trap after N polls: a __trap() reachable from the consumers keeps ptxas from giving
+  // them the registers setmaxnreg grants (wgmma_consumer.cuh).
+  while (!MbarTryWait(addr, parity)) {
+  }
+}
+__device__ __forceinline__ void MbarArrive(uint32_t addr) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");
+}
+// Arrives on the barrier once all of this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void CpAsyncMbarArrive(uint32_t addr) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t addr, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"

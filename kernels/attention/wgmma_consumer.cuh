@@ -29,10 +29,17 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/mma_utils.cuh"
-#include "kernels/common/mbarrier.cuh"
-#include "kernels/common/wgmma_ops.cuh"
+#include "kernels/attention/wgmma_ops.cuh"
 
 namespace flashq::attention::detail {
+
+// wgmma shared-memory descriptor, SWIZZLE_128B (byte offsets; 16-byte units in the encoding).
+__device__ __forceinline__ uint64_t SmemDesc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) |
+         (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 template <typename T, int D, int kBM, int kBN, bool kCausal>
 struct WgmmaConsumer {

@@ -91,13 +91,10 @@ class W4A16Weights {
 // Scratch for run_w4a16 with M up to max_m rows (split-K partials, act-order gather,
 // and the 16-bit dequantized copy of W for the non-invariant large-M path).
 size_t W4A16WorkspaceBytes(const W4A16Weights& w, int max_m, bool batch_invariant);
-// run_w4a16 and run_w8a16 take a small-M kernel up to kSmallMMaxRows rows per launch (one
-// instantiation for M <= 8, one for M <= 16). Above it, W4A16 on sm_90 takes a wgmma kernel with a
-// 32-token tile up to kNarrowTileMaxRows rows and 64-token tiles beyond; W8A16 and other GPUs a
-// 32-token split-K kernel. A warm-up at M = 1, kSmallMMaxRows, kNarrowTileMaxRows and one large M
-// loads every kernel a layer can reach.
+// run_w4a16 and run_w8a16 take a small-M kernel up to this many rows per launch (one
+// instantiation for M <= 8, one for M <= 16) and a 32-token kernel above it: a warm-up at M = 1,
+// M = kSmallMMaxRows and one large M loads every kernel a layer can reach.
 constexpr int kSmallMMaxRows = 16;
-constexpr int kNarrowTileMaxRows = 32;
 // M at or above which the non-invariant mode dequantizes W and calls cuBLASLt.
 constexpr int kW4A16DequantMinM = 256;
 // blas may be null when batch_invariant or M < kW4A16DequantMinM.

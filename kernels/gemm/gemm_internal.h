@@ -41,7 +41,6 @@ struct QLinearParams {
   const float* fscales = nullptr;    // fp8
   float* partial = nullptr;        // [splits][M][N] when splits > 1
   int* counters = nullptr;         // [n_blocks * m_blocks], zero on entry and exit
-  void* xpack = nullptr;           // int4, M > 16: X packed for the sm_90 wgmma kernel (qlinear_wgmma.cuh)
   int M = 0, N = 0, K = 0, nk32 = 0, strips = 0, gsteps = 1, splits = 1, steps_per_warp = 0;
   int cluster = 0;                 // set by the launcher: split-K blocks of a tile form a cluster (sm_90)
 };

@@ -13,6 +13,5 @@ constexpr int kSubSteps = 4;              // k32 steps per int4 pipeline stage; 
 constexpr int kTargetWarps = 2112;        // plan warps (strips x warp ranges): one wave of 16 per SM on 132 SMs
 constexpr int kMaxSplits = 8;             // so a strip's 2 * splits warp ranges fit one 512-thread block
 constexpr int kMaxRowsPerLaunch = 128;    // invariant path: rows per launch (bounds split-K scratch)
-constexpr int kWgmmaStrips = 8;           // strips per block of the sm_90 int4 kernel (M > 16); int4 strips are padded to a multiple
 
 }  // namespace flashq::gemm

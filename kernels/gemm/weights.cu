@@ -40,26 +40,16 @@ struct Blob {
 };
 
 struct WsLayout {
-  size_t counters = 0, partial = 0, xpack = 0, xperm = 0, wdeq = 0, total = 0;
+  size_t counters = 0, partial = 0, xperm = 0, wdeq = 0, total = 0;
 };
 
-// int4: the sm_90 kernel for M > 8 rows reads X packed per launch (qlinear_wgmma.cuh): at most 64-row
-// tiles of every warp range's k32 steps, 64 bytes each.
-size_t PackedXBytes(const SplitPlan& plan, int max_m) {
-  if (max_m <= 8) return 0;
-  const size_t rows = (std::min(max_m, kMaxRowsPerLaunch) + 63) / 64 * 64;
-  return rows * size_t(kWarpsK) * plan.splits * plan.steps_per_warp * 64;
-}
-
-WsLayout KernelWorkspace(int N, int K, const SplitPlan& plan, int max_m, bool act_order, bool dequant_path, bool int4) {
+WsLayout KernelWorkspace(int N, int K, const SplitPlan& plan, int max_m, bool act_order, bool dequant_path) {
   WsLayout l;
   size_t off = 0;
   l.counters = off;
   off = Align256(off + sizeof(int) * size_t(plan.n_blocks) * (kMaxRowsPerLaunch / 16));
   l.partial = off;
   if (plan.splits > 1) off = Align256(off + sizeof(float) * size_t(plan.splits) * std::min(max_m, kMaxRowsPerLaunch) * N);
-  l.xpack = off;
-  if (int4) off = Align256(off + PackedXBytes(plan, max_m));
   l.xperm = off;
   if (act_order) off = Align256(off + 2 * size_t(std::max(max_m, 1)) * K);
   l.wdeq = off;
@@ -88,7 +78,6 @@ Status RunChunks(bool fp8, detail::QLinearParams p, const LinearArgs& a, const v
                  cudaStream_t stream) {
   p.counters = reinterpret_cast<int*>(ws + l.counters);
   p.partial = reinterpret_cast<float*>(ws + l.partial);
-  if (!fp8 && a.M > 8) p.xpack = ws + l.xpack;
   for (int r0 = 0; r0 < a.M; r0 += kMaxRowsPerLaunch) {
     p.M = std::min(kMaxRowsPerLaunch, a.M - r0);
     p.x = static_cast<const uint16_t*>(x) + size_t(r0) * p.K;
@@ -139,7 +128,7 @@ Status W4A16Weights::Create(const Int4Weights& w, std::unique_ptr<W4A16Weights>*
   v->N = N;
   v->nk32 = (K + kStepK - 1) / kStepK;
   v->plan = PlanFor(K, N);
-  v->strips = (v->plan.n_blocks * kWarpsN + kWgmmaStrips - 1) / kWgmmaStrips * kWgmmaStrips;  // zero strips past N
+  v->strips = v->plan.n_blocks * kWarpsN;
   v->groups = channelwise ? 1 : (K + w.group_size - 1) / w.group_size;
   v->gsteps = channelwise ? std::max(1, v->nk32) : w.group_size / kStepK;
   if (!channelwise && Gsrc != v->groups) return InvalidArgument("W4A16: g_idx names more groups than ceil(K / group_size)");
@@ -227,13 +216,13 @@ Status W4A16Weights::Clone(std::unique_ptr<W4A16Weights>* out) const {
 
 size_t W4A16WorkspaceBytes(const W4A16Weights& w, int max_m, bool batch_invariant) {
   const auto& v = w.view();
-  return KernelWorkspace(v.N, v.K, v.plan, max_m, w.act_order(), !batch_invariant && max_m >= kW4A16DequantMinM, true).total;
+  return KernelWorkspace(v.N, v.K, v.plan, max_m, w.act_order(), !batch_invariant && max_m >= kW4A16DequantMinM).total;
 }
 
 Status run_w4a16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaStream_t stream) {
   const auto& v = w.view();
   const bool dequant_path = !a.batch_invariant && a.M >= kW4A16DequantMinM;
-  const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, w.act_order(), dequant_path, true);
+  const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, w.act_order(), dequant_path);
   FQ_RETURN_IF_ERROR(CheckArgs(a, v.K, l.total, "run_w4a16"));
   if (a.M == 0) return Status::Ok();
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
@@ -340,12 +329,12 @@ Status Fp8DeviceWeights::Clone(std::unique_ptr<Fp8DeviceWeights>* out) const {
 
 size_t W8A16WorkspaceBytes(const Fp8DeviceWeights& w, int max_m) {
   const auto& v = w.view();
-  return KernelWorkspace(v.N, v.K, v.plan, max_m, false, false, false).total;
+  return KernelWorkspace(v.N, v.K, v.plan, max_m, false, false).total;
 }
 
 Status run_w8a16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t stream) {
   const auto& v = w.view();
-  const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, false, false, false);
+  const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, false, false);
   FQ_RETURN_IF_ERROR(CheckArgs(a, v.K, l.total, "run_w8a16"));
   if (a.M == 0) return Status::Ok();
   detail::QLinearParams p;

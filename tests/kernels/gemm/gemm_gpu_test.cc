@@ -135,8 +135,8 @@ TEST_P(GemmGpuW4, MatchesDequantizedF64AndIsInvariant) {
   const int Mmax = 300;
   Acts x = MakeActs(Mmax, c.K, act, 200 + c.K);
   std::vector<float> big = RunW4(*dw, x, Mmax, act, true, nullptr);
-  // 1-16: small-M kernel; 17-32 and 33-128 per launch: the sm_90 wgmma kernel's 32- and 64-token tiles
-  // (QLinearKernel elsewhere); 300: three launches of 128, 128 and 44 rows.
+  // 1-16: small-M kernel (one and two 8-token tiles); 17-128 per launch: QLinearKernel's 32-token tiles;
+  // 300: three launches of 128, 128 and 44 rows.
   for (int M : {1, 3, 8, 12, 17, 32, 40, 64, 128}) {
     Acts xs;
     xs.f.assign(x.f.begin(), x.f.begin() + size_t(M) * c.K);
