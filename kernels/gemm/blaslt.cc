@@ -8,9 +8,11 @@
 // Batch-invariant mode pins one algorithm per (N, K, types, scale mode): the first
 // heuristic candidate (asked for at a reference M) that, with split-K forced to 1,
 // passes cublasLtMatmulAlgoCheck at M = 1, 16, 128 and 4096; every M then runs it.
-// Otherwise each (M, N, K) times up to kCandidates heuristic candidates per form once, on the
-// first call whose stream is not being captured, with that call's own operands, and keeps
-// the fastest (until then, or if timing fails, the heuristic's first). For W8A8
+// Otherwise each (M, N, K) with M <= kTimeMaxM times up to kCandidates heuristic candidates per
+// form once, on the first call whose stream is not being captured, with that call's own
+// operands (interleaved rounds, best of each), and keeps the fastest if it beats the
+// heuristic's first by kMinGain; larger M (and, until then, or if timing fails, every M)
+// runs the heuristic's first. For W8A8
 // row/column scales with BF16 output the candidates also include the unscaled GEMM
 // followed by our scaling epilogue (LaunchScaleRowsCols), faster than the outer-vector
 // kernels at small M (FP16 would overflow on the unscaled products).
@@ -39,8 +41,13 @@ Status BlasStatus(cublasStatus_t s, const char* call) {
 
 enum class ScaleMode { kNone, kScalar, kOuterVec };
 
-constexpr int kCandidates = 8;  // non-invariant mode: heuristic candidates timed per form
-constexpr int kTimedRuns = 3;   // runs timed per candidate (after one untimed run)
+constexpr int kCandidates = 8;     // non-invariant mode: heuristic candidates timed per form
+constexpr int kRounds = 3;         // interleaved timing rounds (each candidate keeps its best)
+constexpr int kTimedRuns = 2;      // runs per candidate per round (after one untimed run of each)
+constexpr float kMinGain = 0.03f;  // another candidate replaces the heuristic's first only if this much faster
+// Only GEMMs of at most this many rows are timed: at larger M (compute-bound, long kernels) the ranking of a
+// short timing burst did not hold in sustained runs on the H200 (power-limited clocks), the heuristic's did.
+constexpr int kTimeMaxM = 256;
 
 struct Key {
   int M, N, K, in, out, mode;
@@ -123,8 +130,9 @@ struct BlasLt::Impl {
       FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &m, sizeof(m)));
       FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &m, sizeof(m)));
     }
-    if (mode != ScaleMode::kNone) {
-      // Heuristic queries and algorithm checks see scale pointers, as the calls will (Enqueue sets the real ones).
+    if (mode == ScaleMode::kOuterVec) {
+      // Heuristic queries and algorithm checks see vector scale pointers, as the calls will (Enqueue sets the
+      // real ones): without them the algorithm pinned on the H200 failed at some M ("unsupported value").
       const void* ph = scale_placeholder;
       FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ph, sizeof(ph)));
       FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ph, sizeof(ph)));
@@ -230,28 +238,35 @@ struct BlasLt::Impl {
     return Status::Ok();
   }
 
-  // Index of the fastest candidate: each runs once, then kTimedRuns times between two
-  // events on `stream`, with the call's operands (o.y is overwritten). 0 when timing fails.
+  // Index of the fastest candidate, timed on `stream` with the call's operands (o.y is overwritten): every
+  // candidate runs once untimed, then kRounds rounds time each candidate's kTimedRuns runs between two events,
+  // interleaved so that clock ramp-up does not favour late candidates; each keeps its best round. The
+  // heuristic's first choice (index 0) stays unless another is kMinGain faster. 0 when timing fails.
   int Fastest(const Key& k, const std::vector<Candidate>& cands, const Operands& o, cudaStream_t stream) {
     if (cands.size() < 2) return 0;
     cudaEvent_t e0 = nullptr, e1 = nullptr;
-    int best = 0;
-    float best_ms = -1.0f;
+    std::vector<float> best_ms(cands.size(), -1.0f);
     if (cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
-      for (size_t i = 0; i < cands.size(); ++i) {
-        bool ok = Enqueue(k, cands[i], o, stream).ok() && cudaEventRecord(e0, stream) == cudaSuccess;
-        for (int r = 0; ok && r < kTimedRuns; ++r) ok = Enqueue(k, cands[i], o, stream).ok();
-        float ms = 0.0f;
-        ok = ok && cudaEventRecord(e1, stream) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
-             cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
-        if (ok && (best_ms < 0.0f || ms < best_ms)) {
-          best = int(i);
-          best_ms = ms;
+      std::vector<bool> ok(cands.size());
+      for (size_t i = 0; i < cands.size(); ++i) ok[i] = Enqueue(k, cands[i], o, stream).ok();
+      for (int round = 0; round < kRounds; ++round)
+        for (size_t i = 0; i < cands.size(); ++i) {
+          if (!ok[i]) continue;
+          bool good = cudaEventRecord(e0, stream) == cudaSuccess;
+          for (int r = 0; good && r < kTimedRuns; ++r) good = Enqueue(k, cands[i], o, stream).ok();
+          float ms = 0.0f;
+          good = good && cudaEventRecord(e1, stream) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
+                 cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
+          if (!good) ok[i] = false;
+          else if (best_ms[i] < 0.0f || ms < best_ms[i]) best_ms[i] = ms;
         }
-      }
     }
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
+    int best = 0;
+    for (size_t i = 1; i < cands.size(); ++i)
+      if (best_ms[i] >= 0.0f && (best_ms[best] < 0.0f || best_ms[i] < best_ms[best] * (best == 0 ? 1.0f - kMinGain : 1.0f)))
+        best = int(i);
     return best;
   }
 
@@ -261,7 +276,7 @@ struct BlasLt::Impl {
   // Caller holds p->mu.
   Status Choose(const Key& k, Plan* p, const Operands* o, cudaStream_t stream) {
     if (p->timed) return Status::Ok();
-    const bool can_time = o && !Capturing(stream);
+    const bool can_time = o && k.M <= kTimeMaxM && !Capturing(stream);
     if (p->chosen && !can_time) return Status::Ok();
     cublasLtMatmulHeuristicResult_t res[kCandidates];
     int got = 0;

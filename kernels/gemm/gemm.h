@@ -32,12 +32,13 @@ enum class ActType { kF16, kBF16 };  // 16-bit activation / output type
 // cuBLASLt handle, a preallocated cuBLASLt workspace and a plan cache keyed by shape.
 // Thread-safe. Plans are made on first use of a shape; call WarmBf16() at load for the
 // shapes you serve so that no heuristic query happens on the request path.
-// Batch-invariant plans run the pinned algorithm. Non-invariant plans are timed once:
-// the first call of a shape whose stream is not being captured runs up to 8 heuristic
-// candidates (for W8A8 row/column scales, in both forms: see run_w8a8) a few times each
-// on its stream with its own operands, waits for them, and keeps the fastest; y is then
-// written by the real call. Until then (warm-up, capture) or if timing fails, the
-// heuristic's first candidate runs.
+// Batch-invariant plans run the pinned algorithm. Non-invariant plans with M <= 256 are
+// timed once: the first call of a shape whose stream is not being captured runs up to 8
+// heuristic candidates (for W8A8 row/column scales, in both forms: see run_w8a8) a few
+// times each on its stream with its own operands, waits for them, and keeps the fastest
+// if it clearly beats the heuristic's first; y is then written by the real call. Larger M,
+// and every plan until it is timed (warm-up, capture) or if timing fails, run the
+// heuristic's first candidate.
 class BlasLt {
  public:
   static Status Create(size_t workspace_bytes, std::unique_ptr<BlasLt>* out);
@@ -152,7 +153,7 @@ Status run_quantize_act_fp8(const void* x, ActType act, int M, int K, bool per_r
 // Non-invariant mode: the first call of a shape may run the GEMM several times (timing).
 Status run_bf16(BlasLt* blas, const void* w, int N, int K, const LinearArgs& a, cudaStream_t stream);
 // Resolves (and caches) the plan for a shape ahead of time: cold start, not request path.
-// Non-invariant plans get the heuristic's first algorithm here, timed by the first call.
+// Non-invariant plans get the heuristic's first algorithm here (M <= 256: timed by the first call).
 Status WarmBf16(BlasLt* blas, int M, int N, int K, ActType act, bool batch_invariant);
 
 // Describes the split-K plan our kernels use for (K, N) (for logs and benchmarks).
