@@ -129,8 +129,6 @@ struct BlasLt::Impl {
       int32_t m = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
       FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &m, sizeof(m)));
       FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &m, sizeof(m)));
-    }
-    if (mode == ScaleMode::kOuterVec) {
       // Heuristic queries and algorithm checks see vector scale pointers, as the calls will (Enqueue sets the
       // real ones): without them the algorithm pinned on the H200 failed at some M ("unsupported value").
       const void* ph = scale_placeholder;
