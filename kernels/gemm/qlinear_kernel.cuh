@@ -309,8 +309,6 @@ __device__ __forceinline__ void SumKWarps(const QLinearParams& p, float (&acc)[N
 // split stores y; more splits store fp32 partials and the last block of the tile (atomic ticket) sums them in
 // split order, or on sm_90 a 2-split plan sums over distributed shared memory of its 2-block cluster (ctile:
 // kXRows x kCols floats of this block's idle shared memory). Every thread of the block calls it.
-// Kept out of the kernel body: with this epilogue inline (the code of 155e08c) the kernel was 20-30% slower at
-// M = 32-128 on the H200, same arithmetic (bench/results/gemm-nvidia-h200-2026-11-24-epilogue-ab.md).
 template <typename T, int NT>
 __device__ __forceinline__ void StoreSplits(const QLinearParams& p, const float (&acc)[NT][2][4], float* ctile, bool owner,
                                             int wcol, int m0) {
@@ -442,7 +440,9 @@ template <typename T, int NT, bool kFp8, bool kStageFlush>
 __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlocks)) QLinearKernel(const QLinearParams p) {
   using C = Cfg<kFp8, NT, kStageFlush>;
   constexpr int kXPer = C::kXPer;
-  extern __shared__ uint4 smem[];
+  // 1024-byte aligned pipeline buffer: with the default alignment (16 bytes past the static s_last) the kernel
+  // was 25-45% slower at M = 32-128, int4 and fp8 alike, on the H200 (bench/results/gemm-nvidia-h200-2026-11-24-smem-align.md).
+  extern __shared__ __align__(1024) uint4 smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kw = warp / kWarpsN, nw = warp % kWarpsN;
   const int g = lane >> 2, t = lane & 3;
