@@ -250,28 +250,23 @@ void Throughput() {
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   const int iters = 20000;
-  for (int warps : {4, 8, 16}) {
-    MmaLoop<<<sms, 32 * warps>>>(out, 100);
+  // TFLOP/s of launch(iters) after a short warm-up launch; flop_per_iter over the whole grid.
+  auto tflops = [&](auto launch, double flop_per_iter) {
+    launch(100);
     cudaEventRecord(e0);
-    MmaLoop<<<sms, 32 * warps>>>(out, iters);
+    launch(iters);
     cudaEventRecord(e1);
     CK(cudaEventSynchronize(e1));
     float ms;
     cudaEventElapsedTime(&ms, e0, e1);
-    const double flop = double(sms) * warps * iters * 8 * 4096.0;
-    std::printf("mma.sync m16n8k16 bf16, %d warps/SM: %.0f TFLOP/s\n", warps, flop / ms / 1e9);
-  }
-  for (int wg : {1, 2}) {
-    WgmmaLoop<<<sms, 128 * wg>>>(out, 100);
-    cudaEventRecord(e0);
-    WgmmaLoop<<<sms, 128 * wg>>>(out, iters);
-    cudaEventRecord(e1);
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    const double flop = double(sms) * wg * iters * 4 * (2.0 * 64 * 64 * 16);
-    std::printf("wgmma m64n64k16 RS bf16, %d warpgroups/SM: %.0f TFLOP/s\n", wg, flop / ms / 1e9);
-  }
+    return flop_per_iter * iters / ms / 1e9;
+  };
+  for (int warps : {4, 8, 16})
+    std::printf("mma.sync m16n8k16 bf16, %d warps/SM: %.0f TFLOP/s\n", warps,
+                tflops([&](int n) { MmaLoop<<<sms, 32 * warps>>>(out, n); }, double(sms) * warps * 8 * 4096.0));
+  for (int wg : {1, 2})
+    std::printf("wgmma m64n64k16 RS bf16, %d warpgroups/SM: %.0f TFLOP/s\n", wg,
+                tflops([&](int n) { WgmmaLoop<<<sms, 128 * wg>>>(out, n); }, double(sms) * wg * 4 * (2.0 * 64 * 64 * 16)));
 }
 
 // Runs one FP8 TN GEMM with outer-vector scales at (N, K) and several M, and prints each step's status: the

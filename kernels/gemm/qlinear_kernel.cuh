@@ -276,159 +276,6 @@ struct Cfg {
   static_assert(kBytes * kMinBlocks <= 227 * 1024 - kMinBlocks * 1024, "blocks per SM must fit in shared memory");
 };
 
-// QLinearKernel's two K-warps of a strip sum their accumulators in order (w0 + w1) [* fp8 scale]:
-// afterwards the kw == 0 warps hold the split's sums. red: kWarpsN * NT * 8 * 32 floats of shared memory.
-template <int NT, bool kFp8>
-__device__ __forceinline__ void SumKWarps(const QLinearParams& p, float (&acc)[NT][2][4], float* red, int kw, int nw, bool f16) {
-  constexpr int kNA = NT * 8;
-  const int lane = threadIdx.x & 31, g = lane >> 2;
-  if (kw == 1) StoreAcc<NT>(red, nw, lane, acc);
-  __syncthreads();
-  if (kw != 0) return;
-  float fs[4];
-  if constexpr (kFp8) {
-    const int strip = blockIdx.x * kWarpsN + nw;
-    const float4 u4 = __ldg(reinterpret_cast<const float4*>(p.fscales + (size_t(strip) * 8 + g) * 4));
-    const float k = f16 ? 256.0f : 1.0f;  // fp16 weights were w * 2^-8
-    fs[0] = u4.x * k; fs[1] = u4.y * k; fs[2] = u4.z * k; fs[3] = u4.w * k;
-  }
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = acc[nt][u][e] + red[(nw * kNA + (nt * 2 + u) * 4 + e) * 32 + lane];
-        if constexpr (kFp8) v *= fs[2 * u + (e >> 1)];
-        acc[nt][u][e] = v;
-      }
-}
-
-// The end of QLinearKernel once each split's sums are in the registers of the `owner` warps (acc[nt][u][e]:
-// column ncol0 + wcol + 16u + g + 8*(e >= 2), token m0 + 8nt + 2t + (e & 1); ncol0 = blockIdx.x * kCols): one
-// split stores y; more splits store fp32 partials and the last block of the tile (atomic ticket) sums them in
-// split order, or on sm_90 a 2-split plan sums over distributed shared memory of its 2-block cluster (ctile:
-// kXRows x kCols floats of this block's idle shared memory). Every thread of the block calls it.
-template <typename T, int NT>
-__device__ __forceinline__ void StoreSplits(const QLinearParams& p, const float (&acc)[NT][2][4], float* ctile, bool owner,
-                                            int wcol, int m0) {
-  constexpr int kU = 2, kCols = kBlockN;
-  constexpr int kXRows = 8 * NT;
-  const int tid = threadIdx.x, nthreads = blockDim.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int split = blockIdx.y, ncol0 = blockIdx.x * kCols;
-  T* y = static_cast<T*>(p.y);
-  if (owner) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int u = 0; u < kU; ++u)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = nt * 8 + 2 * t + (e & 1), c = wcol + 16 * u + 8 * (e >> 1) + g;
-          const int row = m0 + r, col = ncol0 + c;
-          if (p.cluster) {
-            ctile[r * kCols + c] = acc[nt][u][e];
-          } else if (row < p.M && col < p.N) {
-            if (p.splits == 1) y[size_t(row) * p.N + col] = T(acc[nt][u][e]);
-            else p.partial[(size_t(split) * p.M + row) * p.N + col] = acc[nt][u][e];
-          }
-        }
-    if (!p.cluster) __threadfence();
-  }
-  if (p.splits == 1) return;
-  const bool vec = (p.N & 3) == 0;
-  // y[row][col..col+3] = sum (4 fp32 columns), N % 4 == 0 or not.
-  auto store4 = [&](int row, int col, float4 sum) {
-    T* dst = y + size_t(row) * p.N + col;
-    if (vec) {
-      const T o[4] = {T(sum.x), T(sum.y), T(sum.z), T(sum.w)};
-      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(o);
-    } else {
-      dst[0] = T(sum.x);
-      if (col + 1 < p.N) dst[1] = T(sum.y);
-      if (col + 2 < p.N) dst[2] = T(sum.z);
-      if (col + 3 < p.N) dst[3] = T(sum.w);
-    }
-  };
-  auto add4 = [](float4& a, const float4& b) {
-    a.x += b.x;
-    a.y += b.y;
-    a.z += b.z;
-    a.w += b.w;
-  };
-  constexpr int kQuads = kCols / 4;  // groups of 4 columns per row
-  if (p.cluster) {
-    // The tile's S split blocks are one cluster (rank = split): after the barrier each block
-    // sums every S-th group of 4 columns over ranks 0..S-1 in that order (the same fp32 sum as
-    // the workspace path below), reading the other blocks' tiles through distributed shared memory.
-    ClusterSync();
-    const int rows = min(kXRows, p.M - m0);
-    const uint32_t tbase = static_cast<uint32_t>(__cvta_generic_to_shared(ctile));
-#pragma unroll 1
-    for (int c = split + p.splits * tid; c < rows * kQuads; c += p.splits * nthreads) {
-      const int row = m0 + c / kQuads, col = ncol0 + 4 * (c % kQuads);
-      float4 v[8];
-#pragma unroll
-      for (int q = 0; q < 8; ++q)
-        if (q < p.splits) v[q] = LdClusterF4(tbase + uint32_t(c) * 16, q);
-      float4 sum = v[0];
-#pragma unroll
-      for (int q = 1; q < 8; ++q)
-        if (q < p.splits) add4(sum, v[q]);
-      if (col < p.N) store4(row, col, sum);
-    }
-    ClusterSync();  // no block leaves while another still reads its tile
-    return;
-  }
-  // Split-K: the last block of the tile (atomic ticket) sums splits 0..S-1 in that order.
-  __shared__ int s_last;
-  const int tile = blockIdx.z * gridDim.x + blockIdx.x;
-  __syncthreads();
-  if (tid == 0) s_last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  // Each thread: 4 consecutive columns of kR rows per pass, every split's loads of them issued
-  // together, so the tail costs one L2 round trip per kR * (threads / kQuads) rows (kR * 4 * kMaxSplits
-  // registers: the kernel's cap is 128).
-  constexpr int kR = 1;
-  const size_t stride = size_t(p.M) * p.N;
-  const int col = ncol0 + 4 * (tid % kQuads), rstep = nthreads / kQuads;
-#pragma unroll 1
-  for (int r0 = m0 + tid / kQuads; r0 < m0 + kXRows; r0 += kR * rstep) {
-    float4 v[kR][kMaxSplits];
-#pragma unroll
-    for (int i = 0; i < kR; ++i) {
-      const int row = r0 + i * rstep;
-      if (row >= min(p.M, m0 + kXRows) || col >= p.N) continue;
-      const float* src = p.partial + size_t(row) * p.N + col;
-#pragma unroll
-      for (int sp = 0; sp < kMaxSplits; ++sp)
-        if (sp < p.splits) {
-          if (vec) {
-            v[i][sp] = __ldcg(reinterpret_cast<const float4*>(src + sp * stride));
-          } else {
-            v[i][sp].x = __ldcg(src + sp * stride);
-            v[i][sp].y = col + 1 < p.N ? __ldcg(src + sp * stride + 1) : 0.0f;
-            v[i][sp].z = col + 2 < p.N ? __ldcg(src + sp * stride + 2) : 0.0f;
-            v[i][sp].w = col + 3 < p.N ? __ldcg(src + sp * stride + 3) : 0.0f;
-          }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < kR; ++i) {
-      const int row = r0 + i * rstep;
-      if (row >= min(p.M, m0 + kXRows) || col >= p.N) continue;
-      float4 sum = v[i][0];
-#pragma unroll
-      for (int sp = 1; sp < kMaxSplits; ++sp)
-        if (sp < p.splits) add4(sum, v[i][sp]);
-      store4(row, col, sum);
-    }
-  }
-  if (tid == 0) p.counters[tile] = 0;
-}
-
 // Roles are swapped (Yᵀ = W · Xᵀ): the mma's A operand is 16 output columns of W (dequantized
 // straight into the A fragment registers), its B operand is 8 tokens of X, so M <= 8 costs
 // one n8 tile instead of a mostly empty m16 tile and no register shuffles are needed.
@@ -573,9 +420,137 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   CpAsyncWait<0>();
   __syncthreads();
 
+  // ---- reduce the 2 K-warps in order 0, 1 ----
+  constexpr int kNA = NT * 8;
   float* red = reinterpret_cast<float*>(smem);
-  SumKWarps<NT, kFp8>(p, acc, red, kw, nw, std::is_same_v<T, __half>);
-  StoreSplits<T, NT>(p, acc, red + kWarpsN * NT * 8 * 32, kw == 0, nw * kWarpN, m0);
+  float* ctile = red + kWarpsN * kNA * 32;  // cluster path: this block's fp32 tile [kXRows][kBlockN]
+  if (kw == 1) StoreAcc<NT>(red, nw, lane, acc);
+  __syncthreads();
+  T* y = static_cast<T*>(p.y);
+  if (kw == 0) {
+    float fs[4];
+    if constexpr (kFp8) {
+      const float4 u4 = __ldg(reinterpret_cast<const float4*>(p.fscales + (size_t(strip) * 8 + g) * 4));
+      const float k = std::is_same_v<T, __half> ? 256.0f : 1.0f;  // fp16 weights were w * 2^-8
+      fs[0] = u4.x * k; fs[1] = u4.y * k; fs[2] = u4.z * k; fs[3] = u4.w * k;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = acc[nt][u][e] + red[(nw * kNA + (nt * 2 + u) * 4 + e) * 32 + lane];
+          if constexpr (kFp8) v *= fs[2 * u + (e >> 1)];
+          acc[nt][u][e] = v;
+        }
+    const int colw = strip * kWarpN + g;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = m0 + nt * 8 + 2 * t + (e & 1);
+          const int col = colw + 16 * u + 8 * (e >> 1);
+          if (p.cluster) {
+            ctile[(nt * 8 + 2 * t + (e & 1)) * kBlockN + nw * kWarpN + 16 * u + 8 * (e >> 1) + g] = acc[nt][u][e];
+          } else if (row < p.M && col < p.N) {
+            if (p.splits == 1) y[size_t(row) * p.N + col] = T(acc[nt][u][e]);
+            else p.partial[(size_t(split) * p.M + row) * p.N + col] = acc[nt][u][e];
+          }
+        }
+    if (!p.cluster) __threadfence();
+  }
+  if (p.splits == 1) return;
+  const int ncol0 = blockIdx.x * kBlockN;
+  const bool vec = (p.N & 3) == 0;
+  // y[row][col..col+3] = sum (4 fp32 columns), N % 4 == 0 or not.
+  auto store4 = [&](int row, int col, float4 sum) {
+    T* dst = y + size_t(row) * p.N + col;
+    if (vec) {
+      const T o[4] = {T(sum.x), T(sum.y), T(sum.z), T(sum.w)};
+      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(o);
+    } else {
+      dst[0] = T(sum.x);
+      if (col + 1 < p.N) dst[1] = T(sum.y);
+      if (col + 2 < p.N) dst[2] = T(sum.z);
+      if (col + 3 < p.N) dst[3] = T(sum.w);
+    }
+  };
+  if (p.cluster) {
+    // The tile's S split blocks are one cluster (rank = split): after the barrier each block
+    // sums every S-th group of 4 columns over ranks 0..S-1 in that order (the same fp32 sum as
+    // the workspace path below), reading the other blocks' tiles through distributed shared memory.
+    ClusterSync();
+    const int rows = min(C::kXRows, p.M - m0);
+    const uint32_t tbase = static_cast<uint32_t>(__cvta_generic_to_shared(ctile));
+#pragma unroll 1
+    for (int c = split + p.splits * tid; c < rows * (kBlockN / 4); c += p.splits * kThreads) {
+      const int row = m0 + c / (kBlockN / 4), col = ncol0 + 4 * (c % (kBlockN / 4));
+      float4 v[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q)
+        if (q < p.splits) v[q] = LdClusterF4(tbase + uint32_t(c) * 16, q);
+      float4 sum = v[0];
+#pragma unroll
+      for (int q = 1; q < 8; ++q)
+        if (q < p.splits) {
+          sum.x += v[q].x;
+          sum.y += v[q].y;
+          sum.z += v[q].z;
+          sum.w += v[q].w;
+        }
+      if (col < p.N) store4(row, col, sum);
+    }
+    ClusterSync();  // no block leaves while another still reads its tile
+    return;
+  }
+  // Split-K: the last block of the tile (atomic ticket) sums splits 0..S-1 in that order.
+  __shared__ int s_last;
+  const int tile = blockIdx.z * gridDim.x + blockIdx.x;
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // All 256 threads: 4 consecutive columns each (32 per row) x 8 rows per pass; a pass issues
+  // every split's loads of its element group together, so the tail costs one L2 round trip
+  // per 8 rows (it cost one per row when 128 threads walked the tile element by element).
+  const size_t stride = size_t(p.M) * p.N;
+  const int col = ncol0 + 4 * (tid & 31);
+#pragma unroll 1
+  for (int r0 = 0; r0 < C::kXRows; r0 += kThreads / 32) {
+    const int row = m0 + r0 + (tid >> 5);
+    if (row >= p.M || col >= p.N) continue;
+    const float* src = p.partial + size_t(row) * p.N + col;
+    float4 v[kMaxSplits];
+    if (vec) {
+#pragma unroll
+      for (int sp = 0; sp < kMaxSplits; ++sp)
+        if (sp < p.splits) v[sp] = __ldcg(reinterpret_cast<const float4*>(src + sp * stride));
+    } else {
+#pragma unroll
+      for (int sp = 0; sp < kMaxSplits; ++sp)
+        if (sp < p.splits) {
+          v[sp].x = __ldcg(src + sp * stride);
+          v[sp].y = col + 1 < p.N ? __ldcg(src + sp * stride + 1) : 0.0f;
+          v[sp].z = col + 2 < p.N ? __ldcg(src + sp * stride + 2) : 0.0f;
+          v[sp].w = col + 3 < p.N ? __ldcg(src + sp * stride + 3) : 0.0f;
+        }
+    }
+    float4 sum = v[0];
+#pragma unroll
+    for (int sp = 1; sp < kMaxSplits; ++sp)
+      if (sp < p.splits) {
+        sum.x += v[sp].x;
+        sum.y += v[sp].y;
+        sum.z += v[sp].z;
+        sum.w += v[sp].w;
+      }
+    store4(row, col, sum);
+  }
+  if (tid == 0) p.counters[tile] = 0;
 }
 
 // Compute capability major of the current device (0 if it cannot be read), queried once per device:
