@@ -1,5 +1,7 @@
-// cuBLASLt wrapper: one handle, a preallocated workspace, and a plan cache keyed by
-// shape, types, scale mode and batch-invariant mode. All GEMMs are "TN" in cuBLASLt's
+// cuBLASLt wrapper: one handle, one workspace per stream, and a plan cache keyed by
+// shape, types, scale mode and batch-invariant mode. cuBLASLt forbids one workspace for
+// matmuls that may run at the same time, so each stream gets its own (ReserveStream at
+// start-up, else allocated on the stream's first call). All GEMMs are "TN" in cuBLASLt's
 // column-major terms: D[N x M] = op_T(W: K x N, ld K) · X(K x M, ld K), which is
 // Y[M][N] = X · Wᵀ in row-major terms (the only layout FP8 supports on Hopper).
 //
@@ -98,8 +100,8 @@ bool Capturing(cudaStream_t s) {
 
 struct BlasLt::Impl {
   cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
   size_t ws_bytes = 0;
+  std::map<cudaStream_t, void*> workspaces;  // under mu
   void* scale_placeholder = nullptr;  // 256 B of device memory: the scale pointers of descriptors before a call sets them
   std::mutex mu;
   std::map<Key, std::unique_ptr<Plan>> plans;
@@ -107,7 +109,7 @@ struct BlasLt::Impl {
 
   ~Impl() {
     plans.clear();
-    if (workspace) cudaFree(workspace);
+    for (auto& [stream, ws] : workspaces) cudaFree(ws);
     if (scale_placeholder) cudaFree(scale_placeholder);
     if (handle) cublasLtDestroy(handle);
   }
@@ -193,6 +195,24 @@ struct BlasLt::Impl {
     return Internal("cuBLASLt: no split-K-free algorithm valid for every M at N=" + std::to_string(k.N) + " K=" + std::to_string(k.K));
   }
 
+  // The workspace of `stream`, allocated on its first use unless the stream is being captured
+  // (cudaMalloc is not a capturable call: reserve such streams first).
+  Status Workspace(cudaStream_t stream, void** out) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = workspaces.find(stream);
+    if (it == workspaces.end()) {
+      void* ws = nullptr;
+      if (ws_bytes) {
+        if (Capturing(stream))
+          return Internal("cuBLASLt: stream is being captured and has no workspace (BlasLt::ReserveStream first)");
+        FQ_CUDA_RETURN(cudaMalloc(&ws, ws_bytes));
+      }
+      it = workspaces.emplace(stream, ws).first;
+    }
+    *out = it->second;
+    return Status::Ok();
+  }
+
   // Finds or makes k's plan. Invariant plans get the pinned algorithm here; the others
   // get theirs from Choose (under the plan's own mutex, not this one).
   Status GetPlan(const Key& k, Plan** out) {
@@ -223,6 +243,8 @@ struct BlasLt::Impl {
       FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &o.a_scale, sizeof(o.a_scale)));
       FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &o.b_scale, sizeof(o.b_scale)));
     }
+    void* workspace = nullptr;
+    FQ_RETURN_IF_ERROR(Workspace(stream, &workspace));
     const float alpha = 1.0f, beta = 0.0f;
     const cublasStatus_t st = cublasLtMatmul(handle, p->desc, &alpha, o.w, p->a, o.x, p->b, &beta, o.y, p->d, o.y, p->d, &c.algo,
                                              workspace, ws_bytes, stream);
@@ -317,11 +339,15 @@ Status BlasLt::Create(size_t workspace_bytes, std::unique_ptr<BlasLt>* out) {
   std::unique_ptr<BlasLt> b(new BlasLt());
   b->impl_ = std::make_unique<Impl>();
   FQ_BLAS_RETURN(cublasLtCreate(&b->impl_->handle));
-  if (workspace_bytes) FQ_CUDA_RETURN(cudaMalloc(&b->impl_->workspace, workspace_bytes));
   FQ_CUDA_RETURN(cudaMalloc(&b->impl_->scale_placeholder, 256));
   b->impl_->ws_bytes = workspace_bytes;
   *out = std::move(b);
   return Status::Ok();
+}
+
+Status BlasLt::ReserveStream(cudaStream_t stream) {
+  void* ws = nullptr;
+  return impl_->Workspace(stream, &ws);
 }
 
 Status run_bf16(BlasLt* blas, const void* w, int N, int K, const LinearArgs& a, cudaStream_t stream) {

@@ -29,8 +29,10 @@ namespace flashq::gemm {
 
 enum class ActType { kF16, kBF16 };  // 16-bit activation / output type
 
-// cuBLASLt handle, a preallocated cuBLASLt workspace and a plan cache keyed by shape.
-// Thread-safe. Plans are made on first use of a shape; call WarmBf16() at load for the
+// cuBLASLt handle, a cuBLASLt workspace of workspace_bytes per stream and a plan cache keyed
+// by shape. Thread-safe: calls on different streams may run at the same time (cuBLASLt forbids
+// them one workspace). A stream's workspace is allocated on its first call; ReserveStream
+// allocates it up front (at start-up, or before capturing the stream into a graph). Plans are made on first use of a shape; call WarmBf16() at load for the
 // shapes you serve so that no heuristic query happens on the request path.
 // Batch-invariant plans run the pinned algorithm. Non-invariant plans with M <= 256 are
 // timed once: the first call of a shape whose stream is not being captured runs up to 8
@@ -42,6 +44,7 @@ enum class ActType { kF16, kBF16 };  // 16-bit activation / output type
 class BlasLt {
  public:
   static Status Create(size_t workspace_bytes, std::unique_ptr<BlasLt>* out);
+  Status ReserveStream(cudaStream_t stream);
   ~BlasLt();
   BlasLt(const BlasLt&) = delete;
   BlasLt& operator=(const BlasLt&) = delete;

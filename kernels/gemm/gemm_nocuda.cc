@@ -10,6 +10,7 @@ struct BlasLt::Impl {};
 BlasLt::BlasLt() = default;
 BlasLt::~BlasLt() = default;
 Status BlasLt::Create(size_t, std::unique_ptr<BlasLt>*) { return NoCuda(); }
+Status BlasLt::ReserveStream(cudaStream_t) { return NoCuda(); }
 
 struct W4A16Weights::View {};
 W4A16Weights::~W4A16Weights() = default;

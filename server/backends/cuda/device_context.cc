@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<DeviceContext>> DeviceContext::Create(int device,
   auto arena = DeviceArena::Create(device, arena_bytes);
   if (!arena.ok()) return arena.status();
   d->arena_ = std::move(*arena);
-  // 64 MB as in the gemm benchmark: the algorithms cuBLASLt picks (and the batch-invariant pin) depend on the
+  // 64 MB per stream as in the gemm benchmark: the algorithms cuBLASLt picks (and the batch-invariant pin) depend on the
   // workspace limit; with 32 MB the pinned FP8 tensor-wise GEMM was up to 20% slower at M = 4096 on the H200
   // (bench/results/gemm-nvidia-h200-2026-11-24-timing-variants.md).
   if (auto s = FromKernel(gemm::BlasLt::Create(size_t(64) << 20, &d->blas_)); !s.ok()) return s;
@@ -73,6 +73,7 @@ absl::StatusOr<std::unique_ptr<DeviceContext>> DeviceContext::Create(int device,
     s.index = i;
     s.bytes = staging_bytes;
     FQ_CUDA_OK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    if (auto st = FromKernel(d->blas_->ReserveStream(s.stream)); !st.ok()) return st;  // its own cuBLASLt workspace
     FQ_CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&s.host), staging_bytes, cudaHostAllocDefault));
     auto dev = d->arena_->Allocate(staging_bytes, "stream staging");
     if (!dev.ok()) return dev.status();

@@ -7,6 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "kernels/common/dtype.h"
 #include "kernels/gemm/gemm.h"
@@ -320,6 +324,65 @@ TEST(GemmGpu, Bf16CublasLtMatchesAndPinnedAlgoIsInvariant) {
         if (m == M) big = y;
         else ASSERT_EQ(0, std::memcmp(y.data(), big.data(), y.size() * sizeof(float))) << "pinned algorithm invariance M=" << m;
       }
+    }
+  }
+}
+
+
+// Calls on several streams at once (the server's streams share one BlasLt): each stream has its own
+// cuBLASLt workspace, so split-K algorithms that use it stay correct and bitwise equal to a lone call.
+// Non-invariant mode, small M and long K: the shapes where cuBLASLt picks split-K with a workspace.
+TEST(GemmGpu, Bf16CublasLtConcurrentStreamsMatchALoneCall) {
+  Ctx ctx;
+  constexpr int kStreams = 4, kRuns = 20;
+  const ActType act = ActType::kBF16;
+  for (auto [M, N, K] : {std::tuple{16, 256, 16384}, std::tuple{4, 512, 8192}, std::tuple{64, 128, 14336}, std::tuple{8, 64, 65536}}) {
+    const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
+    auto wf = RandomVec(size_t(N) * K, 61);
+    std::vector<uint16_t> wb(wf.size());
+    for (size_t i = 0; i < wf.size(); ++i) {
+      wb[i] = ToAct(wf[i], act);
+      wf[i] = FromAct(wb[i], act);
+    }
+    Dev wd(wb.size() * 2);
+    CK(cudaMemcpy(wd.p, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice));
+    std::vector<Acts> xs;
+    std::vector<std::unique_ptr<Dev>> xd, yd;
+    cudaStream_t st[kStreams];
+    for (int s = 0; s < kStreams; ++s) {
+      xs.push_back(MakeActs(M, K, act, 70 + s));
+      xd.push_back(std::make_unique<Dev>(xs[s].bits.size() * 2));
+      yd.push_back(std::make_unique<Dev>(size_t(kRuns + 1) * M * N * 2));  // y of the lone call, then of each round
+      CK(cudaMemcpy(xd[s]->p, xs[s].bits.data(), xs[s].bits.size() * 2, cudaMemcpyHostToDevice));
+      CK(cudaStreamCreateWithFlags(&st[s], cudaStreamNonBlocking));
+      OK(ctx.blas->ReserveStream(st[s]));
+    }
+    auto y_of = [&](int s, int r) { return static_cast<uint16_t*>(yd[s]->p) + size_t(r) * M * N; };
+    auto run = [&](int s, int r) {
+      return run_bf16(ctx.blas.get(), wd.p, N, K, LinearArgs{xd[s]->p, y_of(s, r), M, act, false, nullptr, 0}, st[s]);
+    };
+    auto fetch = [&](int s, int r) {
+      std::vector<uint16_t> h(size_t(M) * N);
+      EXPECT_EQ(cudaMemcpy(h.data(), y_of(s, r), h.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      return h;
+    };
+    // Lone calls, one stream at a time (the first also times the candidates and fixes the algorithm).
+    std::vector<std::vector<uint16_t>> lone;
+    for (int s = 0; s < kStreams; ++s) {
+      OK(run(s, 0));
+      CK(cudaStreamSynchronize(st[s]));
+      lone.push_back(fetch(s, 0));
+      std::vector<float> y(lone[s].size());
+      for (size_t i = 0; i < y.size(); ++i) y[i] = FromAct(lone[s][i], act);
+      ExpectClose(y, GemmF64(xs[s].f, M, K, wf, N), act, 0, "lone call " + what);
+    }
+    // The same calls interleaved on all streams, kRuns rounds, with nothing waited for in between.
+    for (int r = 1; r <= kRuns; ++r)
+      for (int s = 0; s < kStreams; ++s) OK(run(s, r));
+    CK(cudaDeviceSynchronize());
+    for (int s = 0; s < kStreams; ++s) {
+      for (int r = 1; r <= kRuns; ++r) EXPECT_EQ(fetch(s, r), lone[s]) << "stream " << s << " round " << r << ", " << what;
+      CK(cudaStreamDestroy(st[s]));
     }
   }
 }
