@@ -19,11 +19,12 @@
 // QLinearDirectKernel (M <= 16; below): one block per strip holding all of its warp ranges, no
 // split-K across blocks and no shared memory or barrier in the main loop; each warp keeps 8 (4)
 // k32 steps of its weights, X and scales in flight in registers and refills a 4-step stage at a
-// time; programmatic dependent launch on sm_90. QLinearKernel (M > 16, 32-token tiles): a block
+// time. QLinearKernel (M > 16, 32-token tiles): a block
 // is 4 strips x 2 warp ranges with one block-wide cp.async pipeline (kStages deep, one barrier
 // per stage, one copy of the X tile for the 4 N-warps); blocks split K further (grid.y = splits)
 // and the last block of a tile (atomic ticket) sums the fp32 partials in order, or on sm_90 a
-// 2-split plan runs as a 2-block cluster that sums over distributed shared memory.
+// 2-split plan runs as a 2-block cluster that sums over distributed shared memory. Both kernels
+// use programmatic dependent launch on sm_90 (weights prefetched before griddepcontrol.wait).
 //
 // Layouts (built by weights.cu). k is permuted inside each k32 step so that thread
 // t = lane%4 owns channels 8t..8t+7 of both operands: X is read as one 16 B chunk per token
@@ -331,7 +332,8 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   }
 
   int jis = 0;  // next k32 step (inside this warp's range) to issue
-  auto issue = [&](int st) {
+  // Weights and scale blocks of stage slot st (they do not depend on the previous kernel).
+  auto issue_w = [&](int st) {
     const uint32_t sst = sbase + uint32_t(st) * (C::kStage * 16);
 #pragma unroll
     for (int ss = 0; ss < C::kSub; ++ss) {
@@ -356,6 +358,10 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
     }
     wsrc += C::kSub * C::kWChunks * 32;
     jis += C::kSub;
+  };
+  // X of stage slot st.
+  auto issue_x = [&](int st) {
+    const uint32_t sst = sbase + uint32_t(st) * (C::kStage * 16);
 #pragma unroll
     for (int q = 0; q < kXPer; ++q) {
       // Rows >= M are never stored, so their B columns may hold anything; the K tail must be
@@ -402,22 +408,33 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   };
 
   // ---- main loop: kStages-deep cp.async pipeline, one barrier per stage ----
+  // Prologue: the first stages' weights before griddepcontrol.wait (with a programmatic launch they
+  // stream in while the previous kernel finishes), their X after it. The weights of all prologue
+  // stages land in the first commit group, which only makes its wait stricter.
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s)
+    if (s < nst) issue_w(s);
+  GridDependencyWait();
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < nst) issue(s);
+    if (s < nst) issue_x(s);
     CpAsyncCommit();
   }
   int rd = 0, wr = C::kStages - 1;
   for (int i = 0; i < nst; ++i) {
     CpAsyncWait<C::kStages - 2>();
     __syncthreads();
-    if (i + C::kStages - 1 < nst) issue(wr);
+    if (i + C::kStages - 1 < nst) {
+      issue_w(wr);
+      issue_x(wr);
+    }
     CpAsyncCommit();
     compute(i, rd);
     rd = rd + 1 == C::kStages ? 0 : rd + 1;
     wr = wr + 1 == C::kStages ? 0 : wr + 1;
   }
   CpAsyncWait<0>();
+  LaunchDependents();  // the next kernel's blocks may start their weight prefetch
   __syncthreads();
 
   // ---- reduce the 2 K-warps in order 0, 1 ----
@@ -571,13 +588,23 @@ inline int DeviceMajor() {
 
 // Split-K through a cluster needs sm_90. Only 2-split plans use it: on the H200 clusters of 2
 // beat the workspace + ticket reduction at M = 1, 16 and 64, clusters of 4 and 8 lost to it
-// (bench/gemm/NOTES.md). Bench knob FLASHQ_GEMM_NOCLUSTER=1 turns it off.
+// (bench/gemm/NOTES.md; again at M = 32 and 64 with PDL: bench/results/gemm-nvidia-h200-2026-11-24-pdl.md).
+// Bench knob FLASHQ_GEMM_NOCLUSTER=1 turns it off.
 inline bool UseCluster(int splits) {
   static const bool off = [] {
     const char* e = std::getenv("FLASHQ_GEMM_NOCLUSTER");
     return e && e[0] == '1';
   }();
   return !off && splits == 2 && DeviceMajor() >= 9;
+}
+// Programmatic dependent launch of both kernels (sm_90). Bench knob FLASHQ_GEMM_NOPDL=1
+// turns it off (H200 --bars: it saves 0.8-1.5 µs per call at M <= 16, 0.7-1.6 µs at M = 32 and 64).
+inline bool UsePdl() {
+  static const bool off = [] {
+    const char* e = std::getenv("FLASHQ_GEMM_NOPDL");
+    return e && e[0] == '1';
+  }();
+  return !off && DeviceMajor() >= 9;
 }
 
 template <typename T, int NT, bool kFp8, bool kStageFlush>
@@ -590,25 +617,26 @@ cudaError_t LaunchQLinearNT(const QLinearParams& p0, cudaStream_t stream) {
   if (attr != cudaSuccess) return attr;
   QLinearParams p = p0;
   p.cluster = UseCluster(p.splits) ? 1 : 0;
-  const int n_blocks = (p.N + kBlockN - 1) / kBlockN;
-  dim3 grid(n_blocks, p.splits, (p.M + C::kXRows - 1) / C::kXRows);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((p.N + kBlockN - 1) / kBlockN, p.splits, (p.M + C::kXRows - 1) / C::kXRows);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = C::kBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute at[2];
+  cfg.attrs = at;
   if (p.cluster) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = C::kBytes;
-    cfg.stream = stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1;
-    at[0].val.clusterDim.y = p.splits;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, kernel, p);
+    at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    at[cfg.numAttrs].val.clusterDim.x = 1;
+    at[cfg.numAttrs].val.clusterDim.y = p.splits;
+    at[cfg.numAttrs].val.clusterDim.z = 1;
+    ++cfg.numAttrs;
   }
-  kernel<<<grid, kThreads, C::kBytes, stream>>>(p);
-  return cudaGetLastError();
+  if (UsePdl()) {
+    at[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+    ++cfg.numAttrs;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -802,15 +830,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   }
 }
 
-// Programmatic dependent launch of the small-M kernel (sm_90). Bench knob FLASHQ_GEMM_NOPDL=1
-// turns it off (H200 --bars: it saves 0.8-1.5 µs per call at M <= 16).
-inline bool UsePdl() {
-  static const bool off = [] {
-    const char* e = std::getenv("FLASHQ_GEMM_NOPDL");
-    return e && e[0] == '1';
-  }();
-  return !off && DeviceMajor() >= 9;
-}
 
 template <typename T, int NT, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
