@@ -357,7 +357,9 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   std::unique_ptr<BlasLt> blas;
-  OK(BlasLt::Create(64ull << 20, &blas));  // the server's cuBLASLt workspace (server/backends/cuda/device_context.cc)
+  // The server's cuBLASLt workspace per stream (server/backends/cuda/device_context.cc); FLASHQ_BENCH_BLASLT_WS_MB for A/B.
+  const char* ws_mb = std::getenv("FLASHQ_BENCH_BLASLT_WS_MB");
+  OK(BlasLt::Create((ws_mb ? std::strtoull(ws_mb, nullptr, 10) : 64ull) << 20, &blas));
   double copy_memcpy = 0, copy_kernel = 0;
   const double copy = CopyCeilingGBs(&copy_memcpy, &copy_kernel);
   std::printf("device %s, %d SMs, copy ceiling %.0f GB/s (read+write; memcpy %.0f, kernel %.0f)\n", prop.name,
