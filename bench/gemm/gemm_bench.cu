@@ -9,11 +9,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/common/dtype.h"
@@ -57,6 +59,11 @@ std::vector<float> Random(size_t n, uint32_t seed) {
 
 cudaStream_t g_stream = nullptr;
 
+// Idle time before each measurement's timed replays (as in torch_peers.py): every measurement then starts from a
+// cool, unthrottled GPU whatever ran before it. Without it, large compute-bound GEMMs measured after long
+// heavy ones read up to 20% slower (power-limited clocks): bench/results/gemm-nvidia-h200-2026-11-24-cooldown.md.
+constexpr int kCooldownMs = 200;
+
 // Median over 7 replays of a CUDA graph holding `iters` back-to-back calls (host launch
 // overhead excluded, as in the torch peers); fn(i) enqueues call i on g_stream.
 double TimeUs(const std::function<void(int)>& fn, double est_us) {
@@ -74,6 +81,7 @@ double TimeUs(const std::function<void(int)>& fn, double est_us) {
   CK(cudaGraphInstantiate(&exec, graph, 0));
   CK(cudaGraphLaunch(exec, g_stream));
   CK(cudaStreamSynchronize(g_stream));
+  std::this_thread::sleep_for(std::chrono::milliseconds(kCooldownMs));
   std::vector<double> t;
   for (int rep = 0; rep < 7; ++rep) {
     CK(cudaEventRecord(a, g_stream));

@@ -5,12 +5,17 @@
 //     permuted form also matches, the tensor core's k16 sum does not depend on the order).
 //  2. Throughput: mma.sync m16n8k16 and wgmma m64n64k16 (RS) in a loop, TFLOP/s per GPU.
 //  3. cuBLASLt 13: is OUTER_VEC_32F (row/column-wise) scaling accepted for FP8 TN on this GPU?
+//  4. --fp8-candidates K N M [--ncu] [fill]: every heuristic candidate of the tensor-wise FP8 TN GEMM (bf16 out,
+//     64 MB workspace), each timed over 20 back-to-back calls on one weight copy (with --ncu: one call per
+//     candidate, to read the kernel names); fill 0/1/2: operands all 1.0 / uniform / normal (see Fp8Candidates).
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a mma_probe.cu -lcublasLt -o mma_probe
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -342,10 +347,112 @@ void BlasOuterVec(int N, int K) {
   }
 }
 
+
+// Every heuristic candidate (up to 16) of the tensor-wise FP8 TN GEMM Y[M][N] = X[M][K] W[N][K]^T, bf16 out.
+void Fp8Candidates(int K, int N, int M, bool ncu, int fill) {
+  cublasLtHandle_t h;
+  cublasLtCreate(&h);
+  const size_t wsb = size_t(64) << 20;
+  void *w, *x, *y, *ws;
+  float* sc;
+  CK(cudaMalloc(&w, size_t(N) * K));
+  CK(cudaMalloc(&x, size_t(M) * K));
+  CK(cudaMalloc(&y, size_t(M) * N * 2));
+  CK(cudaMalloc(&ws, wsb));
+  CK(cudaMalloc(&sc, 64 * sizeof(float)));
+  // Operand values change the time of a power-limited GEMM: fill = 0 all 1.0, 1 uniform in [-448, 448) (gemm_bench's
+  // data before 2026-11-24: uniform [-1, 1) scaled to the E4M3 range), 2 normal scaled to amax 448 (torch_peers: randn).
+  auto fill_e4m3 = [&](void* dst, size_t n, uint32_t seed) {
+    std::vector<uint8_t> h(n, 0x38);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    auto next = [&] {
+      s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+      return double((s >> 11) & ((1ull << 53) - 1)) / double(1ull << 53);
+    };
+    if (fill > 0) {
+      std::vector<float> v(n);
+      float amax = 0.0f;
+      for (size_t i = 0; i < n; ++i) {
+        if (fill == 1) v[i] = float(2.0 * next() - 1.0);
+        else v[i] = float(std::sqrt(-2.0 * std::log(1.0 - next())) * std::cos(6.283185307179586 * next()));
+        amax = std::max(amax, std::fabs(v[i]));
+      }
+      for (size_t i = 0; i < n; ++i) {
+        const __nv_fp8_e4m3 q(v[i] * (448.0f / amax));
+        h[i] = q.__x;
+      }
+    }
+    CK(cudaMemcpy(dst, h.data(), n, cudaMemcpyHostToDevice));
+  };
+  fill_e4m3(w, size_t(N) * K, 1);
+  fill_e4m3(x, size_t(M) * K, 2);
+  const std::vector<float> ones(64, 1.0f);
+  CK(cudaMemcpy(sc, ones.data(), 64 * sizeof(float), cudaMemcpyHostToDevice));
+  cublasLtMatmulDesc_t d;
+  cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+  cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+  const float* sa = sc;
+  const float* sb = sc + 32;  // 128-byte aligned, as the scale pointers of our calls
+  cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
+  cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
+  cublasLtMatrixLayout_t la, lb, ld;
+  cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, N, K);
+  cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, M, K);
+  cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, N, M, N);
+  cublasLtMatmulPreference_t pref;
+  cublasLtMatmulPreferenceCreate(&pref);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb));
+  cublasLtMatmulHeuristicResult_t r[16];
+  int got = 0;
+  cublasLtMatmulAlgoGetHeuristic(h, d, la, lb, ld, ld, pref, 16, r, &got);
+  std::printf("fp8 tensor-wise K=%d N=%d M=%d, fill %d: %d candidates\n", K, N, M, fill, got);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const float alpha = 1.0f, beta = 0.0f;
+  for (int i = 0; i < got; ++i) {
+    auto call = [&] {
+      return cublasLtMatmul(h, d, &alpha, w, la, x, lb, &beta, y, ld, y, ld, &r[i].algo, ws, wsb, nullptr);
+    };
+    int32_t tile = 0, stages = 0, splitk = 0, cluster = 0;
+    size_t sz;
+    cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &sz);
+    cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &sz);
+    cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &sz);
+    cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster), &sz);
+    if (const cublasStatus_t st = call(); st != CUBLAS_STATUS_SUCCESS) {
+      std::printf("  cand %2d: %s\n", i, cublasLtGetStatusString(st));
+      continue;
+    }
+    float ms = 0.0f;
+    const char* ce = std::getenv("FQ_PROBE_CALLS");  // timed calls (20: a burst; ~500: power-limited steady state)
+    const int calls = ce ? std::atoi(ce) : 20;
+    if (!ncu) {
+      for (int k = 0; k < 5; ++k) call();
+      CK(cudaEventRecord(e0));
+      for (int k = 0; k < calls; ++k) call();
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+    }
+    CK(cudaDeviceSynchronize());
+    std::printf("  cand %2d: %8.1f us  ws %zu  tile %d stages %d splitk %d cluster %d\n", i, ms * 1000.0f / calls, r[i].workspaceSize, tile,
+                stages, splitk, cluster);
+  }
+  cublasLtDestroy(h);
+}
+
 int main(int argc, char** argv) {
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, 0));
   std::printf("device %s\n", p.name);
+  if (argc > 4 && std::strcmp(argv[1], "--fp8-candidates") == 0) {
+    const bool ncu = argc > 5 && std::strcmp(argv[5], "--ncu") == 0;
+    Fp8Candidates(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), ncu, argc > 5 + ncu ? std::atoi(argv[5 + ncu]) : 0);
+    return 0;
+  }
   const bool blas_only = argc > 1 && std::strcmp(argv[1], "--blas") == 0;
   if (!blas_only) {
     for (int mode : {0, 1})

@@ -41,7 +41,7 @@ def main():
     bars = []
     lines = [f"# gemm benchmark: {device}, {a.date}, commit {a.commit}", "",
              f"Copy ceiling (device-to-device, read+write) measured in this run: **{copy:.0f} GB/s**. "
-             "Times are medians of 7 replays of a CUDA graph of back-to-back calls rotating over >= 256 MB of weight copies (L2 defeated; no host launch overhead), ours and torch alike. "
+             "Times are medians of 7 replays of a CUDA graph of back-to-back calls rotating over >= 256 MB of weight copies (L2 defeated; no host launch overhead), each measurement after 200 ms idle (so none inherits a throttled clock from the one before), ours and torch alike. "
              "Ratios are speed-ups over our cuBLASLt BF16 wrapper in its fastest (heuristic, non-invariant) mode. "
              "inv = batch-invariant mode (pinned algorithm / M-independent split-K); fast = mode off. "
              "W4A16 uses group 128 (fp16 scales + u8 zeros counted in weight bytes). W8A8 times exclude activation quantization "

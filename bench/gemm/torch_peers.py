@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """torch peers for bench/gemm, timed the same way as gemm_bench (a CUDA graph of
-back-to-back calls rotating over weight copies totalling >= 256 MB, median of 7 replays):
+back-to-back calls rotating over weight copies totalling >= 256 MB, median of 7 replays, after 200 ms idle):
   torch_bf16_matmul     x @ w.T (bf16)
   torch_int4pack_g128   torch._weight_int4pack_mm (W4, group 128, tinygemm layout)
   torch_scaled_mm_tensorwise / torch_scaled_mm_rowwise   torch._scaled_mm FP8 E4M3 -> bf16
 Writes JSON with one record per (method, K, N, M); failures are recorded, not hidden."""
-import argparse, json, math, sys, traceback
+import argparse, json, math, sys, time, traceback
 
 import torch
 
 L2_DEFEAT = 256 << 20
+COOLDOWN_S = 0.2  # gemm_bench.cu kCooldownMs
 
 
 def time_us(fn, est_us):
@@ -35,6 +36,7 @@ def time_us(fn, est_us):
         run, mode = (lambda: [fn(i) for i in range(iters)]), "eager"
     run()
     torch.cuda.synchronize()
+    time.sleep(COOLDOWN_S)  # as gemm_bench's kCooldownMs: each measurement starts from a cool GPU
     ts = []
     for _ in range(7):
         a.record()
