@@ -57,6 +57,9 @@ cudaError_t LaunchW8A16Bf16(const QLinearParams& p, cudaStream_t s);
 cudaError_t LaunchGatherColumns(const void* x, int M, int K, const int32_t* perm, void* out, cudaStream_t s);
 // y[m][n] = y[m][n] * row[m] * col[n] in fp32, in place (N % 8 == 0).
 cudaError_t LaunchScaleRowsCols(void* y, ActType act, int M, int N, const float* row, const float* col, cudaStream_t s);
+// Reads `bytes` of scratch buffer buf (a multiple of 16; in practice nothing is written): the L2 then holds
+// clean lines of buf only.
+cudaError_t LaunchReadThrough(void* buf, size_t bytes, cudaStream_t s);
 cudaError_t LaunchDequantInt4(const W4A16Weights::View& v, ActType act, void* out /*[N][K]*/, cudaStream_t s);
 
 }  // namespace detail
