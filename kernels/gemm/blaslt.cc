@@ -21,6 +21,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,7 +44,8 @@ Status BlasStatus(cublasStatus_t s, const char* call) {
 
 enum class ScaleMode { kNone, kScalar, kOuterVec };
 
-constexpr int kCandidates = 8;     // non-invariant mode: heuristic candidates timed per form
+constexpr int kCandidates = 8;     // non-invariant mode: heuristic candidates timed per form (workspace allowed)
+constexpr int kNoWsCandidates = 4; // ... and without workspace
 constexpr int kRounds = 5;         // interleaved timing rounds of one cold-L2 run each (each candidate keeps its best)
 // Another candidate replaces the heuristic's first only if this much faster in the timing: with 3% the choice
 // sometimes kept an algorithm 5-10% slower than the heuristic's first in the streaming benchmark (the timing's
@@ -86,10 +88,11 @@ struct Plan {
   }
 };
 
-// One algorithm of one plan (a plan per scale form).
+// One algorithm of one plan (a plan per scale form). first: the heuristic's first pick with or without workspace.
 struct Candidate {
   Plan* plan;
   cublasLtMatmulAlgo_t algo;
+  bool first = false;
 };
 
 cudaDataType_t ActCuda(ActType t) { return t == ActType::kF16 ? CUDA_R_16F : CUDA_R_16BF; }
@@ -143,14 +146,14 @@ struct BlasLt::Impl {
     return Status::Ok();
   }
 
-  // Heuristic candidates for one (M, N, K).
-  Status Candidates(const Key& k, cublasLtMatmulHeuristicResult_t* res, int want, int* got) {
+  // Heuristic candidates for one (M, N, K) that need at most max_ws bytes of workspace.
+  Status Candidates(const Key& k, cublasLtMatmulHeuristicResult_t* res, int want, int* got, size_t max_ws) {
     Plan p;
     FQ_RETURN_IF_ERROR(MakeDesc(&p, ScaleMode(k.mode)));
     FQ_RETURN_IF_ERROR(MakeLayouts(&p, k.M, k.N, k.K, cudaDataType_t(k.in), cudaDataType_t(k.out)));
     cublasLtMatmulPreference_t pref;
     FQ_BLAS_RETURN(cublasLtMatmulPreferenceCreate(&pref));
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws, sizeof(max_ws));
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref, want, res, got);
     cublasLtMatmulPreferenceDestroy(pref);
@@ -180,7 +183,7 @@ struct BlasLt::Impl {
     ref.M = 1024;
     cublasLtMatmulHeuristicResult_t res[16];
     int got = 0;
-    FQ_RETURN_IF_ERROR(Candidates(ref, res, 16, &got));
+    FQ_RETURN_IF_ERROR(Candidates(ref, res, 16, &got, ws_bytes));
     for (int i = 0; i < got; ++i) {
       cublasLtMatmulAlgo_t algo = res[i].algo;
       int32_t one = 1;
@@ -268,7 +271,8 @@ struct BlasLt::Impl {
   // reads its weights from DRAM as a server streaming many layers does: timed on warm L2, the choice flipped
   // between calls between algorithms 15% apart when streaming; after a memset of the workspace (dirty L2) it
   // kept a 10% slower one (bench/results/gemm-nvidia-h200-2026-11-24-cooldown.md).
-  // The heuristic's first choice (index 0) stays unless another is kMinGain faster. 0 when timing fails.
+  // The faster of the heuristic's first picks (with and without workspace) stays unless another candidate is
+  // kMinGain faster. 0 when timing fails.
   int Fastest(const Key& k, const std::vector<Candidate>& cands, const Operands& o, cudaStream_t stream) {
     if (cands.size() < 2) return 0;
     void* ws = nullptr;
@@ -294,7 +298,10 @@ struct BlasLt::Impl {
     if (e1) cudaEventDestroy(e1);
     int best = 0;
     for (size_t i = 1; i < cands.size(); ++i)
-      if (best_ms[i] >= 0.0f && (best_ms[best] < 0.0f || best_ms[i] < best_ms[best] * (best == 0 ? 1.0f - kMinGain : 1.0f)))
+      if (cands[i].first && best_ms[i] >= 0.0f && (best_ms[best] < 0.0f || best_ms[i] < best_ms[best])) best = int(i);
+    const float bar = best_ms[best] * (1.0f - kMinGain);
+    for (size_t i = 1; i < cands.size(); ++i)
+      if (!cands[i].first && best_ms[i] >= 0.0f && (best_ms[best] < 0.0f || (best_ms[i] < bar && best_ms[i] < best_ms[best])))
         best = int(i);
     return best;
   }
@@ -309,17 +316,32 @@ struct BlasLt::Impl {
     if (p->chosen && !can_time) return Status::Ok();
     cublasLtMatmulHeuristicResult_t res[kCandidates];
     int got = 0;
-    FQ_RETURN_IF_ERROR(Candidates(k, res, can_time ? kCandidates : 1, &got));
+    FQ_RETURN_IF_ERROR(Candidates(k, res, can_time ? kCandidates : 1, &got, ws_bytes));
     std::vector<Candidate> cands;
-    for (int i = 0; i < got; ++i) cands.push_back({p, res[i].algo});
+    for (int i = 0; i < got; ++i) cands.push_back({p, res[i].algo, i == 0});
+    // Timed candidates of key kk in plan pl: the heuristic's with the workspace limit (already in cands for k
+    // itself) and its first kNoWsCandidates without workspace (for k, the first of these competes with the
+    // heuristic's first as an equal: Fastest). At small M and long K the heuristic offers only
+    // split-K algorithms (a second, reduction kernel) when it may use a workspace, and the workspace-free ones
+    // can be faster (14336 x 4096 FP8 M = 32: 17.4 against 19.4 µs; bench/results/gemm-nvidia-h200-2026-11-24-cooldown.md).
+    auto add = [&](const Key& kk, Plan* pl, bool with_ws) {
+      if (with_ws && Candidates(kk, res, kCandidates, &got, ws_bytes).ok())
+        for (int i = 0; i < got; ++i) cands.push_back({pl, res[i].algo});
+      if (!Candidates(kk, res, kNoWsCandidates, &got, 0).ok()) return;
+      for (int i = 0; i < got; ++i) {
+        bool dup = false;
+        for (const Candidate& c : cands) dup = dup || (c.plan == pl && std::memcmp(&c.algo, &res[i].algo, sizeof(c.algo)) == 0);
+        if (!dup) cands.push_back({pl, res[i].algo, pl == p && i == 0});
+      }
+    };
+    if (can_time) add(k, p, false);
     Plan plain;  // kOuterVec key, BF16 out: the unscaled GEMM + epilogue form
     if (can_time && ScaleMode(k.mode) == ScaleMode::kOuterVec && k.out == int(CUDA_R_16BF)) {
       Key kp = k;
       kp.mode = int(ScaleMode::kNone);
       FQ_RETURN_IF_ERROR(MakeDesc(&plain, ScaleMode::kNone));
       FQ_RETURN_IF_ERROR(MakeLayouts(&plain, k.M, k.N, k.K, cudaDataType_t(k.in), cudaDataType_t(k.out)));
-      FQ_RETURN_IF_ERROR(Candidates(kp, res, kCandidates, &got));
-      for (int i = 0; i < got; ++i) cands.push_back({&plain, res[i].algo});
+      add(kp, &plain, true);
     }
     const int best = can_time ? Fastest(k, cands, *o, stream) : 0;
     if (cands[best].plan == &plain) {
