@@ -10,11 +10,11 @@
 // Batch-invariant mode pins one algorithm per (N, K, types, scale mode): the first
 // heuristic candidate (asked for at a reference M) that, with split-K forced to 1,
 // passes cublasLtMatmulAlgoCheck at M = 1, 16, 128 and 4096; every M then runs it.
-// Otherwise each (M, N, K) with M <= kTimeMaxM times up to kCandidates heuristic candidates per
-// form once, on the first call whose stream is not being captured, with that call's own
-// operands (interleaved rounds, best of each), and keeps the fastest if it beats the
-// heuristic's first by kMinGain; larger M (and, until then, or if timing fails, every M)
-// runs the heuristic's first. For W8A8
+// Otherwise each (M, N, K) with M <= kTimeMaxM times the heuristic's candidates once (up to
+// kCandidates allowed a workspace and kNoWsCandidates without one), on the first call whose stream
+// is not being captured, with that call's own operands (interleaved cold-L2 rounds, best of each);
+// the faster of the heuristic's two first picks stays unless another candidate beats it by kMinGain.
+// Larger M (and, until then, or if timing fails, every M) runs the heuristic's first. For W8A8
 // row/column scales with BF16 output the candidates also include the unscaled GEMM
 // followed by our scaling epilogue (LaunchScaleRowsCols), faster than the outer-vector
 // kernels at small M (FP16 would overflow on the unscaled products).
@@ -47,8 +47,9 @@ enum class ScaleMode { kNone, kScalar, kOuterVec };
 constexpr int kCandidates = 8;     // non-invariant mode: heuristic candidates timed per form (workspace allowed)
 constexpr int kNoWsCandidates = 4; // ... and without workspace
 constexpr int kRounds = 5;         // interleaved timing rounds of one cold-L2 run each (each candidate keeps its best)
-// Another candidate replaces the heuristic's first only if this much faster in the timing: with 3% the choice
-// sometimes kept an algorithm 5-10% slower than the heuristic's first in the streaming benchmark (the timing's
+// Another candidate replaces the default (the faster of the heuristic's first picks with and without workspace)
+// only if this much faster in the timing: with 3% the choice sometimes kept an algorithm 5-10% slower than the
+// heuristic's first in the streaming benchmark (the timing's
 // conditions rank close candidates differently); the wins that matter (the unscaled GEMM + epilogue form at
 // small M) are 30% and more (bench/results/gemm-nvidia-h200-2026-11-24-cooldown.md).
 constexpr float kMinGain = 0.10f;

@@ -35,12 +35,12 @@ enum class ActType { kF16, kBF16 };  // 16-bit activation / output type
 // allocates it up front (at start-up, or before capturing the stream into a graph). Plans are made on first use of a shape; call WarmBf16() at load for the
 // shapes you serve so that no heuristic query happens on the request path.
 // Batch-invariant plans run the pinned algorithm. Non-invariant plans with M <= 256 are
-// timed once: the first call of a shape whose stream is not being captured runs up to 8
-// heuristic candidates (for W8A8 row/column scales, in both forms: see run_w8a8) a few
-// times each on its stream with its own operands, waits for them, and keeps the fastest
-// if it clearly beats the heuristic's first; y is then written by the real call. Larger M,
-// and every plan until it is timed (warm-up, capture) or if timing fails, run the
-// heuristic's first candidate.
+// timed once: the first call of a shape whose stream is not being captured runs up to 12
+// heuristic candidates, with and without workspace (for W8A8 row/column scales, in both
+// forms: see run_w8a8), 5 times each on its stream with its own operands and a cold L2,
+// waits for them, and keeps the fastest if it clearly beats the heuristic's first picks;
+// y is then written by the real call. Larger M, and every plan until it is timed (warm-up,
+// capture) or if timing fails, run the heuristic's first candidate.
 class BlasLt {
  public:
   static Status Create(size_t workspace_bytes, std::unique_ptr<BlasLt>* out);

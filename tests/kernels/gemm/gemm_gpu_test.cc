@@ -291,31 +291,41 @@ TEST_P(GemmGpuW8A8, QuantizeAndGemmMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Scales, GemmGpuW8A8, ::testing::Combine(::testing::Bool(), ::testing::Bool()));
 
+// Random N x K weights rounded to the 16-bit type: the rounded values (for the reference) and a device copy.
+struct Act16Weights {
+  std::vector<float> f;
+  std::unique_ptr<Dev> dev;
+};
+Act16Weights MakeAct16Weights(int N, int K, ActType act, uint32_t seed) {
+  Act16Weights w{RandomVec(size_t(N) * K, seed), nullptr};
+  std::vector<uint16_t> bits(w.f.size());
+  for (size_t i = 0; i < w.f.size(); ++i) {
+    bits[i] = ToAct(w.f[i], act);
+    w.f[i] = FromAct(bits[i], act);
+  }
+  w.dev = std::make_unique<Dev>(bits.size() * 2);
+  EXPECT_EQ(cudaMemcpy(w.dev->p, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  return w;
+}
+
 TEST(GemmGpu, Bf16CublasLtMatchesAndPinnedAlgoIsInvariant) {
   Ctx ctx;
   const int K = 512, N = 384, M = 4096;
   for (ActType act : {ActType::kBF16, ActType::kF16}) {
-    auto wf = RandomVec(size_t(N) * K, 51);
-    std::vector<uint16_t> wb(wf.size());
-    for (size_t i = 0; i < wf.size(); ++i) {
-      wb[i] = ToAct(wf[i], act);
-      wf[i] = FromAct(wb[i], act);
-    }
-    Dev wd(wb.size() * 2);
-    CK(cudaMemcpy(wd.p, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice));
+    const Act16Weights w = MakeAct16Weights(N, K, act, 51);
     Acts x = MakeActs(M, K, act, 52);
     Dev xd(x.bits.size() * 2);
     CK(cudaMemcpy(xd.p, x.bits.data(), x.bits.size() * 2, cudaMemcpyHostToDevice));
     std::vector<float> big;
     for (int m : {M, 1, 17}) {
       std::vector<float> xf(x.f.begin(), x.f.begin() + size_t(std::min(m, 64)) * K);
-      auto ref = GemmF64(xf, std::min(m, 64), K, wf, N);
+      auto ref = GemmF64(xf, std::min(m, 64), K, w.f, N);
       // Fast mode: algorithm timed by the first call (after a warm-up that only plans, at M = 17).
       if (m == 17) OK(WarmBf16(ctx.blas.get(), m, N, K, act, false));
       for (bool inv : {true, false}) {
         auto y = RunPoisoned(m, N, act, [&](void* yp) {
           LinearArgs a{xd.p, yp, m, act, inv, nullptr, 0};
-          Status s = run_bf16(ctx.blas.get(), wd.p, N, K, a, nullptr);
+          Status s = run_bf16(ctx.blas.get(), w.dev->p, N, K, a, nullptr);
           EXPECT_TRUE(s.ok()) << s.message();
         });
         std::vector<float> yh(y.begin(), y.begin() + ref.size());
@@ -338,14 +348,7 @@ TEST(GemmGpu, Bf16CublasLtConcurrentStreamsMatchALoneCall) {
   const ActType act = ActType::kBF16;
   for (auto [M, N, K] : {std::tuple{16, 256, 16384}, std::tuple{4, 512, 8192}, std::tuple{64, 128, 14336}, std::tuple{8, 64, 65536}}) {
     const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
-    auto wf = RandomVec(size_t(N) * K, 61);
-    std::vector<uint16_t> wb(wf.size());
-    for (size_t i = 0; i < wf.size(); ++i) {
-      wb[i] = ToAct(wf[i], act);
-      wf[i] = FromAct(wb[i], act);
-    }
-    Dev wd(wb.size() * 2);
-    CK(cudaMemcpy(wd.p, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice));
+    const Act16Weights w = MakeAct16Weights(N, K, act, 61);
     std::vector<Acts> xs;
     std::vector<std::unique_ptr<Dev>> xd, yd;
     cudaStream_t st[kStreams];
@@ -359,7 +362,7 @@ TEST(GemmGpu, Bf16CublasLtConcurrentStreamsMatchALoneCall) {
     }
     auto y_of = [&](int s, int r) { return static_cast<uint16_t*>(yd[s]->p) + size_t(r) * M * N; };
     auto run = [&](int s, int r) {
-      return run_bf16(ctx.blas.get(), wd.p, N, K, LinearArgs{xd[s]->p, y_of(s, r), M, act, false, nullptr, 0}, st[s]);
+      return run_bf16(ctx.blas.get(), w.dev->p, N, K, LinearArgs{xd[s]->p, y_of(s, r), M, act, false, nullptr, 0}, st[s]);
     };
     auto fetch = [&](int s, int r) {
       std::vector<uint16_t> h(size_t(M) * N);
@@ -374,7 +377,7 @@ TEST(GemmGpu, Bf16CublasLtConcurrentStreamsMatchALoneCall) {
       lone.push_back(fetch(s, 0));
       std::vector<float> y(lone[s].size());
       for (size_t i = 0; i < y.size(); ++i) y[i] = FromAct(lone[s][i], act);
-      ExpectClose(y, GemmF64(xs[s].f, M, K, wf, N), act, 0, "lone call " + what);
+      ExpectClose(y, GemmF64(xs[s].f, M, K, w.f, N), act, 0, "lone call " + what);
     }
     // The same calls interleaved on all streams, kRuns rounds, with nothing waited for in between.
     for (int r = 1; r <= kRuns; ++r)
