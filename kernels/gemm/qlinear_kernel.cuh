@@ -606,6 +606,13 @@ inline bool UsePdl() {
   }();
   return !off && DeviceMajor() >= 9;
 }
+// Appends the programmatic-serialization attribute to cfg (whose attrs array has room) when PDL is on.
+inline void AddPdl(cudaLaunchConfig_t* cfg) {
+  if (!UsePdl()) return;
+  cudaLaunchAttribute& a = cfg->attrs[cfg->numAttrs++];
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+}
 
 template <typename T, int NT, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinearNT(const QLinearParams& p0, cudaStream_t stream) {
@@ -631,11 +638,7 @@ cudaError_t LaunchQLinearNT(const QLinearParams& p0, cudaStream_t stream) {
     at[cfg.numAttrs].val.clusterDim.z = 1;
     ++cfg.numAttrs;
   }
-  if (UsePdl()) {
-    at[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
-    ++cfg.numAttrs;
-  }
+  AddPdl(&cfg);
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
@@ -830,7 +833,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   }
 }
 
-
 template <typename T, int NT, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
@@ -839,10 +841,8 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   cfg.dynamicSmemBytes = size_t(kWarpsK) * p.splits * NT * 8 * 32 * sizeof(float);
   cfg.stream = stream;
   cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = at;
-  cfg.numAttrs = UsePdl() ? 1 : 0;
+  AddPdl(&cfg);
   return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush>, p);
 }
 
