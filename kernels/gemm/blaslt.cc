@@ -242,19 +242,17 @@ struct BlasLt::Impl {
     return Status::Ok();
   }
 
-  // One call of candidate c; the unscaled form of a kOuterVec key adds the scaling epilogue.
-  // Caller holds c.plan->mu.
-  Status Enqueue(const Key& k, const Candidate& c, const Operands& o, cudaStream_t stream) {
+  // One call of candidate c with workspace ws (the stream's); the unscaled form of a kOuterVec key adds the
+  // scaling epilogue. Caller holds c.plan->mu.
+  Status Enqueue(const Key& k, const Candidate& c, const Operands& o, void* ws, cudaStream_t stream) {
     Plan* p = c.plan;
     if (p->mode != ScaleMode::kNone) {
       FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &o.a_scale, sizeof(o.a_scale)));
       FQ_BLAS_RETURN(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &o.b_scale, sizeof(o.b_scale)));
     }
-    void* workspace = nullptr;
-    FQ_RETURN_IF_ERROR(Workspace(stream, &workspace));
     const float alpha = 1.0f, beta = 0.0f;
     const cublasStatus_t st = cublasLtMatmul(handle, p->desc, &alpha, o.w, p->a, o.x, p->b, &beta, o.y, p->d, o.y, p->d, &c.algo,
-                                             workspace, ws_bytes, stream);
+                                             ws, ws_bytes, stream);
     if (st != CUBLAS_STATUS_SUCCESS)
       return Internal("cublasLtMatmul (M=" + std::to_string(k.M) + " N=" + std::to_string(k.N) + " K=" + std::to_string(k.K) +
                       ", scale mode " + std::to_string(int(p->mode)) + (k.invariant ? ", pinned" : "") + "): " + cublasLtGetStatusString(st));
@@ -274,20 +272,18 @@ struct BlasLt::Impl {
   // kept a 10% slower one (bench/results/gemm-nvidia-h200-2026-11-24-cooldown.md).
   // The faster of the heuristic's first picks (with and without workspace) stays unless another candidate is
   // kMinGain faster. 0 when timing fails.
-  int Fastest(const Key& k, const std::vector<Candidate>& cands, const Operands& o, cudaStream_t stream) {
+  int Fastest(const Key& k, const std::vector<Candidate>& cands, const Operands& o, void* ws, cudaStream_t stream) {
     if (cands.size() < 2) return 0;
-    void* ws = nullptr;
-    if (!Workspace(stream, &ws).ok()) return 0;
     cudaEvent_t e0 = nullptr, e1 = nullptr;
     std::vector<float> best_ms(cands.size(), -1.0f);
     if (cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
       std::vector<bool> ok(cands.size());
-      for (size_t i = 0; i < cands.size(); ++i) ok[i] = Enqueue(k, cands[i], o, stream).ok();
+      for (size_t i = 0; i < cands.size(); ++i) ok[i] = Enqueue(k, cands[i], o, ws, stream).ok();
       for (int round = 0; round < kRounds; ++round)
         for (size_t i = 0; i < cands.size(); ++i) {
           if (!ok[i]) continue;
           bool good = (!ws || detail::LaunchReadThrough(ws, ws_bytes & ~size_t(15), stream) == cudaSuccess) &&
-                      cudaEventRecord(e0, stream) == cudaSuccess && Enqueue(k, cands[i], o, stream).ok();
+                      cudaEventRecord(e0, stream) == cudaSuccess && Enqueue(k, cands[i], o, ws, stream).ok();
           float ms = 0.0f;
           good = good && cudaEventRecord(e1, stream) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
                  cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
@@ -310,8 +306,8 @@ struct BlasLt::Impl {
   // Non-invariant mode: sets p's algorithm (and, for a kOuterVec key, its form). With
   // operands on a stream that is not being captured, times the candidates once; otherwise
   // takes the heuristic's first (if p has none yet) and leaves the timing to a later call.
-  // Caller holds p->mu.
-  Status Choose(const Key& k, Plan* p, const Operands* o, cudaStream_t stream) {
+  // ws: the stream's workspace. Caller holds p->mu.
+  Status Choose(const Key& k, Plan* p, const Operands* o, void* ws, cudaStream_t stream) {
     if (p->timed) return Status::Ok();
     const bool can_time = o && k.M <= kTimeMaxM && !Capturing(stream);
     if (p->chosen && !can_time) return Status::Ok();
@@ -344,7 +340,7 @@ struct BlasLt::Impl {
       FQ_RETURN_IF_ERROR(MakeLayouts(&plain, k.M, k.N, k.K, cudaDataType_t(k.in), cudaDataType_t(k.out)));
       add(kp, &plain, true);
     }
-    const int best = can_time ? Fastest(k, cands, *o, stream) : 0;
+    const int best = can_time ? Fastest(k, cands, *o, ws, stream) : 0;
     if (cands[best].plan == &plain) {
       std::swap(p->desc, plain.desc);  // same layouts; plain now owns (and frees) the scaled desc
       p->mode = ScaleMode::kNone;
@@ -358,9 +354,11 @@ struct BlasLt::Impl {
   Status Run(const Key& k, const Operands& o, cudaStream_t stream) {
     Plan* p = nullptr;
     FQ_RETURN_IF_ERROR(GetPlan(k, &p));
+    void* ws = nullptr;
+    FQ_RETURN_IF_ERROR(Workspace(stream, &ws));
     std::lock_guard<std::mutex> lock(p->mu);
-    if (!k.invariant) FQ_RETURN_IF_ERROR(Choose(k, p, &o, stream));
-    return Enqueue(k, {p, p->algo}, o, stream);
+    if (!k.invariant) FQ_RETURN_IF_ERROR(Choose(k, p, &o, ws, stream));
+    return Enqueue(k, {p, p->algo}, o, ws, stream);
   }
 };
 
@@ -398,7 +396,7 @@ Status WarmBf16(BlasLt* blas, int M, int N, int K, ActType act, bool batch_invar
   FQ_RETURN_IF_ERROR(blas->impl()->GetPlan(k, &p));
   if (batch_invariant) return Status::Ok();
   std::lock_guard<std::mutex> lock(p->mu);
-  return blas->impl()->Choose(k, p, nullptr, nullptr);
+  return blas->impl()->Choose(k, p, nullptr, nullptr, nullptr);
 }
 
 Status run_w8a8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream) {
