@@ -10,10 +10,11 @@
 // inside a chunk is free; bench/results/gemm-probe-h200-2026-11-24.md). Flush, zero-filled steps
 // and scale registers are those of StepMma/Flush.
 // Block: 64 tokens x 256 columns x one split (its two warp ranges in turn; the first range's
-// accumulators wait in shared memory and the block stores r0 + r1). Warpgroup 0 copies (cp.async)
-// and dequantizes half stages (2 k32 steps) into a 3-deep ring handed over by mbarriers; warpgroups
-// 1 and 2 run the wgmma chains (128 columns each), the flush and the epilogue; splits finish through
-// the fp32 workspace and FinishSplitK, as QLinearKernel's.
+// accumulators wait in shared memory and the block stores r0 + r1). Warpgroups 0 and 1 copy
+// (cp.async) and dequantize half stages (2 k32 steps) into a 3-deep ring handed over by mbarriers;
+// warpgroups 2 and 3 run the wgmma chains (128 columns each), the flush and the epilogue; splits
+// finish through the fp32 workspace and FinishSplitK, as QLinearKernel's. -DFLASHQ_WG_TIMELINE
+// prints a per-half clock64 timeline of block (0, 0, 0) and per-split globaltimer phases of tile 0.
 #pragma once
 
 #include "kernels/gemm/qlinear_kernel.cuh"
@@ -21,9 +22,9 @@
 namespace flashq::gemm::detail {
 
 struct WgCfg {
-  static constexpr int kThreads = 384;   // warpgroup 0: producer; 1 and 2: consumers
-  static constexpr int kConsumers = 256;
-  static constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // setmaxnreg: 128 x 56 + 256 x 224 <= 64K
+  static constexpr int kThreads = 512;   // warpgroups 0 and 1: producers; 2 and 3: consumers
+  static constexpr int kProducers = 256, kConsumers = 256;
+  static constexpr int kProducerRegs = 56, kConsumerRegs = 200;  // setmaxnreg: 256 x (56 + 200) = 64K
   static constexpr int kRows = 64;       // tokens per tile (wgmma M)
   static constexpr int kWgCols = 128;    // columns per consumer (wgmma N)
   static constexpr int kCols = 256;      // columns per tile: 8 strips
@@ -117,20 +118,30 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   auto empty = [&](int sl) { return bars + (C::kDepth + sl) * 8; };
   if (tid == 0) {
     for (int sl = 0; sl < C::kDepth; ++sl) {
-      MbarInit(full(sl), 2 * 128);       // each producer thread: its X copies landed, and its B stores
+      MbarInit(full(sl), 2 * C::kProducers);  // each producer thread: its X copies landed, and its B stores
       MbarInit(empty(sl), C::kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
+#ifdef FLASHQ_WG_TIMELINE
+  __shared__ uint32_t tl[6 * 64];
+  const long long t0 = clock64();
+  auto gtime = [] {
+    uint64_t v;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+    return v;
+  };
+  const uint64_t g0 = gtime();
+#endif
   __syncthreads();
 
-  if (warp < 4) {
-    // ================= producer warpgroup: copies, dequantization =================
+  if (tid < C::kProducers) {
+    // ================= producer warpgroups: copies, dequantization =================
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
-    // Raw weights: chunks tid + 128q (q < 4) of [strip][step][lane]; zeros past the packed steps and strips.
-    const int wsl = tid >> 6, wst = (tid >> 5) & 1;  // strip of chunk tid (q adds 2 strips), step
+    // Raw weights: chunks tid + 256q (q < 2) of [strip][step][lane]; zeros past the packed steps and strips.
+    const int wsl = tid >> 6, wst = (tid >> 5) & 1;  // strip of chunk tid (q adds 4 strips), step
     const uint4* wsrc = static_cast<const uint4*>(p.qw) + (size_t(strip0 + wsl) * p.nk32 + s0 + wst) * 32 + lane;
-    const size_t wq_stride = size_t(2) * p.nk32 * 32;  // 2 strips
+    const size_t wq_stride = size_t(4) * p.nk32 * 32;  // 4 strips
     int wj = s0 + wst;
     // Scale blocks: threads < 48 (8 strips x 6 chunks) at even halves.
     const bool sz_thread = tid < C::kStrips * 6 && strip0 + tid / 6 < p.strips;
@@ -140,9 +151,9 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     auto issue_w = [&]() {
       const uint32_t raw = sbase + C::kRawOff + uint32_t((wH % (C::kPrefetch + 1)) * C::kRawBytes);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const bool valid = wj < p.nk32 && strip0 + wsl + 2 * q < p.strips;
-        CpAsync16IfZfill(raw + (tid + 128 * q) * 16, valid ? wsrc + q * wq_stride : p.qw, true, !valid);
+      for (int q = 0; q < 2; ++q) {
+        const bool valid = wj < p.nk32 && strip0 + wsl + 4 * q < p.strips;
+        CpAsync16IfZfill(raw + (tid + 256 * q) * 16, valid ? wsrc + q * wq_stride : p.qw, true, !valid);
       }
       if (wH % 2 == 0) {
         CpAsync16If(raw + C::kRawW + tid * 16, szsrc, sz_thread && wj - wst < p.nk32);
@@ -156,62 +167,53 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
       wj += C::kSteps;
       ++wH;
     };
-    // X: chunks tid + 128q of [step][row][t]: step q / 2, rows (tid >> 2) + 32 (q & 1); zeros past M and K.
+    // X: chunks tid + 256q of [step][row][t]: step q, row tid >> 2; zeros past M and K.
     const int xrow = tid >> 2;
     int xk = s0 * kStepK + 8 * (tid & 3);
     const T* xsrc = static_cast<const T*>(p.x) + size_t(m0 + xrow) * p.K + xk;
     auto issue_x = [&](int H) {
       const uint32_t slot = sbase + uint32_t((H % C::kDepth) * C::kSlotBytes);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int st = q >> 1, r = xrow + 32 * (q & 1);
-        const bool valid = m0 + r < p.M && xk + st * kStepK < p.K;
-        CpAsync16IfZfill(slot + (tid + 128 * q) * 16, valid ? xsrc + size_t(32 * (q & 1)) * p.K + st * kStepK : p.x, true, !valid);
+      for (int q = 0; q < 2; ++q) {
+        const bool valid = m0 + xrow < p.M && xk + q * kStepK < p.K;
+        CpAsync16IfZfill(slot + (tid + 256 * q) * 16, valid ? xsrc + q * kStepK : p.x, true, !valid);
       }
       xk += C::kSteps * kStepK;
       xsrc += C::kSteps * kStepK;
     };
-    // Dequantization of half H: warp w takes strips 2w, 2w + 1 (both steps). The group registers
+    // Dequantization of half H: warp w takes strip w (both steps). The group registers
     // start each range at zero and reload at every valid stage (they keep the last group's values on
     // the zero-filled stages past the weights, as in the mma.sync kernels); the stage's fp32 column
     // scales go to sc[stage % 2].
-    float scl[2][4] = {};
-    uint32_t nzm[2][4] = {};
+    float scl[4] = {};
+    uint32_t nzm[4] = {};
     auto dequant = [&](int H) {
       const uint32_t raw = sbase + C::kRawOff + uint32_t((H % (C::kPrefetch + 1)) * C::kRawBytes);
       const uint32_t wb = sbase + uint32_t((H % C::kDepth) * C::kSlotBytes) + C::kXBytes;
       if (H % 2 == 0) {
         if (H == 0 || H == nh) {
 #pragma unroll
-          for (int u = 0; u < 2; ++u)
-#pragma unroll
-            for (int s = 0; s < 4; ++s) {
-              scl[u][s] = 0.0f;
-              nzm[u][s] = 0u;
-            }
+          for (int s = 0; s < 4; ++s) {
+            scl[s] = 0.0f;
+            nzm[s] = 0u;
+          }
         }
+        if (s0 + H * C::kSteps < p.nk32) {
+          const uint32_t blk = raw + C::kRawW + warp * 96;
+          uint2 sv;
+          asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(sv.x), "=r"(sv.y) : "r"(blk + 8 * g) : "memory");
+          uint32_t z;
+          asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(z) : "r"(blk + 64 + 4 * g) : "memory");
+          GroupRegs<T>(sv, z, scl, nzm);
+        }
+        if (t == 0) {
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int sl = 2 * warp + u;
-          if (s0 + H * C::kSteps < p.nk32) {
-            const uint32_t blk = raw + C::kRawW + sl * 96;
-            uint2 sv;
-            asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(sv.x), "=r"(sv.y) : "r"(blk + 8 * g) : "memory");
-            uint32_t z;
-            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(z) : "r"(blk + 64 + 4 * g) : "memory");
-            GroupRegs<T>(sv, z, scl[u], nzm[u]);
-          }
-          if (t == 0) {
-#pragma unroll
-            for (int s = 0; s < 4; ++s) sc[((H / 2) % 2) * C::kCols + sl * kWarpN + 8 * s + g] = scl[u][s];
-          }
+          for (int s = 0; s < 4; ++s) sc[((H / 2) % 2) * C::kCols + warp * kWarpN + 8 * s + g] = scl[s];
         }
       }
 #pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int st = 0; st < C::kSteps; ++st) {
-          const int sl = 2 * warp + u;
+      for (int st = 0; st < C::kSteps; ++st) {
+          const int sl = warp;
           const uint4 v = LdShared128(raw + ((sl * C::kSteps + st) * 32 + lane) * 16);
           const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -221,7 +223,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
               // pair pr = channels 8t + 2pr, +1: k16 chunk 2st + pr / 2, k half pr % 2, bytes 4t of row (column) g.
               const int kc = 2 * st + (pr >> 1);
               StShared32(wb + kc * C::kChunkBytes + ((4 * sl + s) * 2 + (pr & 1)) * 128 + g * 16 + t * 4,
-                         DequantPair<T>(wv[s], pr, nzm[u][s]));
+                         DequantPair<T>(wv[s], pr, nzm[s]));
             }
         }
     };
@@ -237,24 +239,36 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     for (int H = 0; H < nht; ++H) {
       const int sl = H % C::kDepth;
       if (H >= C::kDepth) MbarWait(empty(sl), ((H / C::kDepth) - 1) & 1);
+#ifdef FLASHQ_WG_TIMELINE
+  if (warp == 0 && lane == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && H < 64) tl[0 * 64 + H] = uint32_t(clock64() - t0);
+#endif
       issue_x(H);
       CpAsyncMbarArrive(full(sl));
       CpAsyncCommit();
       CpAsyncWait<2 * C::kPrefetch - 1>();
-      NamedBarSync(1, 128);  // W(H) of every producer thread has landed; W(H - 1) is dequantized
+      NamedBarSync(1, C::kProducers);  // W(H) of every producer thread has landed; W(H - 1) is dequantized
+#ifdef FLASHQ_WG_TIMELINE
+  if (warp == 0 && lane == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && H < 64) tl[1 * 64 + H] = uint32_t(clock64() - t0);
+#endif
       if (H + C::kPrefetch < nht) issue_w();
       CpAsyncCommit();
       dequant(H);
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       MbarArrive(full(sl));
+#ifdef FLASHQ_WG_TIMELINE
+  if (warp == 0 && lane == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && H < 64) tl[2 * 64 + H] = uint32_t(clock64() - t0);
+#endif
     }
     CpAsyncWait<0>();
+#ifdef FLASHQ_WG_TIMELINE
+    NamedBarSync(4, C::kProducers + 32);
+#endif
     return;
   }
 
   // ================= consumer warpgroups: wgmma, flush, epilogue =================
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-  const int cw = warp - 4, wg = cw >> 2, wq = cw & 3, ctid = tid - 128;
+  const int cw = warp - 8, wg = cw >> 2, wq = cw & 3, ctid = tid - C::kProducers;
   // acc[4j + e], c[4j + e]: token 16 wq + g + 8 (e >> 1), column 128 wg + 8j + 2t + (e & 1) of the tile.
   float acc[64], c[64];
 #pragma unroll
@@ -265,6 +279,9 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   for (int H = 0; H < nht; ++H) {
     const int sl = H % C::kDepth;
     MbarWait(full(sl), (H / C::kDepth) & 1);
+#ifdef FLASHQ_WG_TIMELINE
+  if (warp == 8 && lane == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && H < 64) tl[3 * 64 + H] = uint32_t(clock64() - t0);
+#endif
     const uint32_t slot = uint32_t(sl * C::kSlotBytes);
     uint32_t a[2 * C::kSteps][4];
 #pragma unroll
@@ -281,6 +298,9 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
       WgmmaN128<T>(c, a[kc], desc + uint64_t(kc * (C::kChunkBytes >> 4)), ((H & 1) == 0 && kc == 0) ? 0 : 1);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#ifdef FLASHQ_WG_TIMELINE
+  if (warp == 8 && lane == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && H < 64) tl[4 * 64 + H] = uint32_t(clock64() - t0);
+#endif
     if (H & 1) {
       const float* s = sc + ((H >> 1) & 1) * C::kCols + wg * C::kWgCols + 2 * t;
 #pragma unroll
@@ -300,8 +320,20 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
       }
     }
     MbarArrive(empty(sl));
+#ifdef FLASHQ_WG_TIMELINE
+  if (warp == 8 && lane == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && H < 64) tl[5 * 64 + H] = uint32_t(clock64() - t0);
+#endif
   }
   LaunchDependents();
+#ifdef FLASHQ_WG_TIMELINE
+  if (warp == 8) {
+    NamedBarSync(4, C::kProducers + 32);
+    if (lane == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
+      for (int H = 0; H < nht && H < 64; ++H)
+        printf("TL H=%d P: empty %u wlanded %u full %u | C: full %u mma %u empty %u\n", H, tl[H], tl[64 + H], tl[128 + H],
+               tl[192 + H], tl[256 + H], tl[320 + H]);
+  }
+#endif
 
   // ---- the split's sum r0 + r1 (QLinearKernel's (kw 0) + (kw 1)): y, or the fp32 workspace ----
   const int n0 = blockIdx.x * C::kCols;
@@ -327,11 +359,19 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
         if (two) part[o + 1] = v1;
       }
     }
+#ifdef FLASHQ_WG_TIMELINE
+  const uint64_t g1 = gtime();
+#endif
   if (p.splits == 1) return;
   __threadfence();
   // The tile's two kBlockN halves finish as two tickets (the workspace counters are per kBlockN tile).
   FinishSplitK<T, C::kRows, 128, 2>(p, n0 + wg * kBlockN, m0, blockIdx.z * (2 * gridDim.x) + 2 * blockIdx.x + wg, ctid & 127,
                                     [&] { NamedBarSync(2 + wg, 128); }, reinterpret_cast<int*>(wsm + C::kFlagOff) + wg);
+#ifdef FLASHQ_WG_TIMELINE
+  if (ctid == 0 && blockIdx.x == 0 && blockIdx.z == 0)
+    printf("TG split %d sm-start %llu loop+stores %llu finish %llu (ns)\n", int(blockIdx.y), (unsigned long long)(g0 % 1000000),
+           (unsigned long long)(g1 - g0), (unsigned long long)(gtime() - g1));
+#endif
 #else
   __trap();  // dispatched on sm_90 only, which this build must then include as sm_90a
 #endif
