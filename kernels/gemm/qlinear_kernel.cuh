@@ -249,77 +249,6 @@ __device__ __forceinline__ void StoreAcc(float* red, int w, int lane, const floa
       for (int e = 0; e < 4; ++e) red[(w * NT * 8 + (nt * 2 + u) * 4 + e) * 32 + lane] = acc[nt][u][e];
 }
 
-__device__ __forceinline__ float4 Add4(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
-
-// y[row][col..col+3] = v (columns past N dropped; one 8-byte store when N % 4 == 0).
-template <typename T>
-__device__ __forceinline__ void StoreY4(T* y, int N, int row, int col, float4 v) {
-  T* dst = y + size_t(row) * N + col;
-  if ((N & 3) == 0) {
-    const T o[4] = {T(v.x), T(v.y), T(v.z), T(v.w)};
-    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(o);
-  } else {
-    dst[0] = T(v.x);
-    if (col + 1 < N) dst[1] = T(v.y);
-    if (col + 2 < N) dst[2] = T(v.z);
-    if (col + 3 < N) dst[3] = T(v.w);
-  }
-}
-
-// Split-K finish of a kRows x kBlockN tile whose blocks have written their fp32 partials
-// [splits][M][N]: the last block to arrive (atomic ticket on p.counters[tile]) sums them in split
-// order and stores y. Each thread takes 4 consecutive columns of kBatch rows at a time, with every
-// split's loads of those rows in flight together (one L2 round trip per kBatch * kNThreads / 32 rows;
-// kBatch * kMaxSplits float4 registers).
-// ctid: the thread's index among the kNThreads taking part, sync(): a barrier over exactly them,
-// last: a shared-memory flag of theirs.
-template <typename T, int kRows, int kNThreads, int kBatch, typename Sync>
-__device__ __forceinline__ void FinishSplitK(const QLinearParams& p, int n0, int m0, int tile, int ctid, Sync sync, int* last) {
-  constexpr int kPass = kNThreads / 32;
-  static_assert(kRows % (kPass * kBatch) == 0, "whole batches of rows");
-  sync();
-  if (ctid == 0) *last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
-  sync();
-  if (!*last) return;
-  __threadfence();
-  const size_t stride = size_t(p.M) * p.N;
-  const int col = n0 + 4 * (ctid & 31);
-  T* y = static_cast<T*>(p.y);
-#pragma unroll 1
-  for (int r0 = m0 + (ctid >> 5); r0 < m0 + kRows; r0 += kPass * kBatch) {
-    float4 v[kBatch][kMaxSplits];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int row = r0 + b * kPass;
-      if (row >= p.M || col >= p.N) continue;
-      const float* src = p.partial + size_t(row) * p.N + col;
-#pragma unroll
-      for (int q = 0; q < kMaxSplits; ++q)
-        if (q < p.splits) {
-          if ((p.N & 3) == 0) {
-            v[b][q] = __ldcg(reinterpret_cast<const float4*>(src + q * stride));
-          } else {
-            v[b][q].x = __ldcg(src + q * stride);
-            v[b][q].y = col + 1 < p.N ? __ldcg(src + q * stride + 1) : 0.0f;
-            v[b][q].z = col + 2 < p.N ? __ldcg(src + q * stride + 2) : 0.0f;
-            v[b][q].w = col + 3 < p.N ? __ldcg(src + q * stride + 3) : 0.0f;
-          }
-        }
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int row = r0 + b * kPass;
-      if (row >= p.M || col >= p.N) continue;
-      float4 sum = v[b][0];
-#pragma unroll
-      for (int q = 1; q < kMaxSplits; ++q)
-        if (q < p.splits) sum = Add4(sum, v[b][q]);
-      StoreY4(y, p.N, row, col, sum);
-    }
-  }
-  if (ctid == 0) p.counters[tile] = 0;
-}
-
 template <bool kFp8, int NT, bool kStageFlush>
 struct Cfg {
   static constexpr int kWarps = kThreads / 32;
@@ -552,6 +481,20 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   }
   if (p.splits == 1) return;
   const int ncol0 = blockIdx.x * kBlockN;
+  const bool vec = (p.N & 3) == 0;
+  // y[row][col..col+3] = sum (4 fp32 columns), N % 4 == 0 or not.
+  auto store4 = [&](int row, int col, float4 sum) {
+    T* dst = y + size_t(row) * p.N + col;
+    if (vec) {
+      const T o[4] = {T(sum.x), T(sum.y), T(sum.z), T(sum.w)};
+      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(o);
+    } else {
+      dst[0] = T(sum.x);
+      if (col + 1 < p.N) dst[1] = T(sum.y);
+      if (col + 2 < p.N) dst[2] = T(sum.z);
+      if (col + 3 < p.N) dst[3] = T(sum.w);
+    }
+  };
   if (p.cluster) {
     // The tile's S split blocks are one cluster (rank = split): after the barrier each block
     // sums every S-th group of 4 columns over ranks 0..S-1 in that order (the same fp32 sum as
@@ -569,14 +512,62 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
       float4 sum = v[0];
 #pragma unroll
       for (int q = 1; q < 8; ++q)
-        if (q < p.splits) sum = Add4(sum, v[q]);
-      if (col < p.N) StoreY4(y, p.N, row, col, sum);
+        if (q < p.splits) {
+          sum.x += v[q].x;
+          sum.y += v[q].y;
+          sum.z += v[q].z;
+          sum.w += v[q].w;
+        }
+      if (col < p.N) store4(row, col, sum);
     }
     ClusterSync();  // no block leaves while another still reads its tile
     return;
   }
+  // Split-K: the last block of the tile (atomic ticket) sums splits 0..S-1 in that order.
   __shared__ int s_last;
-  FinishSplitK<T, C::kXRows, kThreads, 1>(p, ncol0, m0, blockIdx.z * gridDim.x + blockIdx.x, tid, [] { __syncthreads(); }, &s_last);
+  const int tile = blockIdx.z * gridDim.x + blockIdx.x;
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // All 256 threads: 4 consecutive columns each (32 per row) x 8 rows per pass; a pass issues
+  // every split's loads of its element group together, so the tail costs one L2 round trip
+  // per 8 rows (it cost one per row when 128 threads walked the tile element by element).
+  const size_t stride = size_t(p.M) * p.N;
+  const int col = ncol0 + 4 * (tid & 31);
+#pragma unroll 1
+  for (int r0 = 0; r0 < C::kXRows; r0 += kThreads / 32) {
+    const int row = m0 + r0 + (tid >> 5);
+    if (row >= p.M || col >= p.N) continue;
+    const float* src = p.partial + size_t(row) * p.N + col;
+    float4 v[kMaxSplits];
+    if (vec) {
+#pragma unroll
+      for (int sp = 0; sp < kMaxSplits; ++sp)
+        if (sp < p.splits) v[sp] = __ldcg(reinterpret_cast<const float4*>(src + sp * stride));
+    } else {
+#pragma unroll
+      for (int sp = 0; sp < kMaxSplits; ++sp)
+        if (sp < p.splits) {
+          v[sp].x = __ldcg(src + sp * stride);
+          v[sp].y = col + 1 < p.N ? __ldcg(src + sp * stride + 1) : 0.0f;
+          v[sp].z = col + 2 < p.N ? __ldcg(src + sp * stride + 2) : 0.0f;
+          v[sp].w = col + 3 < p.N ? __ldcg(src + sp * stride + 3) : 0.0f;
+        }
+    }
+    float4 sum = v[0];
+#pragma unroll
+    for (int sp = 1; sp < kMaxSplits; ++sp)
+      if (sp < p.splits) {
+        sum.x += v[sp].x;
+        sum.y += v[sp].y;
+        sum.z += v[sp].z;
+        sum.w += v[sp].w;
+      }
+    store4(row, col, sum);
+  }
+  if (tid == 0) p.counters[tile] = 0;
 }
 
 // Compute capability major of the current device (0 if it cannot be read), queried once per device:

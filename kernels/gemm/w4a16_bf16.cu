@@ -1,12 +1,11 @@
 // Instantiation of qlinear_kernel.cuh (see there for algorithm, layouts, limits, speed):
 // W4A16Bf16, 16-bit type __nv_bfloat16, groups of a multiple of kSubSteps (4) k32 steps (scale applied per k128
 // stage); other group sizes go to w4a16_bf16_step.cu.
-#include "kernels/gemm/qlinear_wgmma.cuh"
+#include "kernels/gemm/qlinear_kernel.cuh"
 
 namespace flashq::gemm::detail {
 cudaError_t LaunchW4A16Bf16(const QLinearParams& p, cudaStream_t s) {
   if (p.gsteps % kSubSteps != 0) return LaunchW4A16Bf16Step(p, s);
-  if (p.M > kSmallMMaxRows && UseWgmma()) return LaunchQLinearWgmma<__nv_bfloat16>(p, s);
   return LaunchQLinear<__nv_bfloat16, false, true>(p, s);
 }
 }  // namespace flashq::gemm::detail
