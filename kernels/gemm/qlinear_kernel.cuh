@@ -586,24 +586,24 @@ inline int DeviceMajor() {
   return major;
 }
 
+// A bench knob "NAME=1" in the environment (read once by each caller: it keeps the result in a static).
+inline bool KnobSet(const char* name) {
+  const char* e = std::getenv(name);
+  return e && e[0] == '1';
+}
+
 // Split-K through a cluster needs sm_90. Only 2-split plans use it: on the H200 clusters of 2
 // beat the workspace + ticket reduction at M = 1, 16 and 64, clusters of 4 and 8 lost to it
 // (bench/gemm/NOTES.md; again at M = 32 and 64 with PDL: bench/results/gemm-nvidia-h200-2026-11-24-pdl.md).
 // Bench knob FLASHQ_GEMM_NOCLUSTER=1 turns it off.
 inline bool UseCluster(int splits) {
-  static const bool off = [] {
-    const char* e = std::getenv("FLASHQ_GEMM_NOCLUSTER");
-    return e && e[0] == '1';
-  }();
+  static const bool off = KnobSet("FLASHQ_GEMM_NOCLUSTER");
   return !off && splits == 2 && DeviceMajor() >= 9;
 }
 // Programmatic dependent launch of both kernels (sm_90). Bench knob FLASHQ_GEMM_NOPDL=1
 // turns it off (H200 --bars: it saves 0.8-1.5 µs per call at M <= 16, 0.7-1.6 µs at M = 32 and 64).
 inline bool UsePdl() {
-  static const bool off = [] {
-    const char* e = std::getenv("FLASHQ_GEMM_NOPDL");
-    return e && e[0] == '1';
-  }();
+  static const bool off = KnobSet("FLASHQ_GEMM_NOPDL");
   return !off && DeviceMajor() >= 9;
 }
 // Appends the programmatic-serialization attribute to cfg (whose attrs array has room) when PDL is on.
