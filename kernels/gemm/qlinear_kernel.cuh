@@ -408,6 +408,10 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   };
 
   // ---- main loop: kStages-deep cp.async pipeline, one barrier per stage ----
+  // The next kernel may launch at once: its blocks take SM room as ours leave it and prefetch their
+  // weights, and anything that touches our output or workspace waits in griddepcontrol.wait for this
+  // grid to complete (H200: 2-9% faster at M = 32 and 64 than with the trigger after the main loop).
+  LaunchDependents();
   // Prologue: the first stages' weights before griddepcontrol.wait (with a programmatic launch they
   // stream in while the previous kernel finishes), their X after it. The weights of all prologue
   // stages land in the first commit group, which only makes its wait stricter.
@@ -434,7 +438,6 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
     wr = wr + 1 == C::kStages ? 0 : wr + 1;
   }
   CpAsyncWait<0>();
-  LaunchDependents();  // the next kernel's blocks may start their weight prefetch
   __syncthreads();
 
   // ---- reduce the 2 K-warps in order 0, 1 ----
@@ -759,6 +762,10 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   float scl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   uint32_t nzm[4] = {0u, 0u, 0u, 0u};
 
+  // int4 lets the next kernel launch at once, as QLinearKernel does (H200: int4 M = 1 4-8% faster than
+  // with the trigger after the main loop). fp8 keeps the late trigger: with the early one W8A16 at
+  // 4096 x 14336, M = 1 took 18.8 instead of 16.8 µs, past its 1.6x bar (bench/gemm/NOTES.md).
+  if constexpr (!kFp8) LaunchDependents();
   // ---- prologue: steps 0 .. kD-1. Weights and scales do not depend on the previous kernel: with
   // a programmatic launch they stream in while it finishes; X only after the wait. ----
 #pragma unroll
@@ -807,7 +814,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   }
 
   // ---- sum the warps in QLinearKernel's order ----
-  LaunchDependents();  // the next kernel's blocks may start their weight prefetch
+  if constexpr (kFp8) LaunchDependents();  // the next kernel's blocks may start their weight prefetch
   constexpr int kNA = NT * 8;  // accumulators per lane
   StoreAcc<NT>(red, warp, lane, acc);
   __syncthreads();
