@@ -354,7 +354,7 @@ int main(int argc, char** argv) {
     if (a == "--out" && i + 1 < argc) out = argv[++i];
     if (a == "--quick") quick = true;
     if (a == "--no-w8a8") g_w8a8 = false;  // A/B calls on the int4 / fp8-weight kernels only
-    if (a == "--bars") bars = true;  // all four shapes at M = 1, 16, 32, 64, 128 (the issue's bars and the wgmma tiles)
+    if (a == "--bars") bars = true;  // all four shapes at M = 1, 4, 16, 32, 64, 128 (the issue's bars and the wgmma tiles)
     if (a == "--profile") {
       const bool kn = i + 2 < argc;
       ProfileLaunches(kn ? std::atoi(argv[i + 1]) : 8192, kn ? std::atoi(argv[i + 2]) : 8192);
@@ -378,7 +378,7 @@ int main(int argc, char** argv) {
     shapes = {{4096, 4096}, {8192, 8192}};
     Ms = {1, 16, 32, 64, 128};
   }
-  if (bars) Ms = {1, 16, 32, 64, 128};
+  if (bars) Ms = {1, 4, 16, 32, 64, 128};
   for (auto [K, N] : shapes) BenchShape(K, N, Ms, blas.get());
   FILE* f = std::fopen(out.c_str(), "w");
   if (!f) return 1;
