@@ -184,11 +184,12 @@ __device__ __forceinline__ void GroupRegs(uint2 sv, uint32_t z, float (&scl)[4],
   const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&sv.x));
   const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&sv.y));
   scl[0] = f0.x; scl[1] = f0.y; scl[2] = f1.x; scl[3] = f1.y;
+  // -(magic + z) in both halves, one byte permute per column group: the magic's low byte is zero, so
+  // magic + z is the magic's high byte above zero byte s, and the sign bit goes on that high byte.
+  constexpr uint32_t kNegMagicHi = ((Act<T>::kMagic >> 8) | 0x80u) * 0x01010101u;
 #pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const uint32_t zb = (z >> (8 * s)) & 0xffu;
-    nzm[s] = ((Act<T>::kMagic + zb) * 0x10001u) ^ 0x80008000u;  // -(magic + z) in both halves
-  }
+  for (int s = 0; s < 4; ++s)
+    nzm[s] = __byte_perm(z, kNegMagicHi, 0x4040u | (s * 0x0101u));
 }
 template <typename T>
 __device__ __forceinline__ void LoadGroup(const uint4* sz, int g, float (&scl)[4], uint32_t (&nzm)[4]) {
