@@ -709,6 +709,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) xp[nt] = static_cast<const T*>(p.x) + size_t(min(nt * 8 + g, p.M - 1)) * p.K + xk0;
   const char* szp = nullptr;  // 96-byte scale block of the group of the step loaded last
+  const size_t szstride = size_t(p.strips) * 96;  // from one group's block to the next
   int gnext = 0, cnext = 0;   // next group start on the load side and on the compute side (relative to j0)
   if constexpr (!kFp8) {
     const int grp0 = j0 / p.gsteps;
@@ -732,7 +733,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
       if (!kStageFlush || r % kSub == 0) {
         const int sr = kStageFlush ? r / kSub : r;
         if (jn == gnext) {
-          szp += size_t(p.strips) * 96;
+          szp += szstride;
           gnext += p.gsteps;
         }
         if (jn < nvalid && (jn == 0 || jn + p.gsteps == gnext)) {
