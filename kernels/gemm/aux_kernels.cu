@@ -41,12 +41,12 @@ __global__ void DequantInt4Kernel(const W4A16Weights::View v, T* __restrict__ ou
   const uint4 w0 = static_cast<const uint4*>(v.qw)[i];
   const uint32_t words[4] = {w0.x, w0.y, w0.z, w0.w};
   const int grp = j / v.gsteps;
-  const uint8_t* blk = static_cast<const uint8_t*>(v.sz) + (size_t(grp) * v.strips + strip) * 96;
+  const uint8_t* blk = static_cast<const uint8_t*>(v.sz) + (size_t(grp) * v.strips + strip) * kSzBlockBytes;
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
     const int n = strip * kWarpN + 8 * s + g;
     if (n >= v.N) continue;
-    const float z = float(blk[64 + g * 4 + s]);
+    const float z = float(blk[kSzZeros + g * 4 + s]);
     __half_raw hr;
     hr.x = reinterpret_cast<const uint16_t*>(blk)[g * 4 + s];  // scales [g][s], like the zeros
     const float scale = __half2float(__half(hr));

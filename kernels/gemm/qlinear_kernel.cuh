@@ -53,6 +53,8 @@
 
 namespace flashq::gemm::detail {
 
+constexpr int kSzChunks = kSzBlockBytes / 16;  // 16-byte chunks per int4 scale block
+
 template <typename T> struct Act;
 template <> struct Act<__half> {
   static constexpr uint32_t kMagic = 0x6400u;  // fp16 1024.0: 0x6400 | q == 1024 + q
@@ -193,7 +195,7 @@ __device__ __forceinline__ void GroupRegs(uint2 sv, uint32_t z, float (&scl)[4],
 }
 template <typename T>
 __device__ __forceinline__ void LoadGroup(const uint4* sz, int g, float (&scl)[4], uint32_t (&nzm)[4]) {
-  GroupRegs<T>(reinterpret_cast<const uint2*>(sz)[g], reinterpret_cast<const uint32_t*>(sz + 4)[g], scl, nzm);
+  GroupRegs<T>(reinterpret_cast<const uint2*>(sz)[g], reinterpret_cast<const uint32_t*>(sz + kSzZeros / 16)[g], scl, nzm);
 }
 
 // One k32 step of a warp, the arithmetic every kernel here shares (batch invariance rests on it):
@@ -268,7 +270,7 @@ struct Cfg {
   static constexpr int kXPer = (kX + kThreads - 1) / kThreads;        // X chunks per thread per stage
   // Scales + zeros: one 96-byte block per warp per group change (at most once per stage with
   // the stage flush, once per k32 step without).
-  static constexpr int kSZ = kFp8 ? 0 : kWarps * (kStageFlush ? 1 : kSub) * 6;
+  static constexpr int kSZ = kFp8 ? 0 : kWarps * (kStageFlush ? 1 : kSub) * kSzChunks;
   static constexpr int kStage = kW + kX + kSZ;                         // uint4 per stage
   static constexpr int kStages = kFp8 ? 4 : 3;  // measured for NT = 4 (the only instantiation)
   static constexpr size_t kBytes = size_t(kStages) * kStage * 16;
@@ -312,11 +314,11 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   if constexpr (!kFp8) {
     const int grp0 = j0 / p.gsteps;
     ipos = cpos = j0 - grp0 * p.gsteps;
-    szsrc = static_cast<const uint4*>(p.sz) + (size_t(grp0) * p.strips + strip) * 6 + lane;
+    szsrc = static_cast<const uint4*>(p.sz) + (size_t(grp0) * p.strips + strip) * kSzChunks + lane;
   }
-  const size_t szstride = size_t(p.strips) * 6;
+  const size_t szstride = size_t(p.strips) * kSzChunks;
   constexpr int kSzPer = kStageFlush ? 1 : C::kSub;  // scale blocks per warp per stage
-  const uint32_t szdst = uint32_t(C::kW + C::kX + warp * kSzPer * 6 + lane) * 16;
+  const uint32_t szdst = uint32_t(C::kW + C::kX + warp * kSzPer * kSzChunks + lane) * 16;
   // X chunk q of this thread: row, k of stage 0, and whether it is copied at all.
   const T* xsrc[kXPer];
   int xk[kXPer];
@@ -348,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
       if constexpr (!kFp8) {
         if (!kStageFlush || ss == 0) {
           const bool newgrp = valid && (jis + ss == 0 || ipos == 0);
-          CpAsync16If(sst + szdst + uint32_t((kStageFlush ? 0 : ss) * 6 * 16), szsrc, newgrp && lane < 6);
+          CpAsync16If(sst + szdst + uint32_t((kStageFlush ? 0 : ss) * kSzBlockBytes), szsrc, newgrp && lane < kSzChunks);
           ipos += kStageFlush ? C::kSub : 1;
           if (ipos == p.gsteps) {
             ipos = 0;
@@ -388,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
       if (!kFp8 && (!kStageFlush || ss == 0)) {
         // Group change: new scales and zero points (only registers change, warp-uniform).
         if (jj < nvalid && (jj == 0 || cpos == 0))
-          LoadGroup<T>(sst + C::kW + C::kX + (warp * kSzPer + (kStageFlush ? 0 : ss)) * 6, g, scl, nzm);
+          LoadGroup<T>(sst + C::kW + C::kX + (warp * kSzPer + (kStageFlush ? 0 : ss)) * kSzChunks, g, scl, nzm);
         cpos += kStageFlush ? C::kSub : 1;
         if (cpos == p.gsteps) cpos = 0;
       }
@@ -709,11 +711,11 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) xp[nt] = static_cast<const T*>(p.x) + size_t(min(nt * 8 + g, p.M - 1)) * p.K + xk0;
   const char* szp = nullptr;  // 96-byte scale block of the group of the step loaded last
-  const size_t szstride = size_t(p.strips) * 96;  // from one group's block to the next
+  const size_t szstride = size_t(p.strips) * kSzBlockBytes;  // from one group's block to the next
   int gnext = 0, cnext = 0;   // next group start on the load side and on the compute side (relative to j0)
   if constexpr (!kFp8) {
     const int grp0 = j0 / p.gsteps;
-    szp = static_cast<const char*>(p.sz) + (size_t(grp0) * p.strips + strip) * 96;
+    szp = static_cast<const char*>(p.sz) + (size_t(grp0) * p.strips + strip) * kSzBlockBytes;
     gnext = cnext = (grp0 + 1) * p.gsteps - j0;
   }
 
@@ -738,7 +740,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
         }
         if (jn < nvalid && (jn == 0 || jn + p.gsteps == gnext)) {
           sbs[sr] = __ldg(reinterpret_cast<const uint2*>(szp) + g);
-          sbz[sr] = __ldg(reinterpret_cast<const uint32_t*>(szp + 64) + g);
+          sbz[sr] = __ldg(reinterpret_cast<const uint32_t*>(szp + kSzZeros) + g);
         }
       }
     }

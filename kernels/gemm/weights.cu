@@ -150,18 +150,18 @@ Status W4A16Weights::Create(const Int4Weights& w, std::unique_ptr<W4A16Weights>*
           }
           qw[((size_t(strip) * nk32 + j) * 32 + lane) * 4 + s] = word;
         }
-  // 96-byte blocks per (group, strip): 32 fp16 scales, then 32 uint8 zeros, both in the
+  // kSzBlockBytes blocks per (group, strip): 32 fp16 scales, then 32 uint8 zeros, both in the
   // order i = g*4 + s  ->  column n = 32*strip + 8s + g (the A fragment's rows).
-  std::vector<uint8_t> sz(size_t(G) * strips * 96, 0);
+  std::vector<uint8_t> sz(size_t(G) * strips * kSzBlockBytes, 0);
   for (int grp = 0; grp < G; ++grp)
     for (int strip = 0; strip < strips; ++strip)
       for (int i = 0; i < 32; ++i) {
-        uint8_t* blk = sz.data() + (size_t(grp) * strips + strip) * 96;
+        uint8_t* blk = sz.data() + (size_t(grp) * strips + strip) * kSzBlockBytes;
         const int n = strip * kWarpN + 8 * (i % 4) + i / 4;
         if (n >= N) continue;
         const uint16_t h = FloatToF16(w.scales[size_t(n) * Gsrc + grp]);
         std::memcpy(blk + 2 * i, &h, 2);
-        blk[64 + i] = uint8_t(w.zeros[size_t(n) * Gsrc + grp]);
+        blk[kSzZeros + i] = uint8_t(w.zeros[size_t(n) * Gsrc + grp]);
       }
   Blob blob;
   const size_t oq = blob.Add(qw.data(), qw.size() * 4);
