@@ -767,9 +767,10 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   uint32_t nzm[4] = {0u, 0u, 0u, 0u};
 
   // int4 lets the next kernel launch at once, as QLinearKernel does (H200: int4 M = 1 4-8% faster than
-  // with the trigger after the main loop). fp8 keeps the late trigger: with the early one W8A16 at
-  // 4096 x 14336, M = 1 took 18.8 instead of 16.8 µs, past its 1.6x bar (bench/gemm/NOTES.md).
-  if constexpr (!kFp8) LaunchDependents();
+  // with the trigger after the main loop). fp8 triggers after its main loop: with the early trigger W8A16
+  // at 4096 x 14336, M = 1 took 18.8 instead of 16.8 µs, past its 1.6x bar (bench/gemm/NOTES.md).
+  constexpr bool kEarlyTrigger = !kFp8;
+  if constexpr (kEarlyTrigger) LaunchDependents();
   // ---- prologue: steps 0 .. kD-1. Weights and scales do not depend on the previous kernel: with
   // a programmatic launch they stream in while it finishes; X only after the wait. ----
 #pragma unroll
@@ -818,7 +819,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   }
 
   // ---- sum the warps in QLinearKernel's order ----
-  if constexpr (kFp8) LaunchDependents();  // the next kernel's blocks may start their weight prefetch
+  if constexpr (!kEarlyTrigger) LaunchDependents();  // the next kernel's blocks may start their weight prefetch
   constexpr int kNA = NT * 8;  // accumulators per lane
   StoreAcc<NT>(red, warp, lane, acc);
   __syncthreads();
