@@ -850,12 +850,16 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
       fs = p.fscales[(size_t(strip) * 8 + (l >> 2)) * 4 + (cs >> 3)] * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
     // Rounded adds and multiplies (no fma contraction): QLinearKernel rounds each split's sum
     // to fp32 in memory before it adds the next.
+    // Unrolled over kMaxSplits, so that all the shared-memory loads issue before the adds (H200: int4
+    // M <= 16 1-4% faster than the loop over p.splits).
     float sum = 0.0f;
-    for (int q = 0; q < p.splits; ++q) {
-      float v = __fadd_rn(red[2 * q * kNA * 32 + o], red[(2 * q + 1) * kNA * 32 + o]);
-      if constexpr (kFp8) v = __fmul_rn(v, fs);
-      sum = q == 0 ? v : __fadd_rn(sum, v);
-    }
+#pragma unroll
+    for (int q = 0; q < kMaxSplits; ++q)
+      if (q < p.splits) {
+        float v = __fadd_rn(red[2 * q * kNA * 32 + o], red[(2 * q + 1) * kNA * 32 + o]);
+        if constexpr (kFp8) v = __fmul_rn(v, fs);
+        sum = q == 0 ? v : __fadd_rn(sum, v);
+      }
     if (row < p.M && col < p.N) y[size_t(row) * p.N + col] = T(sum);
   }
 }
