@@ -319,7 +319,7 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   cudaFree(ws);
 }
 
-// --profile [K N]: a few eager launches for ncu (default K=N=8192, group 128): W4A16 M=1, 16, 64, W8A16 M=1.
+// --profile [K N]: a few eager launches for ncu (default K=N=8192, group 128): W4A16 M=1, 4, 16, 64, W8A16 M=1.
 void ProfileLaunches(int K, int N) {
   const int M = 64;
   auto wf = Random(size_t(N) * K, 5);
@@ -338,7 +338,7 @@ void ProfileLaunches(int K, int N) {
   const size_t wsb = std::max(W4A16WorkspaceBytes(*d4, M, true), W8A16WorkspaceBytes(*d8, M));
   CK(cudaMalloc(&ws, wsb));
   CK(cudaMemset(ws, 0, wsb));
-  for (int m : {1, 1, 16, 64}) OK(run_w4a16(*d4, LinearArgs{x, y, m, ActType::kBF16, true, ws, wsb}, nullptr, nullptr));
+  for (int m : {1, 1, 4, 16, 64}) OK(run_w4a16(*d4, LinearArgs{x, y, m, ActType::kBF16, true, ws, wsb}, nullptr, nullptr));
   for (int m : {1, 1}) OK(run_w8a16(*d8, LinearArgs{x, y, m, ActType::kBF16, true, ws, wsb}, nullptr));
   CK(cudaDeviceSynchronize());
   std::printf("profile launches done\n");
