@@ -135,28 +135,6 @@ __device__ __forceinline__ void ClusterSync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
 }
-// Cluster barrier that publishes nothing (no memory fence): before a block exits, so that no block
-// leaves while another still reads its shared memory (those reads have completed: their values are used).
-__device__ __forceinline__ void ClusterSyncExit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n barrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
-}
-// Address of shared address `addr` in cluster block `rank`, and a float loaded from such an address.
-__device__ __forceinline__ uint32_t MapCluster(uint32_t addr, int rank) {
-  uint32_t remote = addr;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
-#endif
-  return remote;
-}
-__device__ __forceinline__ float LdClusterF32(uint32_t remote) {
-  float v = 0.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote));
-#endif
-  return v;
-}
 // Reads a float4 at shared address `addr` of cluster block `rank`.
 __device__ __forceinline__ float4 LdClusterF4(uint32_t addr, int rank) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -721,14 +699,9 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   extern __shared__ float red[];  // [warp][NT * 8][32] accumulators, for the block's sum
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  // p.cluster: the 2-block cluster holds strips 2c and 2c + 1, block rank q the warp ranges
-  // [q * rpb, (q + 1) * rpb) of both, so that the two warps of a range share its X through L1.
-  const int rank = p.cluster ? int(blockIdx.x & 1) : 0;
-  const int rpb = p.cluster ? int(blockDim.x >> 6) : int(blockDim.x >> 5);  // warp ranges per strip in the block
-  const int strip = p.cluster ? int(blockIdx.x & ~1u) + warp / rpb : int(blockIdx.x);
-  const int range = rank * rpb + warp % rpb;
+  const int strip = blockIdx.x;
   const int spw = p.steps_per_warp;
-  const int j0 = range * spw;                // == (split * kWarpsK + kw) * spw of QLinearKernel
+  const int j0 = warp * spw;                 // == (split * kWarpsK + kw) * spw of QLinearKernel
   const int nvalid = min(spw, p.nk32 - j0);  // real k32 steps of this warp (may be <= 0)
   // Steps [0, nfast) need no predicate: inside the warp's weights and inside K for every lane.
   const int nfast = max(0, min(nvalid, p.K / kStepK - j0));
@@ -864,33 +837,17 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   if constexpr (!kEarlyTrigger) LaunchDependents();  // the next kernel's blocks may start their weight prefetch
   constexpr int kNA = NT * 8;  // accumulators per lane
   StoreAcc<NT>(red, warp, lane, acc);
-  // Block rank q sums strip (cluster) 2c + q, or the block's one strip: range r of the sum is warp
-  // (strip in block) * rpb + r % rpb of rank r / rpb, read through distributed shared memory.
-  const int ostrip = p.cluster ? int(blockIdx.x & ~1u) + rank : strip;
-  uint32_t rbase[2];
-  if (p.cluster) {
-    ClusterSync();
-    const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(red)) + uint32_t(rank * rpb * kNA * 32 * 4);
-    rbase[0] = MapCluster(local, 0);
-    rbase[1] = MapCluster(local, 1);
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   T* y = static_cast<T*>(p.y);
   for (int o = threadIdx.x; o < kNA * 32; o += blockDim.x) {
     const int i = o >> 5, l = o & 31;  // accumulator (nt, u, e) of lane l
     const int e = i & 3, u = (i >> 2) & 1, nt = i >> 3;
     const int row = nt * 8 + 2 * (l & 3) + (e & 1);
     const int cs = 16 * u + 8 * (e >> 1) + (l >> 2);  // column inside the strip
-    const int col = ostrip * kWarpN + cs;
-    auto part = [&](int r) {  // r is a constant after unrolling; no division by rpb
-      if (!p.cluster) return red[r * kNA * 32 + o];
-      const bool hi = r >= rpb;
-      return LdClusterF32((hi ? rbase[1] : rbase[0]) + uint32_t(((hi ? r - rpb : r) * kNA * 32 + o) * 4));
-    };
+    const int col = strip * kWarpN + cs;
     float fs = 1.0f;
     if constexpr (kFp8)  // fp16 weights were w * 2^-8
-      fs = p.fscales[(size_t(ostrip) * 8 + (l >> 2)) * 4 + (cs >> 3)] * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
+      fs = p.fscales[(size_t(strip) * 8 + (l >> 2)) * 4 + (cs >> 3)] * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
     // Rounded adds and multiplies (no fma contraction): QLinearKernel rounds each split's sum
     // to fp32 in memory before it adds the next.
     // Unrolled over kMaxSplits, so that all the shared-memory loads issue before the adds (H200: int4
@@ -899,39 +856,23 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 #pragma unroll
     for (int q = 0; q < kMaxSplits; ++q)
       if (q < p.splits) {
-        float v = __fadd_rn(part(2 * q), part(2 * q + 1));
+        float v = __fadd_rn(red[2 * q * kNA * 32 + o], red[(2 * q + 1) * kNA * 32 + o]);
         if constexpr (kFp8) v = __fmul_rn(v, fs);
         sum = q == 0 ? v : __fadd_rn(sum, v);
       }
     if (row < p.M && col < p.N) y[size_t(row) * p.N + col] = T(sum);
   }
-  if (p.cluster) ClusterSyncExit();  // the other block may still read our accumulators
 }
 
 template <typename T, int NT, bool kFp8, bool kStageFlush>
-cudaError_t LaunchQLinearDirect(const QLinearParams& p0, cudaStream_t stream) {
-  QLinearParams p = p0;
-  // Pairs of strips in 2-block clusters (sm_90): each block holds half the warp ranges of both strips,
-  // whose warps read the same X (H200: W4A16 M = 16 at 14336 x 4096 11% faster; bench/gemm/NOTES.md).
-  // The packed weights have a multiple of 4 strips, so a pair's second strip always exists. Off with
-  // FLASHQ_GEMM_NOCLUSTER=1, like QLinearKernel's clusters.
-  static const bool nocluster = KnobSet("FLASHQ_GEMM_NOCLUSTER");
-  p.cluster = !nocluster && DeviceMajor() >= 9 ? 1 : 0;
-  const int strips = (p.N + kWarpN - 1) / kWarpN;
+cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.cluster ? (strips + 1) & ~1 : strips);
+  cfg.gridDim = dim3((p.N + kWarpN - 1) / kWarpN);
   cfg.blockDim = dim3(32 * kWarpsK * p.splits);
   cfg.dynamicSmemBytes = size_t(kWarpsK) * p.splits * NT * 8 * 32 * sizeof(float);
   cfg.stream = stream;
-  cudaLaunchAttribute at[2];
+  cudaLaunchAttribute at[1];
   cfg.attrs = at;
-  if (p.cluster) {
-    at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    at[cfg.numAttrs].val.clusterDim.x = 2;
-    at[cfg.numAttrs].val.clusterDim.y = 1;
-    at[cfg.numAttrs].val.clusterDim.z = 1;
-    ++cfg.numAttrs;
-  }
   AddPdl(&cfg);
   return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush>, p);
 }
