@@ -135,6 +135,14 @@ __device__ __forceinline__ void ClusterSync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
 }
+// A cluster barrier that publishes nothing (no memory fence; release / acquire cost a GPU-scope fence and an
+// L1 invalidate): before a block exits, so that none leaves while another still reads its shared memory.
+// Those reads have completed, since their values were used.
+__device__ __forceinline__ void ClusterSyncExit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
 // Reads a float4 at shared address `addr` of cluster block `rank`.
 __device__ __forceinline__ float4 LdClusterF4(uint32_t addr, int rank) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -526,7 +534,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
         }
       if (col < p.N) store4(row, col, sum);
     }
-    ClusterSync();  // no block leaves while another still reads its tile
+    ClusterSyncExit();  // no block leaves while another still reads its tile
     return;
   }
   // Split-K: the last block of the tile (atomic ticket) sums splits 0..S-1 in that order.
