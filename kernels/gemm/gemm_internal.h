@@ -43,10 +43,6 @@ struct QLinearParams {
   int* counters = nullptr;         // [n_blocks * m_blocks], zero on entry and exit
   int M = 0, N = 0, K = 0, nk32 = 0, strips = 0, gsteps = 1, splits = 1, steps_per_warp = 0;
   int cluster = 0;                 // set by the launcher: split-K blocks of a tile form a cluster (sm_90)
-  // Small-M kernel, set by its launcher: strips per block, CTAs per X-sharing cluster, and (X in shared
-  // memory) the byte stride of an X row there and the X offset in dynamic shared memory (0: X from global).
-  int xs_strips = 1, xs_cluster = 1, xs_row = 0, xs_off = 0;
-  int xs_phase = 0;  // X in shared memory: steps per part of a warp range's X (a multiple of the ring depth)
 };
 
 // One launch covers at most kMaxRowsPerLaunch rows.

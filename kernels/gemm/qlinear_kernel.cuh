@@ -138,19 +138,10 @@ __device__ __forceinline__ void ClusterSync() {
 // A cluster barrier that publishes nothing (no memory fence; release / acquire cost a GPU-scope fence and an
 // L1 invalidate): before a block exits, so that none leaves while another still reads its shared memory.
 // Those reads have completed, since their values were used.
-__device__ __forceinline__ void ClusterArriveRelaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void ClusterWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
-}
 __device__ __forceinline__ void ClusterSyncExit() {
-  ClusterArriveRelaxed();
-  ClusterWait();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
 }
 // Reads a float4 at shared address `addr` of cluster block `rank`.
 __device__ __forceinline__ float4 LdClusterF4(uint32_t addr, int rank) {
@@ -693,69 +684,19 @@ __device__ __forceinline__ uint4 LdCached16(const void* ptr) {
   return v;
 }
 
-// mbarriers and bulk copies (sm_90; the kernels that call them are launched on sm_90 only).
-__device__ __forceinline__ void MbarInit(uint32_t bar, int count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-// Publishes mbarrier initializations to the cluster (and to the async proxy).
-__device__ __forceinline__ void MbarInitFence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#endif
-}
-// Bulk copy of `bytes` (a multiple of 16) from global memory to shared address dst of every CTA in `mask` (the
-// same offset in each), completing on the mbarrier at the same offset in each; mask 0: this CTA only.
-__device__ __forceinline__ void BulkCopyG2S(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint16_t mask) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (mask)
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
-        "l"(src), "r"(bytes), "r"(bar), "h"(mask)
-        : "memory");
-  else
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src),
-                 "r"(bytes), "r"(bar)
-                 : "memory");
-#endif
-}
-__device__ __forceinline__ int ClusterRank() {
-  int r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
-  return r;
-}
-
-template <bool kFp8, int NT, bool kStageFlush, bool kSmemX>
+template <bool kFp8, int NT>
 struct DirectCfg {
   static constexpr int kWChunks = kFp8 ? 2 : 1;  // uint4 of weights per lane per step
   static constexpr int kSub = kFp8 ? 2 : kSubSteps;
-  // Steps in flight per warp, in registers: (kWChunks + NT) * 4 words each (kWChunks * 4 with X in shared
-  // memory); 4 where a scale block per step costs registers.
-  static constexpr int kDepth = !kFp8 && !kStageFlush ? 4 : kSmemX ? 8 : kWChunks + NT > 2 ? 4 : 8;
-  static constexpr int kMaxXPhases = 8;  // kSmemX: X of a warp range lands in up to 8 parts, in order
+  // Steps in flight per warp, in registers: (kWChunks + NT) * 4 words each.
+  static constexpr int kDepth = kWChunks + NT > 2 ? 4 : 8;
   static_assert(kDepth % kSub == 0 && kSubSteps % kSub == 0, "ring slots follow the flush units");
 };
 
-template <typename T, int NT, bool kFp8, bool kStageFlush, bool kSmemX>
+template <typename T, int NT, bool kFp8, bool kStageFlush>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
-  using C = DirectCfg<kFp8, NT, kStageFlush, kSmemX>;
-  constexpr int kSub = C::kSub, kD = C::kDepth;
+  using C = DirectCfg<kFp8, NT>;
+  constexpr int kSub = C::kSub, kD = kFp8 || kStageFlush ? C::kDepth : 4;  // a scale block per step costs registers
   constexpr int kRefill = kD >= 2 * kSubSteps ? kSubSteps : 1;
   // Where each slot is refilled on its own, the load pointers stay put for a whole pass of the ring
   // and slot r loads at a constant offset from them (H200: int4 M = 16 up to 3.5% faster than moving
@@ -763,15 +704,12 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   constexpr bool kSlotAddr = kRefill == 1;
   // Scale blocks in flight: one per flush unit of the ring (stage flush), else one per step.
   constexpr int kSzSlots = kFp8 ? 1 : kStageFlush ? kD / kSub : kD;
-  // [warp][NT * 8][32] accumulators, for the block's sum; kSmemX: then X [M][p.xs_row bytes] from 128 bytes on.
-  extern __shared__ __align__(128) float red[];
+  extern __shared__ float red[];  // [warp][NT * 8][32] accumulators, for the block's sum
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int nr = kWarpsK * p.splits;          // warp ranges per strip
-  const int wr = kSmemX ? warp % nr : warp;   // this warp's range
-  const int strip = kSmemX ? blockIdx.x * p.xs_strips + warp / nr : blockIdx.x;
+  const int strip = blockIdx.x;
   const int spw = p.steps_per_warp;
-  const int j0 = wr * spw;                   // == (split * kWarpsK + kw) * spw of QLinearKernel
+  const int j0 = warp * spw;                 // == (split * kWarpsK + kw) * spw of QLinearKernel
   const int nvalid = min(spw, p.nk32 - j0);  // real k32 steps of this warp (may be <= 0)
   // Steps [0, nfast) need no predicate: inside the warp's weights and inside K for every lane.
   const int nfast = max(0, min(nvalid, p.K / kStepK - j0));
@@ -782,15 +720,8 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // stored), k 8t..8t+7 of the step.
   const int xk0 = j0 * kStepK + 8 * t;
   const T* xp[NT];
-  const char* xs[NT];  // kSmemX: the same chunks in shared memory
-  __shared__ uint64_t xbar[kDirectMaxThreads / 32][C::kMaxXPhases];  // kSmemX: part ph of range w has landed
-  const uint32_t xbase = static_cast<uint32_t>(__cvta_generic_to_shared(red)) + uint32_t(p.xs_off);
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int row = min(nt * 8 + g, p.M - 1);
-    xp[nt] = static_cast<const T*>(p.x) + size_t(row) * p.K + xk0;
-    xs[nt] = reinterpret_cast<const char*>(red) + p.xs_off + row * p.xs_row + xk0 * 2;
-  }
+  for (int nt = 0; nt < NT; ++nt) xp[nt] = static_cast<const T*>(p.x) + size_t(min(nt * 8 + g, p.M - 1)) * p.K + xk0;
   const char* szp = nullptr;  // 96-byte scale block of the group of the step loaded last
   const size_t szstride = size_t(p.strips) * kSzBlockBytes;  // from one group's block to the next
   int gnext = 0, cnext = 0;   // next group start on the load side and on the compute side (relative to j0)
@@ -801,7 +732,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   }
 
   uint4 wb[kD][C::kWChunks];
-  uint4 xb[kSmemX ? 1 : kD][NT];  // kSmemX: X is read from shared memory at its step
+  uint4 xb[kD][NT];
   uint2 sbs[kSzSlots];
   uint32_t sbz[kSzSlots];
   const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
@@ -832,10 +763,8 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
     const bool kin = fast || xk0 + jn * kStepK < p.K;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      if constexpr (!kSmemX) {
-        xb[r][nt] = kin ? LdCached16(xp[nt] + (kSlotAddr ? r : 0) * kStepK) : zero4;
-        if (!kSlotAddr) xp[nt] += kStepK;
-      }
+      xb[r][nt] = kin ? LdCached16(xp[nt] + (kSlotAddr ? r : 0) * kStepK) : zero4;
+      if (!kSlotAddr) xp[nt] += kStepK;
     }
   };
   // Slot addressing: moves the load pointers on by a pass of the ring.
@@ -863,57 +792,19 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // at 4096 x 14336, M = 1 took 18.8 instead of 16.8 µs, past its 1.6x bar (bench/gemm/NOTES.md).
   constexpr bool kEarlyTrigger = !kFp8;
   if constexpr (kEarlyTrigger) LaunchDependents();
-  // kSmemX: one mbarrier per warp range, for the range's X in shared memory. A cluster's CTAs (strips) share
-  // X: each copies every p.xs_cluster-th row into all of them (multicast), so it leaves L2 once per cluster.
-  const int ncta = p.xs_cluster;
-  const uint32_t mybar = static_cast<uint32_t>(__cvta_generic_to_shared(&xbar[wr][0]));  // + 8 * part
-  if constexpr (kSmemX) {
-    if (warp < nr && lane < C::kMaxXPhases) MbarInit(mybar + 8 * lane, 1);
-    MbarInitFence();
-    if (ncta > 1) ClusterArriveRelaxed();  // the partners' copies into this CTA wait for its mbarriers
-    else __syncthreads();
-  }
   // ---- prologue: steps 0 .. kD-1. Weights and scales do not depend on the previous kernel: with
   // a programmatic launch they stream in while it finishes; X only after the wait. ----
 #pragma unroll
   for (int r = 0; r < kD; ++r)
     if (r < spw) load_w(r, r, std::false_type{});
   GridDependencyWait();
-  if constexpr (kSmemX) {
-    if (ncta > 1) ClusterWait();
-    if (warp < nr) {
-      // The first strip's warp of each range copies the range's rows (this CTA's share of them) in parts of
-      // p.xs_phase steps, each completing on its own mbarrier: part ph covers k in [klo(ph), klo(ph + 1)).
-      auto klo = [&](int ph) { return min((j0 + min(ph * p.xs_phase, spw)) * kStepK, p.K); };
-      const int nph = (spw + p.xs_phase - 1) / p.xs_phase;
-      if (lane < nph) MbarArriveExpectTx(mybar + 8 * lane, uint32_t(klo(lane + 1) - klo(lane)) * 2 * uint32_t(p.M));
-      __syncwarp();
-      const int rank = ncta > 1 ? ClusterRank() : 0, myrows = (p.M - rank + ncta - 1) / ncta;
-      const uint16_t mask = ncta > 1 ? uint16_t((1u << ncta) - 1) : 0;
-      for (int c = lane; c < nph * myrows; c += 32) {
-        const int ph = c / myrows, row = rank + (c - ph * myrows) * ncta;
-        const int k0 = klo(ph), bytes = (klo(ph + 1) - k0) * 2;
-        if (bytes > 0)
-          BulkCopyG2S(xbase + uint32_t(row * p.xs_row + k0 * 2), static_cast<const T*>(p.x) + size_t(row) * p.K + k0,
-                      uint32_t(bytes), mybar + 8 * ph, mask);
-      }
-    }
-  } else {
 #pragma unroll
-    for (int r = 0; r < kD; ++r)
-      if (r < spw) load_x(r, r, std::false_type{});
-  }
+  for (int r = 0; r < kD; ++r)
+    if (r < spw) load_x(r, r, std::false_type{});
   next_pass();
-  int xnext = 0;  // kSmemX: the step at which the next part of X must have landed
-  uint32_t xwait = mybar;
 
   // ---- main loop: step j computes from slot j % kD, then refills it with step j + kD ----
   for (int i = 0; i < spw; i += kD) {
-    if (kSmemX && i == xnext) {  // p.xs_phase is a multiple of kD
-      MbarWait(xwait, 0);
-      xwait += 8;
-      xnext += p.xs_phase;
-    }
 #pragma unroll
     for (int r = 0; r < kD; ++r) {
       const int j = i + r;
@@ -928,13 +819,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
       for (int cc = 0; cc < C::kWChunks; ++cc) {
         wv[4 * cc] = wb[r][cc].x; wv[4 * cc + 1] = wb[r][cc].y; wv[4 * cc + 2] = wb[r][cc].z; wv[4 * cc + 3] = wb[r][cc].w;
       }
-      uint4 xv[NT];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        if constexpr (kSmemX) xv[nt] = xk0 + j * kStepK < p.K ? *reinterpret_cast<const uint4*>(xs[nt] + j * kStepK * 2) : zero4;
-        else xv[nt] = xb[r][nt];
-      }
-      StepMma<T, NT, kFp8>(wv, xv, nzm, !kStageFlush || r % kSub == 0, c, acc);
+      StepMma<T, NT, kFp8>(wv, xb[r], nzm, !kStageFlush || r % kSub == 0, c, acc);
       if (!kFp8 && (!kStageFlush || r % kSub == kSub - 1)) Flush<NT>(scl, c, acc);
       // Refill kRefill slots at once: a whole stage (2 KB of int4 weights, contiguous per warp)
       // when the ring holds two or more stages, else each slot as soon as it is consumed.
@@ -962,19 +847,15 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   StoreAcc<NT>(red, warp, lane, acc);
   __syncthreads();
   T* y = static_cast<T*>(p.y);
-  const int nstrips = kSmemX ? p.xs_strips : 1;
-  for (int ob = threadIdx.x; ob < nstrips * kNA * 32; ob += blockDim.x) {
-    const int so = kSmemX ? ob / (kNA * 32) : 0, o = kSmemX ? ob % (kNA * 32) : ob;  // strip so of the block
-    const float* rs = red + so * nr * kNA * 32;
+  for (int o = threadIdx.x; o < kNA * 32; o += blockDim.x) {
     const int i = o >> 5, l = o & 31;  // accumulator (nt, u, e) of lane l
     const int e = i & 3, u = (i >> 2) & 1, nt = i >> 3;
     const int row = nt * 8 + 2 * (l & 3) + (e & 1);
     const int cs = 16 * u + 8 * (e >> 1) + (l >> 2);  // column inside the strip
-    const int ostrip = blockIdx.x * nstrips + so;
-    const int col = ostrip * kWarpN + cs;
+    const int col = strip * kWarpN + cs;
     float fs = 1.0f;
     if constexpr (kFp8)  // fp16 weights were w * 2^-8
-      fs = p.fscales[(size_t(ostrip) * 8 + (l >> 2)) * 4 + (cs >> 3)] * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
+      fs = p.fscales[(size_t(strip) * 8 + (l >> 2)) * 4 + (cs >> 3)] * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
     // Rounded adds and multiplies (no fma contraction): QLinearKernel rounds each split's sum
     // to fp32 in memory before it adds the next.
     // Unrolled over kMaxSplits, so that all the shared-memory loads issue before the adds (H200: int4
@@ -983,70 +864,25 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 #pragma unroll
     for (int q = 0; q < kMaxSplits; ++q)
       if (q < p.splits) {
-        float v = __fadd_rn(rs[2 * q * kNA * 32 + o], rs[(2 * q + 1) * kNA * 32 + o]);
+        float v = __fadd_rn(red[2 * q * kNA * 32 + o], red[(2 * q + 1) * kNA * 32 + o]);
         if constexpr (kFp8) v = __fmul_rn(v, fs);
         sum = q == 0 ? v : __fadd_rn(sum, v);
       }
     if (row < p.M && col < p.N) y[size_t(row) * p.N + col] = T(sum);
   }
-  if (kSmemX && ncta > 1) ClusterSyncExit();  // no CTA leaves while its copies into the others may be in flight
-}
-
-// A bench knob "NAME=<int>" (default when unset), read once by each caller.
-inline int KnobInt(const char* name, int dflt) {
-  const char* e = std::getenv(name);
-  return e && e[0] ? std::atoi(e) : dflt;
 }
 
 template <typename T, int NT, bool kFp8, bool kStageFlush>
-cudaError_t LaunchQLinearDirect(const QLinearParams& p0, cudaStream_t stream) {
-  QLinearParams p = p0;
-  const int nr = kWarpsK * p.splits, strips = (p.N + kWarpN - 1) / kWarpN;
-  const size_t red = size_t(nr) * NT * 8 * 32 * sizeof(float);  // per strip
-  // X through shared memory (sm_90, where it fits): the block holds as many strips as 16 warps allow, and
-  // a block of one strip shares X with a partner block through multicast.
-  static const int xs_min_m = KnobInt("FLASHQ_GEMM_XSMEM_MINM", 2), xs_max_strips = KnobInt("FLASHQ_GEMM_XSTRIPS", 4),
-                   xs_cluster = KnobInt("FLASHQ_GEMM_XCLUSTER", 2);
-  bool smemx = xs_min_m > 0 && p.M >= xs_min_m && DeviceMajor() >= 9;
-  size_t bytes = red;
-  if (smemx) {
-    int ns = std::min(xs_max_strips, kDirectMaxThreads / 32 / nr);
-    while (ns > 1 && strips % ns) ns /= 2;
-    p.xs_strips = std::max(ns, 1);
-    p.xs_cluster = p.xs_strips == 1 && xs_cluster > 1 && strips % xs_cluster == 0 ? xs_cluster : 1;
-    p.xs_row = (p.K * 2 + 127) / 128 * 128 + 64;  // 64 (mod 128): rows g and g + 1 of an LDS.128 phase share no bank
-    p.xs_off = int((red * p.xs_strips + 127) / 128 * 128);
-    using C = DirectCfg<kFp8, NT, kStageFlush, true>;  // X lands in up to kMaxXPhases parts of whole ring passes
-    const int passes = (p.steps_per_warp + C::kDepth - 1) / C::kDepth;
-    p.xs_phase = (passes + C::kMaxXPhases - 1) / C::kMaxXPhases * C::kDepth;
-    bytes = size_t(p.xs_off) + size_t(p.M) * p.xs_row;
-    smemx = bytes <= 220 * 1024;
-  }
-  if (!smemx) {
-    p.xs_strips = p.xs_cluster = 1;
-    bytes = red;
-  }
-  auto* kernel = smemx ? QLinearDirectKernel<T, NT, kFp8, kStageFlush, true> : QLinearDirectKernel<T, NT, kFp8, kStageFlush, false>;
-  if (bytes > 48 * 1024) {
-    const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-    if (attr != cudaSuccess) return attr;
-  }
+cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(strips / p.xs_strips);
-  cfg.blockDim = dim3(32 * nr * p.xs_strips);
-  cfg.dynamicSmemBytes = bytes;
+  cfg.gridDim = dim3((p.N + kWarpN - 1) / kWarpN);
+  cfg.blockDim = dim3(32 * kWarpsK * p.splits);
+  cfg.dynamicSmemBytes = size_t(kWarpsK) * p.splits * NT * 8 * 32 * sizeof(float);
   cfg.stream = stream;
-  cudaLaunchAttribute at[2];
+  cudaLaunchAttribute at[1];
   cfg.attrs = at;
-  if (p.xs_cluster > 1) {
-    at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    at[cfg.numAttrs].val.clusterDim.x = p.xs_cluster;
-    at[cfg.numAttrs].val.clusterDim.y = 1;
-    at[cfg.numAttrs].val.clusterDim.z = 1;
-    ++cfg.numAttrs;
-  }
   AddPdl(&cfg);
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush>, p);
 }
 
 // One instantiation file per (T, kFp8, kStageFlush) calls this: M <= 8 and M <= 16 take the
