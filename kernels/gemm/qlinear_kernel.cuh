@@ -138,53 +138,9 @@ __device__ __forceinline__ void ClusterSync() {
 // A cluster barrier that publishes nothing (no memory fence; release / acquire cost a GPU-scope fence and an
 // L1 invalidate): before a block exits, so that none leaves while another still reads its shared memory.
 // Those reads have completed, since their values were used.
-__device__ __forceinline__ void ClusterArriveRelaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void ClusterWait() {  // acquire
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
-}
 __device__ __forceinline__ void ClusterSyncExit() {
-  ClusterArriveRelaxed();
-  ClusterWait();
-}
-// Shared address `addr` of this block as seen in cluster block `rank`.
-__device__ __forceinline__ uint32_t MapCluster(uint32_t addr, int rank) {
-  uint32_t remote = addr;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
-#endif
-  return remote;
-}
-// mbarrier of this block: init (and publish the init to the cluster), expect bytes, wait for phase 0 to complete
-// with cluster-scope acquire (it pairs with the release of st.async's complete-tx from another block).
-__device__ __forceinline__ void MbarInitExpect(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "mbarrier.init.shared::cta.b64 [%0], 1;\n mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-      " fence.mbarrier_init.release.cluster;\n" ::"r"(bar),
-      "r"(bytes)
-      : "memory");
-#endif
-}
-__device__ __forceinline__ void MbarWaitCluster(uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], 0;\n"
-      " @!p bra WAIT_%=;\n}\n" ::"r"(bar)
-      : "memory");
-#endif
-}
-// 4 bytes into the shared memory of another cluster block (remote address), completing on its mbarrier.
-__device__ __forceinline__ void StAsync(uint32_t remote, float v, uint32_t remote_bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(remote),
-               "r"(__float_as_uint(v)), "r"(remote_bar)
-               : "memory");
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n barrier.cluster.wait.aligned;\n" ::: "memory");
 #endif
 }
 // Reads a float4 at shared address `addr` of cluster block `rank`.
@@ -737,7 +693,7 @@ struct DirectCfg {
   static_assert(kDepth % kSub == 0 && kSubSteps % kSub == 0, "ring slots follow the flush units");
 };
 
-template <typename T, int NT, bool kFp8, bool kStageFlush, bool kPair>
+template <typename T, int NT, bool kFp8, bool kStageFlush>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
   using C = DirectCfg<kFp8, NT>;
   constexpr int kSub = C::kSub, kD = kFp8 || kStageFlush ? C::kDepth : 4;  // a scale block per step costs registers
@@ -748,16 +704,12 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   constexpr bool kSlotAddr = kRefill == 1;
   // Scale blocks in flight: one per flush unit of the ring (stage flush), else one per step.
   constexpr int kSzSlots = kFp8 ? 1 : kStageFlush ? kD / kSub : kD;
-  extern __shared__ float red[];  // [warp range][NT * 8][32] accumulators of the strip the block sums
+  extern __shared__ float red[];  // [warp][NT * 8][32] accumulators, for the block's sum
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  // kPair: a 2-block cluster holds strips 2c and 2c + 1. Block rank q holds the warp ranges [q * rpb, (q + 1) * rpb)
-  // of both, so the two warps of a range read the same X (the second from L1), and sums strip 2c + q.
-  const int rpb = kPair ? int(blockDim.x >> 6) : 1, rank = kPair ? int(blockIdx.x & 1) : 0;
-  const int strip = kPair ? int(blockIdx.x & ~1u) + warp / rpb : int(blockIdx.x);
-  const int range = kPair ? rank * rpb + warp % rpb : warp;
+  const int strip = blockIdx.x;
   const int spw = p.steps_per_warp;
-  const int j0 = range * spw;                // == (split * kWarpsK + kw) * spw of QLinearKernel
+  const int j0 = warp * spw;                 // == (split * kWarpsK + kw) * spw of QLinearKernel
   const int nvalid = min(spw, p.nk32 - j0);  // real k32 steps of this warp (may be <= 0)
   // Steps [0, nfast) need no predicate: inside the warp's weights and inside K for every lane.
   const int nfast = max(0, min(nvalid, p.K / kStepK - j0));
@@ -840,15 +792,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // at 4096 x 14336, M = 1 took 18.8 instead of 16.8 µs, past its 1.6x bar (bench/gemm/NOTES.md).
   constexpr bool kEarlyTrigger = !kFp8;
   if constexpr (kEarlyTrigger) LaunchDependents();
-  constexpr int kNA = NT * 8;  // accumulators per lane
-  // kPair: the partner block sends the accumulators of its rpb warps of our strip with st.async; they complete
-  // on sum_bar. The cluster barrier's arrive here (its wait after the main loop) publishes the mbarrier's init.
-  __shared__ uint64_t sum_bar;
-  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&sum_bar));
-  if constexpr (kPair) {
-    if (threadIdx.x == 0) MbarInitExpect(bar, uint32_t(rpb) * kNA * 32 * 4);
-    ClusterArriveRelaxed();
-  }
   // ---- prologue: steps 0 .. kD-1. Weights and scales do not depend on the previous kernel: with
   // a programmatic launch they stream in while it finishes; X only after the wait. ----
 #pragma unroll
@@ -900,33 +843,19 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 
   // ---- sum the warps in QLinearKernel's order ----
   if constexpr (!kEarlyTrigger) LaunchDependents();  // the next kernel's blocks may start their weight prefetch
-  if (!kPair || warp / rpb == rank) {
-    StoreAcc<NT>(red, range, lane, acc);
-  } else {  // the partner's strip: into its red[range]
-    ClusterWait();
-    const uint32_t rred = MapCluster(static_cast<uint32_t>(__cvta_generic_to_shared(red)), rank ^ 1);
-    const uint32_t rbar = MapCluster(bar, rank ^ 1);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) StAsync(rred + uint32_t(((range * kNA + (nt * 2 + u) * 4 + e) * 32 + lane) * 4), acc[nt][u][e], rbar);
-  }
-  if (kPair && warp / rpb == rank) ClusterWait();  // every thread completes the cluster barrier
+  constexpr int kNA = NT * 8;  // accumulators per lane
+  StoreAcc<NT>(red, warp, lane, acc);
   __syncthreads();
-  if constexpr (kPair) MbarWaitCluster(bar);
   T* y = static_cast<T*>(p.y);
   for (int o = threadIdx.x; o < kNA * 32; o += blockDim.x) {
     const int i = o >> 5, l = o & 31;  // accumulator (nt, u, e) of lane l
     const int e = i & 3, u = (i >> 2) & 1, nt = i >> 3;
     const int row = nt * 8 + 2 * (l & 3) + (e & 1);
     const int cs = 16 * u + 8 * (e >> 1) + (l >> 2);  // column inside the strip
-    const int ostrip = kPair ? int(blockIdx.x & ~1u) + rank : strip;
-    const int col = ostrip * kWarpN + cs;
+    const int col = strip * kWarpN + cs;
     float fs = 1.0f;
     if constexpr (kFp8)  // fp16 weights were w * 2^-8
-      fs = p.fscales[(size_t(ostrip) * 8 + (l >> 2)) * 4 + (cs >> 3)] * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
+      fs = p.fscales[(size_t(strip) * 8 + (l >> 2)) * 4 + (cs >> 3)] * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
     // Rounded adds and multiplies (no fma contraction): QLinearKernel rounds each split's sum
     // to fp32 in memory before it adds the next.
     // Unrolled over kMaxSplits, so that all the shared-memory loads issue before the adds (H200: int4
@@ -945,26 +874,15 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 
 template <typename T, int NT, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
-  // Strip pairs in 2-block clusters (sm_90; the packed weights have a multiple of 4 strips). Knob for A/B.
-  static const int pairs_min_m = std::getenv("FLASHQ_GEMM_PAIRS_MINM") ? std::atoi(std::getenv("FLASHQ_GEMM_PAIRS_MINM")) : 1;
-  const bool pair = pairs_min_m > 0 && p.M >= pairs_min_m && DeviceMajor() >= 9;
   cudaLaunchConfig_t cfg = {};
-  const int strips = (p.N + kWarpN - 1) / kWarpN;
-  cfg.gridDim = dim3(pair ? (strips + 1) & ~1 : strips);  // a pair's second strip exists in the packed weights
+  cfg.gridDim = dim3((p.N + kWarpN - 1) / kWarpN);
   cfg.blockDim = dim3(32 * kWarpsK * p.splits);
   cfg.dynamicSmemBytes = size_t(kWarpsK) * p.splits * NT * 8 * 32 * sizeof(float);
   cfg.stream = stream;
-  cudaLaunchAttribute at[2];
+  cudaLaunchAttribute at[1];
   cfg.attrs = at;
-  if (pair) {
-    at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    at[cfg.numAttrs].val.clusterDim.x = 2;
-    at[cfg.numAttrs].val.clusterDim.y = 1;
-    at[cfg.numAttrs].val.clusterDim.z = 1;
-    ++cfg.numAttrs;
-  }
   AddPdl(&cfg);
-  return cudaLaunchKernelEx(&cfg, pair ? QLinearDirectKernel<T, NT, kFp8, kStageFlush, true> : QLinearDirectKernel<T, NT, kFp8, kStageFlush, false>, p);
+  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush>, p);
 }
 
 // One instantiation file per (T, kFp8, kStageFlush) calls this: M <= 8 and M <= 16 take the
