@@ -171,6 +171,13 @@ __device__ __forceinline__ void LaunchDependents() {
 #endif
 }
 
+// atomicAdd with acquire-release semantics at GPU scope: returns the old value.
+__device__ __forceinline__ int AtomicAddAcqRel(int* ptr, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(ptr), "r"(v) : "memory");
+  return old;
+}
+
 // mma with a zero accumulator input (starts a fresh k32 partial without zeroing registers).
 template <typename T>
 __device__ __forceinline__ void Mma0(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -305,9 +312,12 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kw = warp / kWarpsN, nw = warp % kWarpsN;
   const int g = lane >> 2, t = lane & 3;
-  const int strip = blockIdx.x * kWarpsN + nw;
+  // Grid (token tiles, splits, column blocks): the token tiles of one column block and split are
+  // neighbours in launch order, so they run together and all but the first find the weights in L2.
+  const int cblock = blockIdx.z, mtile = blockIdx.x;
+  const int strip = cblock * kWarpsN + nw;
   const int split = blockIdx.y;
-  const int m0 = blockIdx.z * C::kXRows;
+  const int m0 = mtile * C::kXRows;
   const int spw = p.steps_per_warp;
   const int nst = spw / C::kSub;  // pipeline stages, the same for every warp of the block
   const int j0 = (split * kWarpsK + kw) * spw;
@@ -491,10 +501,9 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
             else p.partial[(size_t(split) * p.M + row) * p.N + col] = acc[nt][u][e];
           }
         }
-    if (!p.cluster) __threadfence();
   }
   if (p.splits == 1) return;
-  const int ncol0 = blockIdx.x * kBlockN;
+  const int ncol0 = cblock * kBlockN;
   const bool vec = (p.N & 3) == 0;
   // y[row][col..col+3] = sum (4 fp32 columns), N % 4 == 0 or not.
   auto store4 = [&](int row, int col, float4 sum) {
@@ -537,49 +546,52 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
     ClusterSyncExit();  // no block leaves while another still reads its tile
     return;
   }
-  // Split-K: the last block of the tile (atomic ticket) sums splits 0..S-1 in that order.
+  // Split-K: the last block of the tile (atomic ticket) sums splits 0..S-1 in that order. Thread 0's
+  // ticket is one acq_rel atomic after the block barrier: its release publishes the block's partials (no
+  // per-thread fence), its acquire orders the last block's loads after every other block's partials.
   __shared__ int s_last;
-  const int tile = blockIdx.z * gridDim.x + blockIdx.x;
+  const int tile = cblock * gridDim.x + mtile;
   __syncthreads();
-  if (tid == 0) s_last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
+  if (tid == 0) s_last = AtomicAddAcqRel(p.counters + tile, 1) == p.splits - 1;
   __syncthreads();
   if (!s_last) return;
-  __threadfence();
-  // All 256 threads: 4 consecutive columns each (32 per row) x 8 rows per pass; a pass issues
-  // every split's loads of its element group together, so the tail costs one L2 round trip
-  // per 8 rows (it cost one per row when 128 threads walked the tile element by element).
+  // All 256 threads: 4 consecutive columns each (32 per row) x 8 rows per pass. The loads of two passes,
+  // every split's, issue together, so the tail costs one L2 round trip per 16 rows.
+  constexpr int kRowsPerPass = kThreads / 32, kPasses = 2;
+  static_assert(C::kXRows % (kPasses * kRowsPerPass) == 0, "the tail's passes cover the token tile");
   const size_t stride = size_t(p.M) * p.N;
   const int col = ncol0 + 4 * (tid & 31);
+  // 4 fp32 partials from src (columns col..col+3, those past N read as 0).
+  auto load4 = [&](const float* src) {
+    if (vec) return __ldcg(reinterpret_cast<const float4*>(src));
+    return make_float4(__ldcg(src), col + 1 < p.N ? __ldcg(src + 1) : 0.0f, col + 2 < p.N ? __ldcg(src + 2) : 0.0f,
+                       col + 3 < p.N ? __ldcg(src + 3) : 0.0f);
+  };
 #pragma unroll 1
-  for (int r0 = 0; r0 < C::kXRows; r0 += kThreads / 32) {
-    const int row = m0 + r0 + (tid >> 5);
-    if (row >= p.M || col >= p.N) continue;
-    const float* src = p.partial + size_t(row) * p.N + col;
-    float4 v[kMaxSplits];
-    if (vec) {
+  for (int r0 = 0; r0 < C::kXRows && col < p.N; r0 += kPasses * kRowsPerPass) {
+    float4 v[kPasses][kMaxSplits];
+#pragma unroll
+    for (int q = 0; q < kPasses; ++q) {
+      const int row = m0 + r0 + q * kRowsPerPass + (tid >> 5);
+      const float* src = p.partial + size_t(min(row, p.M - 1)) * p.N + col;  // rows past M: loaded, not stored
 #pragma unroll
       for (int sp = 0; sp < kMaxSplits; ++sp)
-        if (sp < p.splits) v[sp] = __ldcg(reinterpret_cast<const float4*>(src + sp * stride));
-    } else {
-#pragma unroll
-      for (int sp = 0; sp < kMaxSplits; ++sp)
-        if (sp < p.splits) {
-          v[sp].x = __ldcg(src + sp * stride);
-          v[sp].y = col + 1 < p.N ? __ldcg(src + sp * stride + 1) : 0.0f;
-          v[sp].z = col + 2 < p.N ? __ldcg(src + sp * stride + 2) : 0.0f;
-          v[sp].w = col + 3 < p.N ? __ldcg(src + sp * stride + 3) : 0.0f;
-        }
+        if (sp < p.splits) v[q][sp] = load4(src + sp * stride);
     }
-    float4 sum = v[0];
 #pragma unroll
-    for (int sp = 1; sp < kMaxSplits; ++sp)
-      if (sp < p.splits) {
-        sum.x += v[sp].x;
-        sum.y += v[sp].y;
-        sum.z += v[sp].z;
-        sum.w += v[sp].w;
-      }
-    store4(row, col, sum);
+    for (int q = 0; q < kPasses; ++q) {
+      const int row = m0 + r0 + q * kRowsPerPass + (tid >> 5);
+      float4 sum = v[q][0];
+#pragma unroll
+      for (int sp = 1; sp < kMaxSplits; ++sp)
+        if (sp < p.splits) {
+          sum.x += v[q][sp].x;
+          sum.y += v[q][sp].y;
+          sum.z += v[q][sp].z;
+          sum.w += v[q][sp].w;
+        }
+      if (row < p.M) store4(row, col, sum);
+    }
   }
   if (tid == 0) p.counters[tile] = 0;
 }
@@ -639,7 +651,7 @@ cudaError_t LaunchQLinearNT(const QLinearParams& p0, cudaStream_t stream) {
   QLinearParams p = p0;
   p.cluster = UseCluster(p.splits) ? 1 : 0;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((p.N + kBlockN - 1) / kBlockN, p.splits, (p.M + C::kXRows - 1) / C::kXRows);
+  cfg.gridDim = dim3((p.M + C::kXRows - 1) / C::kXRows, p.splits, (p.N + kBlockN - 1) / kBlockN);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = C::kBytes;
   cfg.stream = stream;
