@@ -561,37 +561,44 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   static_assert(C::kXRows % (kPasses * kRowsPerPass) == 0, "the tail's passes cover the token tile");
   const size_t stride = size_t(p.M) * p.N;
   const int col = ncol0 + 4 * (tid & 31);
-  // 4 fp32 partials from src (columns col..col+3, those past N read as 0).
-  auto load4 = [&](const float* src) {
-    if (vec) return __ldcg(reinterpret_cast<const float4*>(src));
-    return make_float4(__ldcg(src), col + 1 < p.N ? __ldcg(src + 1) : 0.0f, col + 2 < p.N ? __ldcg(src + 2) : 0.0f,
-                       col + 3 < p.N ? __ldcg(src + 3) : 0.0f);
-  };
+  // The tail for N % 4 == 0 (float4 loads) or not (columns past N read as 0), chosen once.
+  auto tail = [&](auto vec4) {
+    auto load4 = [&](const float* src) {
+      if constexpr (decltype(vec4)::value) return __ldcg(reinterpret_cast<const float4*>(src));
+      else
+        return make_float4(__ldcg(src), col + 1 < p.N ? __ldcg(src + 1) : 0.0f, col + 2 < p.N ? __ldcg(src + 2) : 0.0f,
+                           col + 3 < p.N ? __ldcg(src + 3) : 0.0f);
+    };
 #pragma unroll 1
-  for (int r0 = 0; r0 < C::kXRows && col < p.N; r0 += kPasses * kRowsPerPass) {
-    float4 v[kPasses][kMaxSplits];
+    for (int r0 = 0; r0 < C::kXRows; r0 += kPasses * kRowsPerPass) {
+      float4 v[kPasses][kMaxSplits];
 #pragma unroll
-    for (int q = 0; q < kPasses; ++q) {
-      const int row = m0 + r0 + q * kRowsPerPass + (tid >> 5);
-      const float* src = p.partial + size_t(min(row, p.M - 1)) * p.N + col;  // rows past M: loaded, not stored
+      for (int q = 0; q < kPasses; ++q) {
+        const int row = m0 + r0 + q * kRowsPerPass + (tid >> 5);
+        const float* src = p.partial + size_t(min(row, p.M - 1)) * p.N + col;  // rows past M: loaded, not stored
 #pragma unroll
-      for (int sp = 0; sp < kMaxSplits; ++sp)
-        if (sp < p.splits) v[q][sp] = load4(src + sp * stride);
+        for (int sp = 0; sp < kMaxSplits; ++sp)
+          if (sp < p.splits) v[q][sp] = load4(src + sp * stride);
+      }
+#pragma unroll
+      for (int q = 0; q < kPasses; ++q) {
+        const int row = m0 + r0 + q * kRowsPerPass + (tid >> 5);
+        float4 sum = v[q][0];
+#pragma unroll
+        for (int sp = 1; sp < kMaxSplits; ++sp)
+          if (sp < p.splits) {
+            sum.x += v[q][sp].x;
+            sum.y += v[q][sp].y;
+            sum.z += v[q][sp].z;
+            sum.w += v[q][sp].w;
+          }
+        if (row < p.M) store4(row, col, sum);
+      }
     }
-#pragma unroll
-    for (int q = 0; q < kPasses; ++q) {
-      const int row = m0 + r0 + q * kRowsPerPass + (tid >> 5);
-      float4 sum = v[q][0];
-#pragma unroll
-      for (int sp = 1; sp < kMaxSplits; ++sp)
-        if (sp < p.splits) {
-          sum.x += v[q][sp].x;
-          sum.y += v[q][sp].y;
-          sum.z += v[q][sp].z;
-          sum.w += v[q][sp].w;
-        }
-      if (row < p.M) store4(row, col, sum);
-    }
+  };
+  if (col < p.N) {
+    if (vec) tail(std::true_type{});
+    else tail(std::false_type{});
   }
   if (tid == 0) p.counters[tile] = 0;
 }
