@@ -8,8 +8,10 @@ mkdir -p "$OUT"
 QUICK=""; SAN=1
 for a in "$@"; do [ "$a" = --quick ] && QUICK=--quick; [ "$a" = --no-sanitizer ] && SAN=0; done
 LOG="$OUT/gemm-log.txt"
-# BIN=<dir with prebuilt gemm_* binaries> skips the build (binaries built elsewhere with nvcc 13, sm_90a).
+# BIN=<dir with prebuilt gemm_* binaries> skips the build (binaries built elsewhere with nvcc 13, sm_90a); it needs
+# COMMIT=<sha they were built from>.
 B=${BIN:-build-gpu/bin}
+if [ -n "${BIN:-}" ] && [ -z "${COMMIT:-}" ]; then echo "BIN=$BIN needs COMMIT=<the commit its binaries were built from>"; exit 2; fi
 {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv || true
   if [ -z "${BIN:-}" ]; then
