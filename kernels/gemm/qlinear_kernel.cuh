@@ -267,7 +267,7 @@ __device__ __forceinline__ void StoreAcc(float* red, int w, int lane, const floa
       for (int e = 0; e < 4; ++e) red[(w * NT * 8 + (nt * 2 + u) * 4 + e) * 32 + lane] = acc[nt][u][e];
 }
 
-template <bool kFp8, int NT, bool kStageFlush>
+template <bool kFp8, int NT, bool kStageFlush, bool kMulti>
 struct Cfg {
   static constexpr int kWarps = kThreads / 32;
   // k32 steps per warp per pipeline stage: int4 4 (one stage = one g128 group, half the
@@ -288,7 +288,11 @@ struct Cfg {
   static constexpr int kSZ = kFp8 ? 0 : kWarps * (kStageFlush ? 1 : kSub) * kSzChunks;
   static constexpr int kStage = kW + kX + kSZ;                         // uint4 per stage
   static constexpr int kStages = kFp8 ? 4 : 3;  // measured for NT = 4 (the only instantiation)
-  static constexpr size_t kBytes = size_t(kStages) * kStage * 16;
+  // pair_done's K-warp sum runs in rounds of kRedNT token tiles: half the tile where that fits beside the stages.
+  static constexpr size_t kPipe = size_t(kStages) * kStage * 16;
+  static constexpr size_t kRedRound = size_t(kWarpsN) * 8 * 32 * 4;  // one token tile of the N-warps' accumulators
+  static constexpr int kRedNT = (kPipe + kRedRound * (NT / 2)) * kMinBlocks <= 227 * 1024 - kMinBlocks * 2048 ? NT / 2 : 1;
+  static constexpr size_t kBytes = kPipe + (kMulti ? kRedRound * kRedNT : 0);
   static_assert(kX % kThreads == 0 || kX < kThreads, "X tile chunks split evenly over the block");
   static_assert(kBytes >= size_t(kWarpsN) * NT * 8 * 32 * 4 + size_t(NT) * 8 * kBlockN * 4,
                 "the K-warp reduction and the cluster tile reuse the pipeline buffer");
@@ -302,9 +306,9 @@ struct Cfg {
 // per pipeline stage instead of once per k32 step; a property of the weights, not of M.
 // p.cluster (sm_90 launches only): the split-K blocks of a tile form one cluster and reduce
 // through distributed shared memory instead of the fp32 workspace and an atomic ticket.
-template <typename T, int NT, bool kFp8, bool kStageFlush>
-__global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlocks)) QLinearKernel(const QLinearParams p) {
-  using C = Cfg<kFp8, NT, kStageFlush>;
+template <typename T, int NT, bool kFp8, bool kStageFlush, bool kMulti>
+__global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>::kMinBlocks)) QLinearKernel(const QLinearParams p) {
+  using C = Cfg<kFp8, NT, kStageFlush, kMulti>;
   constexpr int kXPer = C::kXPer;
   // 1024-byte aligned pipeline buffer: with the default alignment (16 bytes past the static s_last) the kernel
   // was 25-45% slower at M = 32-128, int4 and fp8 alike, on the H200 (bench/results/gemm-nvidia-h200-2026-11-24-smem-align.md).
@@ -316,16 +320,23 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   // neighbours in launch order, so they run together and all but the first find the weights in L2.
   const int cblock = blockIdx.z, mtile = blockIdx.x;
   const int strip = cblock * kWarpsN + nw;
-  const int split = blockIdx.y;
+  const int npairs = kMulti ? p.pairs : 1;  // splits (warp range pairs) this block runs, one after another
+  const int pair0 = blockIdx.y * npairs;     // the first of them
   const int m0 = mtile * C::kXRows;
   const int spw = p.steps_per_warp;
-  const int nst = spw / C::kSub;  // pipeline stages, the same for every warp of the block
-  const int j0 = (split * kWarpsK + kw) * spw;
-  const int nvalid = min(spw, p.nk32 - j0);  // this warp's real k32 steps (may be <= 0)
+  const int nst = spw / C::kSub;  // pipeline stages per pair, the same for every warp of the block
+  const int ntot = nst * npairs;
+  auto j0_of = [&](int q) { return ((pair0 + q) * kWarpsK + kw) * spw; };  // first k32 step of pair q's range
+  const int j0 = j0_of(0);
+  int nvalid = min(spw, p.nk32 - j0);  // producer: this warp's real k32 steps in the pair it issues (may be <= 0)
+  int nvalid_c = nvalid;               // consumer: the same for the pair it computes
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
   // ---- producer state (incremental: no divisions in the loop) ----
-  const uint4* wsrc = static_cast<const uint4*>(p.qw) + (size_t(strip) * p.nk32 + j0) * (C::kWChunks * 32) + lane;
+  auto wsrc_of = [&](int j) {  // the weights of this lane at k32 step j
+    return static_cast<const uint4*>(p.qw) + (size_t(strip) * p.nk32 + j) * (C::kWChunks * 32) + lane;
+  };
+  const uint4* wsrc = wsrc_of(j0);
   const uint32_t wdst = uint32_t(((warp * C::kSub) * C::kWChunks) * 32 + lane) * 16;
   const uint4* szsrc = nullptr;
   int ipos = 0, cpos = 0;
@@ -347,14 +358,29 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
     const int c = id & 3, r = id >> 2;
     const int row = r % C::kXRows, kgss = r / C::kXRows;
     const int ss = kgss % C::kSub, kg = kgss / C::kSub;
-    xk[q] = ((split * kWarpsK + kg) * spw + ss) * kStepK + 8 * c;
+    xk[q] = ((pair0 * kWarpsK + kg) * spw + ss) * kStepK + 8 * c;
     xcopy[q] = id < C::kX && m0 + row < p.M;
     xsrc[q] = static_cast<const T*>(p.x) + size_t(xcopy[q] ? m0 + row : 0) * p.K + (xcopy[q] ? xk[q] : 0);
   }
 
   int jis = 0;  // next k32 step (inside this warp's range) to issue
+  int wli = 0, wq = 0, xli = 0;  // stage inside the pair and pair of the next weights / X to issue
   // Weights and scale blocks of stage slot st (they do not depend on the previous kernel).
   auto issue_w = [&](int st) {
+    if (kMulti && wli == nst) {  // next pair: its own warp range
+      wli = 0;
+      ++wq;
+      const int jq = j0_of(wq);
+      wsrc = wsrc_of(jq);
+      jis = 0;
+      nvalid = min(spw, p.nk32 - jq);
+      if constexpr (!kFp8) {
+        const int grp = jq / p.gsteps;
+        ipos = jq - grp * p.gsteps;
+        szsrc = static_cast<const uint4*>(p.sz) + (size_t(grp) * p.strips + strip) * kSzChunks + lane;
+      }
+    }
+    if constexpr (kMulti) ++wli;
     const uint32_t sst = sbase + uint32_t(st) * (C::kStage * 16);
 #pragma unroll
     for (int ss = 0; ss < C::kSub; ++ss) {
@@ -382,6 +408,15 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   };
   // X of stage slot st.
   auto issue_x = [&](int st) {
+    if (kMulti && xli == nst) {  // next pair: skip the other K-warps' ranges
+      xli = 0;
+#pragma unroll
+      for (int q = 0; q < kXPer; ++q) {
+        xk[q] += (kWarpsK - 1) * spw * kStepK;
+        xsrc[q] += (kWarpsK - 1) * spw * kStepK;
+      }
+    }
+    if constexpr (kMulti) ++xli;
     const uint32_t sst = sbase + uint32_t(st) * (C::kStage * 16);
 #pragma unroll
     for (int q = 0; q < kXPer; ++q) {
@@ -407,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
       const int jj = i * C::kSub + ss;
       if (!kFp8 && (!kStageFlush || ss == 0)) {
         // Group change: new scales and zero points (only registers change, warp-uniform).
-        if (jj < nvalid && (jj == 0 || cpos == 0))
+        if (jj < nvalid_c && (jj == 0 || cpos == 0))
           LoadGroup<T>(sst + C::kW + C::kX + (warp * kSzPer + (kStageFlush ? 0 : ss)) * kSzChunks, g, scl, nzm);
         cpos += kStageFlush ? C::kSub : 1;
         if (cpos == p.gsteps) cpos = 0;
@@ -436,45 +471,100 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   // Prologue: the first stages' weights before griddepcontrol.wait (with a programmatic launch they
   // stream in while the previous kernel finishes), their X after it. The weights of all prologue
   // stages land in the first commit group, which only makes its wait stricter.
+  constexpr int kNA = NT * 8;
+  // fp8: the channel scales of columns 8s + g (fp16 weights were w * 2^-8).
+  auto load_fs = [&](float (&fs)[4]) {
+    const float4 u4 = __ldg(reinterpret_cast<const float4*>(p.fscales + (size_t(strip) * 8 + g) * 4));
+    const float k = std::is_same_v<T, __half> ? 256.0f : 1.0f;
+    fs[0] = u4.x * k; fs[1] = u4.y * k; fs[2] = u4.z * k; fs[3] = u4.w * k;
+  };
+  // A pair that is not the block's last: the 2 K-warps summed in order 0, 1 through a shared-memory area
+  // of its own (the pipeline keeps streaming the next pair), in two halves of the token tiles, and the
+  // pair's partial stored; both warps then start the next pair from zero.
+  float* red2 = reinterpret_cast<float*>(smem + size_t(C::kStages) * C::kStage);
+  auto pair_done = [&](int q) {
+    constexpr int kH = C::kRedNT;
+    float fs[4] = {};
+    if constexpr (kFp8) load_fs(fs);
+#pragma unroll
+    for (int h = 0; h < NT / kH; ++h) {
+      if (kw == 1) {
+#pragma unroll
+        for (int n = 0; n < kH; ++n)
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) red2[((nw * kH + n) * 8 + u * 4 + e) * 32 + lane] = acc[h * kH + n][u][e];
+      }
+      __syncthreads();
+      if (kw == 0) {
+#pragma unroll
+        for (int n = 0; n < kH; ++n)
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float v = acc[h * kH + n][u][e] + red2[((nw * kH + n) * 8 + u * 4 + e) * 32 + lane];
+              if constexpr (kFp8) v *= fs[2 * u + (e >> 1)];
+              const int row = m0 + (h * kH + n) * 8 + 2 * t + (e & 1);
+              const int col = strip * kWarpN + g + 16 * u + 8 * (e >> 1);
+              if (row < p.M && col < p.N) p.partial[(size_t(pair0 + q) * p.M + row) * p.N + col] = v;
+            }
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][u][e] = 0.0f;
+  };
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s)
-    if (s < nst) issue_w(s);
+    if (s < ntot) issue_w(s);
   GridDependencyWait();
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < nst) issue_x(s);
+    if (s < ntot) issue_x(s);
     CpAsyncCommit();
   }
   int rd = 0, wr = C::kStages - 1;
-  for (int i = 0; i < nst; ++i) {
+  int cq = 0, cli = 0;  // pair and stage inside it being computed
+  for (int i = 0; i < ntot; ++i) {
     CpAsyncWait<C::kStages - 2>();
     __syncthreads();
-    if (i + C::kStages - 1 < nst) {
+    if (i + C::kStages - 1 < ntot) {
       issue_w(wr);
       issue_x(wr);
     }
     CpAsyncCommit();
-    compute(i, rd);
+    compute(cli, rd);
     rd = rd + 1 == C::kStages ? 0 : rd + 1;
     wr = wr + 1 == C::kStages ? 0 : wr + 1;
+    ++cli;
+    if (kMulti && cli == nst && cq + 1 < npairs) {
+      pair_done(cq);
+      cli = 0;
+      ++cq;
+      const int jq = j0_of(cq);
+      nvalid_c = min(spw, p.nk32 - jq);
+      if constexpr (!kFp8) cpos = jq % p.gsteps;
+    }
   }
   CpAsyncWait<0>();
   __syncthreads();
+  const int split = pair0 + npairs - 1;  // the last pair's split: its partial is written below
 
   // ---- reduce the 2 K-warps in order 0, 1 ----
-  constexpr int kNA = NT * 8;
   float* red = reinterpret_cast<float*>(smem);
   float* ctile = red + kWarpsN * kNA * 32;  // cluster path: this block's fp32 tile [kXRows][kBlockN]
   if (kw == 1) StoreAcc<NT>(red, nw, lane, acc);
   __syncthreads();
   T* y = static_cast<T*>(p.y);
   if (kw == 0) {
-    float fs[4];
-    if constexpr (kFp8) {
-      const float4 u4 = __ldg(reinterpret_cast<const float4*>(p.fscales + (size_t(strip) * 8 + g) * 4));
-      const float k = std::is_same_v<T, __half> ? 256.0f : 1.0f;  // fp16 weights were w * 2^-8
-      fs[0] = u4.x * k; fs[1] = u4.y * k; fs[2] = u4.z * k; fs[3] = u4.w * k;
-    }
+    float fs[4] = {};
+    if constexpr (kFp8) load_fs(fs);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -552,7 +642,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   __shared__ int s_last;
   const int tile = cblock * gridDim.x + mtile;
   __syncthreads();
-  if (tid == 0) s_last = AtomicAddAcqRel(p.counters + tile, 1) == p.splits - 1;
+  if (tid == 0) s_last = AtomicAddAcqRel(p.counters + tile, 1) == int(gridDim.y) - 1;
   __syncthreads();
   if (!s_last) return;
   // All 256 threads: 4 consecutive columns each (32 per row) x 8 rows per pass. The loads of two passes,
@@ -603,21 +693,28 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush>::kMinBlo
   if (tid == 0) p.counters[tile] = 0;
 }
 
-// Compute capability major of the current device (0 if it cannot be read), queried once per device:
-// the launchers ask on every call.
-inline int DeviceMajor() {
+// Compute capability major and SM count of the current device (0 if they cannot be read), queried once per
+// device: the launchers ask on every call.
+struct DeviceProps {
+  int major = 0, sms = 0;
+};
+inline DeviceProps CurrentDevice() {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices] = {};  // major + 1 once known
+  static std::atomic<uint64_t> cache[kMaxDevices] = {};  // (major + 1) << 32 | sms once known
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return {};
   if (dev < kMaxDevices) {
-    if (const int known = cache[dev].load(std::memory_order_relaxed)) return known - 1;
+    if (const uint64_t known = cache[dev].load(std::memory_order_relaxed))
+      return {int(known >> 32) - 1, int(known & 0xffffffffu)};
   }
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
-  if (dev < kMaxDevices) cache[dev].store(major + 1, std::memory_order_relaxed);
-  return major;
+  DeviceProps d;
+  if (cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return {};
+  if (dev < kMaxDevices) cache[dev].store(uint64_t(d.major + 1) << 32 | uint32_t(d.sms), std::memory_order_relaxed);
+  return d;
 }
+inline int DeviceMajor() { return CurrentDevice().major; }
 
 // A bench knob "NAME=1" in the environment (read once by each caller: it keeps the result in a static).
 inline bool KnobSet(const char* name) {
@@ -647,10 +744,28 @@ inline void AddPdl(cudaLaunchConfig_t* cfg) {
   a.val.programmaticStreamSerializationAllowed = 1;
 }
 
-template <typename T, int NT, bool kFp8, bool kStageFlush>
+// Splits (warp range pairs) per QLinearKernel block. A block runs P consecutive splits one after another in
+// one pipeline, writing each split's partial as before, so the sums and their order do not change. P doubles
+// while the grid holds more than one wave (min_blocks per SM) and a block would still stream at most 8
+// pipeline stages: short warp ranges then stop paying a block's fill and drain per split. H200: 4096² (8
+// splits of 2 stages) M = 64 -12%, M = 128 -10%; the shapes with 7-8 stages per split gained nothing at P = 2
+// (bench/results/gemm-nvidia-h200-2026-11-24-m64-ab.md, call 38). Cluster plans keep P = 1.
+inline int PairsPerBlock(const QLinearParams& p, int mtiles, int stage_steps, int min_blocks) {
+  constexpr int kMaxStagesPerBlock = 8;
+  if (UseCluster(p.splits)) return 1;
+  const int nst = p.steps_per_warp / stage_steps;
+  const int tiles = mtiles * ((p.N + kBlockN - 1) / kBlockN);
+  const int wave = min_blocks * CurrentDevice().sms;
+  int pairs = 1;
+  while (p.splits % (2 * pairs) == 0 && tiles * (p.splits / pairs) > wave && 2 * pairs * nst <= kMaxStagesPerBlock)
+    pairs *= 2;
+  return pairs;
+}
+
+template <typename T, int NT, bool kFp8, bool kStageFlush, bool kMulti>
 cudaError_t LaunchQLinearNT(const QLinearParams& p0, cudaStream_t stream) {
-  using C = Cfg<kFp8, NT, kStageFlush>;
-  auto* kernel = QLinearKernel<T, NT, kFp8, kStageFlush>;
+  using C = Cfg<kFp8, NT, kStageFlush, kMulti>;
+  auto* kernel = QLinearKernel<T, NT, kFp8, kStageFlush, kMulti>;
   // The attribute belongs to the current device: set it on every launch (a static
   // once-only call left every GPU but the first without it: cudaErrorInvalidValue).
   const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kBytes));
@@ -658,7 +773,7 @@ cudaError_t LaunchQLinearNT(const QLinearParams& p0, cudaStream_t stream) {
   QLinearParams p = p0;
   p.cluster = UseCluster(p.splits) ? 1 : 0;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((p.M + C::kXRows - 1) / C::kXRows, p.splits, (p.N + kBlockN - 1) / kBlockN);
+  cfg.gridDim = dim3((p.M + C::kXRows - 1) / C::kXRows, p.splits / p.pairs, (p.N + kBlockN - 1) / kBlockN);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = C::kBytes;
   cfg.stream = stream;
@@ -911,7 +1026,11 @@ cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
   if (p.M <= 8) return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(p, stream);
   static_assert(kSmallMMaxRows == 16, "the small-M kernel's widest instantiation holds two 8-token tiles");
   if (p.M <= kSmallMMaxRows) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
-  return LaunchQLinearNT<T, 4, kFp8, kStageFlush>(p, stream);
+  using C = Cfg<kFp8, 4, kStageFlush, true>;
+  QLinearParams q = p;
+  q.pairs = PairsPerBlock(p, (p.M + C::kXRows - 1) / C::kXRows, C::kSub, C::kMinBlocks);
+  if (q.pairs > 1) return LaunchQLinearNT<T, 4, kFp8, kStageFlush, true>(q, stream);
+  return LaunchQLinearNT<T, 4, kFp8, kStageFlush, false>(q, stream);
 }
 
 }  // namespace flashq::gemm::detail

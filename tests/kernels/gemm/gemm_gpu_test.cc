@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -171,21 +172,34 @@ INSTANTIATE_TEST_SUITE_P(
                                          W4Case{13312, 72, 128, false, 0}),  // 16 warp ranges of 28 k32 steps: the last partial, one empty
                        ::testing::Values(ActType::kBF16, ActType::kF16)));
 
-TEST(GemmGpu, W4A16InvariantAt4096Rows) {
-  const int K = 256, N = 192, M = 4096;
+// M rows in one call against the f64 reference, and the given rows bitwise equal to single-row calls
+// (the small-M kernel) in batch-invariant mode.
+void CheckRowsInvariant(int K, int N, int g, int M, std::initializer_list<int> rows) {
   auto wf = RandomVec(size_t(N) * K, 1);
-  Int4Weights w = QuantizeInt4(wf.data(), N, K, 128, false);
+  Int4Weights w = QuantizeInt4(wf.data(), N, K, g, false);
   std::unique_ptr<W4A16Weights> dw;
   OK(W4A16Weights::Create(w, &dw));
   Acts x = MakeActs(M, K, ActType::kBF16, 2);
   auto big = RunW4(*dw, x, M, ActType::kBF16, true, nullptr);
-  ExpectClose(big, RefInt4(x, M, w), ActType::kBF16, 0, "w4a16 M=4096");
-  for (int row : {0, 1234, M - 1}) {
+  ExpectClose(big, RefInt4(x, M, w), ActType::kBF16, 0, "w4a16 M=" + std::to_string(M));
+  for (int row : rows) {
     Acts r;
     r.f.assign(x.f.begin() + size_t(row) * K, x.f.begin() + size_t(row + 1) * K);
     r.bits.assign(x.bits.begin() + size_t(row) * K, x.bits.begin() + size_t(row + 1) * K);
     auto one = RunW4(*dw, r, 1, ActType::kBF16, true, nullptr);
     ASSERT_EQ(0, std::memcmp(one.data(), big.data() + size_t(row) * N, N * sizeof(float))) << "row " << row;
+  }
+}
+
+TEST(GemmGpu, W4A16InvariantAt4096Rows) { CheckRowsInvariant(256, 192, 128, 4096, {0, 1234, 4095}); }
+
+// 4096² has 8 splits of 2 stages: at M = 128 the grid exceeds a wave on any GPU of fewer than 512 SMs, so
+// QLinearKernel blocks run several splits one after another (PairsPerBlock), for whole-stage groups (128)
+// and for groups of one k32 step (64, the per-step flush).
+TEST(GemmGpu, W4A16InvariantWithSeveralSplitsPerBlock) {
+  for (int g : {128, 64}) {
+    SCOPED_TRACE("group " + std::to_string(g));
+    CheckRowsInvariant(4096, 4096, g, 128, {0, 77, 127});
   }
 }
 
