@@ -13,8 +13,7 @@
 // the value is w * 2^-8 (the 2^8 folds into the fp32 channel scale), for bf16 w * 2^-120, then
 // one exact bf16x2 multiply by 2^120 (subnormal E4M3 values stay exact).
 // This per-warp arithmetic is StepMma/Flush in both kernels, and both sum the warp ranges as
-// split sums v_i = (w_2i + w_2i+1) [* fp8 scale] in fp32, added in FoldSplits' fixed order (a pairwise tree
-// inside fold groups of consecutive splits, then left to right). No arithmetic mixes tokens, so
+// ((w0 + w1) [* fp8 scale] + (w2 + w3) [* scale] + ...) in fp32. No arithmetic mixes tokens, so
 // row i is bitwise identical for any M.
 //
 // QLinearDirectKernel (M <= 16; below): one block per strip holding all of its warp ranges, no
@@ -177,30 +176,6 @@ __device__ __forceinline__ int AtomicAddAcqRel(int* ptr, int v) {
   int old;
   asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(ptr), "r"(v) : "memory");
   return old;
-}
-
-// The fixed order in which the splits' fp32 sums v[0..n-1] are added (batch invariance rests on it): a pairwise
-// tree inside each fold group of `fold` consecutive splits ((v0 + v1) + (v2 + v3) for 4), then the groups' sums
-// from left to right. fold (a power of two dividing n; 1 is a plain left-to-right sum) depends on the plan and
-// the format only (FoldOf). Every add is rounded (no fma contraction with an fp8 scale before it).
-__device__ __forceinline__ float AddRn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ float4 AddRn(float4 a, float4 b) {
-  return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
-}
-template <typename V>
-__device__ __forceinline__ V FoldSplits(V (&v)[kMaxSplits], int n, int fold) {
-#pragma unroll
-  for (int w = 1; w < kMaxSplits; w *= 2)
-    if (w < fold) {
-#pragma unroll
-      for (int i = 0; i + w < kMaxSplits; i += 2 * w)
-        if (i + w < n) v[i] = AddRn(v[i], v[i + w]);
-    }
-  V sum = v[0];
-#pragma unroll
-  for (int i = 1; i < kMaxSplits; ++i)
-    if (i < n && (i & (fold - 1)) == 0) sum = AddRn(sum, v[i]);
-  return sum;
 }
 
 // mma with a zero accumulator input (starts a fresh k32 partial without zeroing registers).
@@ -503,27 +478,14 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
     const float k = std::is_same_v<T, __half> ? 256.0f : 1.0f;
     fs[0] = u4.x * k; fs[1] = u4.y * k; fs[2] = u4.z * k; fs[3] = u4.w * k;
   };
-  // Workspace slots: slot y < gridDim.y receives block y's sum of its P splits (a subtree of its fold group in
-  // FoldSplits' order); a block with P > 1 parks the sums of its first P - 1 splits at slots
-  // gridDim.y + y * (P - 1) + q and adds the subtree at its end: S slots in all.
-  const int nslots = gridDim.y;
-  auto slot_ptr = [&](int sl) { return p.partial + size_t(sl) * p.M * p.N; };
-  auto park_ptr = [&](int q) { return slot_ptr(nslots + blockIdx.y * (npairs - 1) + q); };
-  // Offset in Y (and in a slot) of accumulator (nt, u, e) of this lane; `in`: inside M x N.
-  auto elem = [&](int nt, int u, int e, bool& in) {
-    const int row = m0 + nt * 8 + 2 * t + (e & 1), col = strip * kWarpN + g + 16 * u + 8 * (e >> 1);
-    in = row < p.M && col < p.N;
-    return size_t(row) * p.N + col;
-  };
   // A pair that is not the block's last: the 2 K-warps summed in order 0, 1 through a shared-memory area
-  // of its own (the pipeline keeps streaming the next pair), in rounds of kRedNT token tiles, and the
-  // pair's sum parked; both warps then start the next pair from zero.
+  // of its own (the pipeline keeps streaming the next pair), in two halves of the token tiles, and the
+  // pair's partial stored; both warps then start the next pair from zero.
   float* red2 = reinterpret_cast<float*>(smem + size_t(C::kStages) * C::kStage);
   auto pair_done = [&](int q) {
     constexpr int kH = C::kRedNT;
     float fs[4] = {};
     if constexpr (kFp8) load_fs(fs);
-    float* dst = park_ptr(q);
 #pragma unroll
     for (int h = 0; h < NT / kH; ++h) {
       if (kw == 1) {
@@ -544,9 +506,9 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
             for (int e = 0; e < 4; ++e) {
               float v = acc[h * kH + n][u][e] + red2[((nw * kH + n) * 8 + u * 4 + e) * 32 + lane];
               if constexpr (kFp8) v *= fs[2 * u + (e >> 1)];
-              bool in;
-              const size_t o = elem(h * kH + n, u, e, in);
-              if (in) dst[o] = v;
+              const int row = m0 + (h * kH + n) * 8 + 2 * t + (e & 1);
+              const int col = strip * kWarpN + g + 16 * u + 8 * (e >> 1);
+              if (row < p.M && col < p.N) p.partial[(size_t(pair0 + q) * p.M + row) * p.N + col] = v;
             }
       }
       __syncthreads();
@@ -592,6 +554,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
   }
   CpAsyncWait<0>();
   __syncthreads();
+  const int split = pair0 + npairs - 1;  // the last pair's split: its partial is written below
 
   // ---- reduce the 2 K-warps in order 0, 1 ----
   float* red = reinterpret_cast<float*>(smem);
@@ -612,43 +575,24 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
           if constexpr (kFp8) v *= fs[2 * u + (e >> 1)];
           acc[nt][u][e] = v;
         }
-    if constexpr (kMulti) {  // the block's subtree: its parked split sums and this one, in FoldSplits' order
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int u = 0; u < 2; ++u)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            bool in;
-            const size_t o = elem(nt, u, e, in);
-            float v[kMaxSplits];
-#pragma unroll
-            for (int q = 0; q + 1 < kMaxSplits; ++q)
-              if (q + 1 < npairs) v[q] = in ? __ldcg(park_ptr(q) + o) : 0.0f;
-#pragma unroll
-            for (int q = 1; q < kMaxSplits; ++q)
-              if (q + 1 == npairs) v[q] = acc[nt][u][e];
-            acc[nt][u][e] = FoldSplits(v, npairs, npairs);
-          }
-    }
-    float* dst = slot_ptr(blockIdx.y);
+    const int colw = strip * kWarpN + g;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          bool in;
-          const size_t o = elem(nt, u, e, in);
+          const int row = m0 + nt * 8 + 2 * t + (e & 1);
+          const int col = colw + 16 * u + 8 * (e >> 1);
           if (p.cluster) {
             ctile[(nt * 8 + 2 * t + (e & 1)) * kBlockN + nw * kWarpN + 16 * u + 8 * (e >> 1) + g] = acc[nt][u][e];
-          } else if (in) {
-            if (nslots == 1) y[o] = T(acc[nt][u][e]);
-            else dst[o] = acc[nt][u][e];
+          } else if (row < p.M && col < p.N) {
+            if (p.splits == 1) y[size_t(row) * p.N + col] = T(acc[nt][u][e]);
+            else p.partial[(size_t(split) * p.M + row) * p.N + col] = acc[nt][u][e];
           }
         }
   }
-  if (nslots == 1) return;
+  if (p.splits == 1) return;
   const int ncol0 = cblock * kBlockN;
   const bool vec = (p.N & 3) == 0;
   // y[row][col..col+3] = sum (4 fp32 columns), N % 4 == 0 or not.
@@ -665,25 +609,34 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
     }
   };
   if (p.cluster) {
-    // The tile's S split blocks are one cluster (rank = split, P = 1): after the barrier each block
-    // sums every S-th group of 4 columns over ranks 0..S-1 in FoldSplits' order (the same fp32 sum as
+    // The tile's S split blocks are one cluster (rank = split): after the barrier each block
+    // sums every S-th group of 4 columns over ranks 0..S-1 in that order (the same fp32 sum as
     // the workspace path below), reading the other blocks' tiles through distributed shared memory.
     ClusterSync();
     const int rows = min(C::kXRows, p.M - m0);
     const uint32_t tbase = static_cast<uint32_t>(__cvta_generic_to_shared(ctile));
 #pragma unroll 1
-    for (int c = blockIdx.y + p.splits * tid; c < rows * (kBlockN / 4); c += p.splits * kThreads) {
+    for (int c = split + p.splits * tid; c < rows * (kBlockN / 4); c += p.splits * kThreads) {
       const int row = m0 + c / (kBlockN / 4), col = ncol0 + 4 * (c % (kBlockN / 4));
-      float4 v[kMaxSplits];
+      float4 v[8];
 #pragma unroll
-      for (int q = 0; q < kMaxSplits; ++q)
+      for (int q = 0; q < 8; ++q)
         if (q < p.splits) v[q] = LdClusterF4(tbase + uint32_t(c) * 16, q);
-      if (col < p.N) store4(row, col, FoldSplits(v, p.splits, p.fold));
+      float4 sum = v[0];
+#pragma unroll
+      for (int q = 1; q < 8; ++q)
+        if (q < p.splits) {
+          sum.x += v[q].x;
+          sum.y += v[q].y;
+          sum.z += v[q].z;
+          sum.w += v[q].w;
+        }
+      if (col < p.N) store4(row, col, sum);
     }
     ClusterSyncExit();  // no block leaves while another still reads its tile
     return;
   }
-  // Split-K: the last block of the tile (atomic ticket) sums the S / P slots in FoldSplits' order. Thread 0's
+  // Split-K: the last block of the tile (atomic ticket) sums splits 0..S-1 in that order. Thread 0's
   // ticket is one acq_rel atomic after the block barrier: its release publishes the block's partials (no
   // per-thread fence), its acquire orders the last block's loads after every other block's partials.
   __shared__ int s_last;
@@ -715,12 +668,21 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
         const float* src = p.partial + size_t(min(row, p.M - 1)) * p.N + col;  // rows past M: loaded, not stored
 #pragma unroll
         for (int sp = 0; sp < kMaxSplits; ++sp)
-          if (sp < nslots) v[q][sp] = load4(src + sp * stride);
+          if (sp < p.splits) v[q][sp] = load4(src + sp * stride);
       }
 #pragma unroll
       for (int q = 0; q < kPasses; ++q) {
         const int row = m0 + r0 + q * kRowsPerPass + (tid >> 5);
-        if (row < p.M) store4(row, col, FoldSplits(v[q], nslots, p.fold / npairs));
+        float4 sum = v[q][0];
+#pragma unroll
+        for (int sp = 1; sp < kMaxSplits; ++sp)
+          if (sp < p.splits) {
+            sum.x += v[q][sp].x;
+            sum.y += v[q][sp].y;
+            sum.z += v[q][sp].z;
+            sum.w += v[q][sp].w;
+          }
+        if (row < p.M) store4(row, col, sum);
       }
     }
   };
@@ -782,27 +744,21 @@ inline void AddPdl(cudaLaunchConfig_t* cfg) {
   a.val.programmaticStreamSerializationAllowed = 1;
 }
 
-// Splits per fold group (FoldSplits): the largest power of two that divides the splits and whose splits stream
-// at most 8 pipeline stages (stage_steps k32 steps each) in all. It depends on the plan and the format, never on M.
-inline int FoldOf(const QLinearParams& p, int stage_steps) {
+// Splits (warp range pairs) per QLinearKernel block. A block runs P consecutive splits one after another in
+// one pipeline, writing each split's partial as before, so the sums and their order do not change. P doubles
+// while the grid holds more than one wave (min_blocks per SM) and a block would still stream at most 8
+// pipeline stages: short warp ranges then stop paying a block's fill and drain per split. H200: 4096² (8
+// splits of 2 stages) M = 64 -12%, M = 128 -10%; the shapes with 7-8 stages per split gained nothing at P = 2
+// (bench/results/gemm-nvidia-h200-2026-11-24-m64-ab.md, call 38). Cluster plans keep P = 1.
+inline int PairsPerBlock(const QLinearParams& p, int mtiles, int stage_steps, int min_blocks) {
   constexpr int kMaxStagesPerBlock = 8;
-  const int nst = p.steps_per_warp / stage_steps;
-  int fold = 1;
-  while (p.splits % (2 * fold) == 0 && 2 * fold * nst <= kMaxStagesPerBlock) fold *= 2;
-  return fold;
-}
-
-// Splits (warp range pairs) per QLinearKernel block: P, a power of two dividing the fold, so that a block
-// sums a subtree of its fold group itself (in FoldSplits' order) and the tail adds S / P slots instead of S.
-// P doubles while the grid holds more than one wave (min_blocks per SM): short warp ranges then stop paying a
-// block's fill and drain per split. H200: 4096² (8 splits of 2 stages) M = 64 -12%, M = 128 -10% with each
-// split's partial stored (bench/results/gemm-nvidia-h200-2026-11-24-m64-ab.md, call 38). Cluster plans keep P = 1.
-inline int PairsPerBlock(const QLinearParams& p, int mtiles, int min_blocks) {
   if (UseCluster(p.splits)) return 1;
+  const int nst = p.steps_per_warp / stage_steps;
   const int tiles = mtiles * ((p.N + kBlockN - 1) / kBlockN);
   const int wave = min_blocks * CurrentDevice().sms;
   int pairs = 1;
-  while (p.fold % (2 * pairs) == 0 && tiles * (p.splits / pairs) > wave) pairs *= 2;
+  while (p.splits % (2 * pairs) == 0 && tiles * (p.splits / pairs) > wave && 2 * pairs * nst <= kMaxStagesPerBlock)
+    pairs *= 2;
   return pairs;
 }
 
@@ -842,7 +798,7 @@ cudaError_t LaunchQLinearNT(const QLinearParams& p0, cudaStream_t stream) {
 // (ld.global.nc straight into the fragment words: the packed layout already gives each lane its
 // own 16 bytes), so a step costs one load per operand, the dequantization and the mmas. The
 // arithmetic per warp is StepMma/Flush on the same warp range as QLinearKernel, and the block
-// sums the warps in QLinearKernel's order (split sums (w0 + w1) [* fp8 scale], ... in FoldSplits' order),
+// sums the warps in QLinearKernel's order ((w0 + w1) [* fp8 scale] + (w2 + w3) [* scale] + ...),
 // so each output is bitwise the one the 32-token kernel computes for M > 16.
 // ---------------------------------------------------------------------------------------------
 constexpr int kDirectMaxThreads = 64 * kMaxSplits;
@@ -1037,15 +993,16 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
     // Rounded adds and multiplies (no fma contraction): QLinearKernel rounds each split's sum
     // to fp32 in memory before it adds the next.
     // Unrolled over kMaxSplits, so that all the shared-memory loads issue before the adds (H200: int4
-    // M <= 16 1-4% faster than the loop over p.splits), then added in FoldSplits' order.
-    float v[kMaxSplits];
+    // M <= 16 1-4% faster than the loop over p.splits).
+    float sum = 0.0f;
 #pragma unroll
     for (int q = 0; q < kMaxSplits; ++q)
       if (q < p.splits) {
-        v[q] = __fadd_rn(red[2 * q * kNA * 32 + o], red[(2 * q + 1) * kNA * 32 + o]);
-        if constexpr (kFp8) v[q] = __fmul_rn(v[q], fs);
+        float v = __fadd_rn(red[2 * q * kNA * 32 + o], red[(2 * q + 1) * kNA * 32 + o]);
+        if constexpr (kFp8) v = __fmul_rn(v, fs);
+        sum = q == 0 ? v : __fadd_rn(sum, v);
       }
-    if (row < p.M && col < p.N) y[size_t(row) * p.N + col] = T(FoldSplits(v, p.splits, p.fold));
+    if (row < p.M && col < p.N) y[size_t(row) * p.N + col] = T(sum);
   }
 }
 
@@ -1066,14 +1023,12 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
 // small-M kernel with one or two 8-token tiles, larger M the 32-token split-K kernel.
 template <typename T, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
-  using C = Cfg<kFp8, 4, kStageFlush, true>;
-  static_assert(DirectCfg<kFp8, 1>::kSub == C::kSub, "both kernels fold the splits alike");
-  QLinearParams q = p;
-  q.fold = FoldOf(p, C::kSub);
-  if (p.M <= 8) return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(q, stream);
+  if (p.M <= 8) return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(p, stream);
   static_assert(kSmallMMaxRows == 16, "the small-M kernel's widest instantiation holds two 8-token tiles");
-  if (p.M <= kSmallMMaxRows) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(q, stream);
-  q.pairs = PairsPerBlock(q, (p.M + C::kXRows - 1) / C::kXRows, C::kMinBlocks);
+  if (p.M <= kSmallMMaxRows) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
+  using C = Cfg<kFp8, 4, kStageFlush, true>;
+  QLinearParams q = p;
+  q.pairs = PairsPerBlock(p, (p.M + C::kXRows - 1) / C::kXRows, C::kSub, C::kMinBlocks);
   if (q.pairs > 1) return LaunchQLinearNT<T, 4, kFp8, kStageFlush, true>(q, stream);
   return LaunchQLinearNT<T, 4, kFp8, kStageFlush, false>(q, stream);
 }
