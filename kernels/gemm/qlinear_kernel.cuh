@@ -920,6 +920,20 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
       for (int e = 0; e < 4; ++e) acc[nt][u][e] = 0.0f;
   float scl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   uint32_t nzm[4] = {0u, 0u, 0u, 0u};
+  // The block's sum writes outputs o = threadIdx.x + it * blockDim.x (it < kOutIter: blocks have 64 threads or
+  // more). fp8: their channel scales, loaded with the first weights rather than after the main loop.
+  constexpr int kOutIter = NT * 8 * 32 / 64;
+  float fsv[kOutIter];
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int it = 0; it < kOutIter; ++it) {
+      // Output o is accumulator (nt, u, e) = (o >> 8, (o >> 7) & 1, (o >> 5) & 3) of lane o & 31 (see `out`): its
+      // column is 8 * (2u + (e >> 1)) + lane / 4 of the strip. fp16 weights were w * 2^-8.
+      const int o = min(int(threadIdx.x + it * blockDim.x), NT * 8 * 32 - 1);
+      const int cg = 2 * ((o >> 7) & 1) + ((o >> 6) & 1);
+      fsv[it] = __ldg(p.fscales + (size_t(strip) * 8 + ((o & 31) >> 2)) * 4 + cg) * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
+    }
+  }
 
   // int4 lets the next kernel launch at once, as QLinearKernel does (H200: int4 M = 1 4-8% faster than
   // with the trigger after the main loop). fp8 triggers after its main loop: with the early trigger W8A16
@@ -981,15 +995,13 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   StoreAcc<NT>(red, warp, lane, acc);
   __syncthreads();
   T* y = static_cast<T*>(p.y);
-  for (int o = threadIdx.x; o < kNA * 32; o += blockDim.x) {
-    const int i = o >> 5, l = o & 31;  // accumulator (nt, u, e) of lane l
+  // Output o (accumulator (nt, u, e) of lane l) of the block's sum; fs: the fp8 channel scale of its column.
+  auto out = [&](int o, float fs) {
+    const int i = o >> 5, l = o & 31;
     const int e = i & 3, u = (i >> 2) & 1, nt = i >> 3;
     const int row = nt * 8 + 2 * (l & 3) + (e & 1);
     const int cs = 16 * u + 8 * (e >> 1) + (l >> 2);  // column inside the strip
     const int col = strip * kWarpN + cs;
-    float fs = 1.0f;
-    if constexpr (kFp8)  // fp16 weights were w * 2^-8
-      fs = p.fscales[(size_t(strip) * 8 + (l >> 2)) * 4 + (cs >> 3)] * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
     // Rounded adds and multiplies (no fma contraction): QLinearKernel rounds each split's sum
     // to fp32 in memory before it adds the next.
     // Unrolled over kMaxSplits, so that all the shared-memory loads issue before the adds (H200: int4
@@ -1003,6 +1015,12 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
         sum = q == 0 ? v : __fadd_rn(sum, v);
       }
     if (row < p.M && col < p.N) y[size_t(row) * p.N + col] = T(sum);
+  };
+  // Unrolled (blocks of 64 threads or more), so that the outputs' shared-memory loads issue together.
+#pragma unroll
+  for (int it = 0; it < kOutIter; ++it) {
+    const int o = threadIdx.x + it * blockDim.x;
+    if (o < kNA * 32) out(o, kFp8 ? fsv[it] : 1.0f);
   }
 }
 
