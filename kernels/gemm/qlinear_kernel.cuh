@@ -920,18 +920,19 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
       for (int e = 0; e < 4; ++e) acc[nt][u][e] = 0.0f;
   float scl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   uint32_t nzm[4] = {0u, 0u, 0u, 0u};
-  // The block's sum writes outputs o = threadIdx.x + it * blockDim.x (it < kOutIter: blocks have 64 threads or
-  // more). fp8: their channel scales, loaded with the first weights rather than after the main loop.
-  constexpr int kOutIter = NT * 8 * 32 / 64;
+  // fp8: the block's sum writes outputs o = threadIdx.x + it * blockDim.x (it < kOutIter: blocks have 64 threads
+  // or more); their channel scales load with the first weights rather than after the main loop.
+  constexpr int kOutIter = kFp8 ? NT * 8 * 32 / 64 : 1;
   float fsv[kOutIter];
   if constexpr (kFp8) {
 #pragma unroll
     for (int it = 0; it < kOutIter; ++it) {
       // Output o is accumulator (nt, u, e) = (o >> 8, (o >> 7) & 1, (o >> 5) & 3) of lane o & 31 (see `out`): its
       // column is 8 * (2u + (e >> 1)) + lane / 4 of the strip. fp16 weights were w * 2^-8.
-      const int o = min(int(threadIdx.x + it * blockDim.x), NT * 8 * 32 - 1);
+      const int o = threadIdx.x + it * blockDim.x;
       const int cg = 2 * ((o >> 7) & 1) + ((o >> 6) & 1);
-      fsv[it] = __ldg(p.fscales + (size_t(strip) * 8 + ((o & 31) >> 2)) * 4 + cg) * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
+      if (o < NT * 8 * 32)
+        fsv[it] = __ldg(p.fscales + (size_t(strip) * 8 + ((o & 31) >> 2)) * 4 + cg) * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
     }
   }
 
@@ -1016,11 +1017,14 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
       }
     if (row < p.M && col < p.N) y[size_t(row) * p.N + col] = T(sum);
   };
-  // Unrolled (blocks of 64 threads or more), so that the outputs' shared-memory loads issue together.
+  if constexpr (kFp8) {
 #pragma unroll
-  for (int it = 0; it < kOutIter; ++it) {
-    const int o = threadIdx.x + it * blockDim.x;
-    if (o < kNA * 32) out(o, kFp8 ? fsv[it] : 1.0f);
+    for (int it = 0; it < kOutIter; ++it) {
+      const int o = threadIdx.x + it * blockDim.x;
+      if (o < kNA * 32) out(o, fsv[it]);
+    }
+  } else {
+    for (int o = threadIdx.x; o < kNA * 32; o += blockDim.x) out(o, 1.0f);
   }
 }
 
