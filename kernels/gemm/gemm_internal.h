@@ -42,6 +42,7 @@ struct QLinearParams {
   float* partial = nullptr;        // [splits][M][N] when splits > 1
   int* counters = nullptr;         // [n_blocks * m_blocks], zero on entry and exit
   int M = 0, N = 0, K = 0, nk32 = 0, strips = 0, gsteps = 1, splits = 1, steps_per_warp = 0;
+  int pairs = 1;                   // QLinearKernel: range pairs (splits) per block, set by the launcher
   int cluster = 0;                 // set by the launcher: split-K blocks of a tile form a cluster (sm_90)
 };
 

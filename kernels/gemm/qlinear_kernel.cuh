@@ -12,9 +12,8 @@
 // fp8: the E4M3 byte is moved into a 16-bit float with shifts and a lop3 (no cvt): for fp16
 // the value is w * 2^-8 (the 2^8 folds into the fp32 channel scale), for bf16 w * 2^-120, then
 // one exact bf16x2 multiply by 2^120 (subnormal E4M3 values stay exact).
-// This per-warp arithmetic is StepMma/Flush in both kernels, and both sum the warp ranges as split sums
-// v_i = (w_2i + w_2i+1) [* fp8 scale], added in fp32 as ((v0 + v1) + (v2 + v3)) + ... (SumSplits). No
-// arithmetic mixes tokens, so
+// This per-warp arithmetic is StepMma/Flush in both kernels, and both sum the warp ranges as
+// ((w0 + w1) [* fp8 scale] + (w2 + w3) [* scale] + ...) in fp32. No arithmetic mixes tokens, so
 // row i is bitwise identical for any M.
 //
 // QLinearDirectKernel (M <= 16; below): one block per strip holding all of its warp ranges, no
@@ -179,25 +178,6 @@ __device__ __forceinline__ int AtomicAddAcqRel(int* ptr, int v) {
   return old;
 }
 
-// The fixed order in which the splits' fp32 sums v[0..n-1] are added (batch invariance rests on it): each even
-// split with the next, then those pair sums left to right: ((v0 + v1) + (v2 + v3)) + (v4 + v5) ... Every add is
-// rounded (no fma contraction with an fp8 scale before it). kPaired false: v[i] already are the pair sums (a
-// QLinearKernel block that ran both splits of a pair added them itself).
-__device__ __forceinline__ float AddRn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ float4 AddRn(float4 a, float4 b) {
-  return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
-}
-template <bool kPaired, typename V>
-__device__ __forceinline__ V SumSplits(const V (&v)[kMaxSplits], int n) {
-  constexpr int kStep = kPaired ? 2 : 1;
-  V sum = v[0];
-  if (kPaired && n > 1) sum = AddRn(v[0], v[1]);
-#pragma unroll
-  for (int i = kStep; i < kMaxSplits; i += kStep)
-    if (i < n) sum = AddRn(sum, kPaired && i + 1 < n ? AddRn(v[i], v[i + 1]) : v[i]);
-  return sum;
-}
-
 // mma with a zero accumulator input (starts a fresh k32 partial without zeroing registers).
 template <typename T>
 __device__ __forceinline__ void Mma0(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -340,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
   // neighbours in launch order, so they run together and all but the first find the weights in L2.
   const int cblock = blockIdx.z, mtile = blockIdx.x;
   const int strip = cblock * kWarpsN + nw;
-  constexpr int npairs = kMulti ? 2 : 1;  // splits (warp range pairs) this block runs, one after another
+  const int npairs = kMulti ? p.pairs : 1;  // splits (warp range pairs) this block runs, one after another
   const int pair0 = blockIdx.y * npairs;     // the first of them
   const int m0 = mtile * C::kXRows;
   const int spw = p.steps_per_warp;
@@ -498,14 +478,11 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
     const float k = std::is_same_v<T, __half> ? 256.0f : 1.0f;
     fs[0] = u4.x * k; fs[1] = u4.y * k; fs[2] = u4.z * k; fs[3] = u4.w * k;
   };
-  // Workspace slots: slot y < gridDim.y takes block y's sum (both splits' with two per block, in SumSplits'
-  // order); a block of two parks its first split's sum at slot gridDim.y + y until its second is done.
-  auto park = [&] { return p.partial + size_t(gridDim.y + blockIdx.y) * p.M * p.N; };
-  // The block's first split (of two): the 2 K-warps summed in order 0, 1 through a shared-memory area
-  // of its own (the pipeline keeps streaming the next split), in two halves of the token tiles, and the
-  // split's sum parked; both warps then start the next split from zero.
+  // A pair that is not the block's last: the 2 K-warps summed in order 0, 1 through a shared-memory area
+  // of its own (the pipeline keeps streaming the next pair), in two halves of the token tiles, and the
+  // pair's partial stored; both warps then start the next pair from zero.
   float* red2 = reinterpret_cast<float*>(smem + size_t(C::kStages) * C::kStage);
-  auto pair_done = [&] {
+  auto pair_done = [&](int q) {
     constexpr int kH = C::kRedNT;
     float fs[4] = {};
     if constexpr (kFp8) load_fs(fs);
@@ -531,7 +508,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
               if constexpr (kFp8) v *= fs[2 * u + (e >> 1)];
               const int row = m0 + (h * kH + n) * 8 + 2 * t + (e & 1);
               const int col = strip * kWarpN + g + 16 * u + 8 * (e >> 1);
-              if (row < p.M && col < p.N) park()[size_t(row) * p.N + col] = v;
+              if (row < p.M && col < p.N) p.partial[(size_t(pair0 + q) * p.M + row) * p.N + col] = v;
             }
       }
       __syncthreads();
@@ -567,7 +544,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
     wr = wr + 1 == C::kStages ? 0 : wr + 1;
     ++cli;
     if (kMulti && cli == nst && cq + 1 < npairs) {
-      pair_done();
+      pair_done(cq);
       cli = 0;
       ++cq;
       const int jq = j0_of(cq);
@@ -577,23 +554,9 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
   }
   CpAsyncWait<0>();
   __syncthreads();
-
-  const int nslots = gridDim.y;
+  const int split = pair0 + npairs - 1;  // the last pair's split: its partial is written below
 
   // ---- reduce the 2 K-warps in order 0, 1 ----
-  // Two splits per block: the first one's parked sum loads while the K-warps meet (the same thread stored it).
-  float parked[kMulti ? NT : 1][2][4];
-  if (kMulti && kw == 0) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = m0 + nt * 8 + 2 * t + (e & 1), col = strip * kWarpN + g + 16 * u + 8 * (e >> 1);
-          parked[kMulti ? nt : 0][u][e] = row < p.M && col < p.N ? __ldcg(park() + size_t(row) * p.N + col) : 0.0f;
-        }
-  }
   float* red = reinterpret_cast<float*>(smem);
   float* ctile = red + kWarpsN * kNA * 32;  // cluster path: this block's fp32 tile [kXRows][kBlockN]
   if (kw == 1) StoreAcc<NT>(red, nw, lane, acc);
@@ -610,7 +573,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
         for (int e = 0; e < 4; ++e) {
           float v = acc[nt][u][e] + red[(nw * kNA + (nt * 2 + u) * 4 + e) * 32 + lane];
           if constexpr (kFp8) v *= fs[2 * u + (e >> 1)];
-          acc[nt][u][e] = kMulti ? AddRn(parked[kMulti ? nt : 0][u][e], v) : v;
+          acc[nt][u][e] = v;
         }
     const int colw = strip * kWarpN + g;
 #pragma unroll
@@ -624,12 +587,12 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
           if (p.cluster) {
             ctile[(nt * 8 + 2 * t + (e & 1)) * kBlockN + nw * kWarpN + 16 * u + 8 * (e >> 1) + g] = acc[nt][u][e];
           } else if (row < p.M && col < p.N) {
-            if (nslots == 1) y[size_t(row) * p.N + col] = T(acc[nt][u][e]);
-            else p.partial[(size_t(blockIdx.y) * p.M + row) * p.N + col] = acc[nt][u][e];
+            if (p.splits == 1) y[size_t(row) * p.N + col] = T(acc[nt][u][e]);
+            else p.partial[(size_t(split) * p.M + row) * p.N + col] = acc[nt][u][e];
           }
         }
   }
-  if (nslots == 1) return;
+  if (p.splits == 1) return;
   const int ncol0 = cblock * kBlockN;
   const bool vec = (p.N & 3) == 0;
   // y[row][col..col+3] = sum (4 fp32 columns), N % 4 == 0 or not.
@@ -647,24 +610,33 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
   };
   if (p.cluster) {
     // The tile's S split blocks are one cluster (rank = split): after the barrier each block
-    // sums every S-th group of 4 columns over ranks 0..S-1 in SumSplits' order (the same fp32 sum as
+    // sums every S-th group of 4 columns over ranks 0..S-1 in that order (the same fp32 sum as
     // the workspace path below), reading the other blocks' tiles through distributed shared memory.
     ClusterSync();
     const int rows = min(C::kXRows, p.M - m0);
     const uint32_t tbase = static_cast<uint32_t>(__cvta_generic_to_shared(ctile));
 #pragma unroll 1
-    for (int c = blockIdx.y + p.splits * tid; c < rows * (kBlockN / 4); c += p.splits * kThreads) {
+    for (int c = split + p.splits * tid; c < rows * (kBlockN / 4); c += p.splits * kThreads) {
       const int row = m0 + c / (kBlockN / 4), col = ncol0 + 4 * (c % (kBlockN / 4));
-      float4 v[kMaxSplits];
+      float4 v[8];
 #pragma unroll
-      for (int q = 0; q < kMaxSplits; ++q)
+      for (int q = 0; q < 8; ++q)
         if (q < p.splits) v[q] = LdClusterF4(tbase + uint32_t(c) * 16, q);
-      if (col < p.N) store4(row, col, SumSplits<true>(v, p.splits));
+      float4 sum = v[0];
+#pragma unroll
+      for (int q = 1; q < 8; ++q)
+        if (q < p.splits) {
+          sum.x += v[q].x;
+          sum.y += v[q].y;
+          sum.z += v[q].z;
+          sum.w += v[q].w;
+        }
+      if (col < p.N) store4(row, col, sum);
     }
     ClusterSyncExit();  // no block leaves while another still reads its tile
     return;
   }
-  // Split-K: the last block of the tile (atomic ticket) sums the slots in SumSplits' order. Thread 0's
+  // Split-K: the last block of the tile (atomic ticket) sums splits 0..S-1 in that order. Thread 0's
   // ticket is one acq_rel atomic after the block barrier: its release publishes the block's partials (no
   // per-thread fence), its acquire orders the last block's loads after every other block's partials.
   __shared__ int s_last;
@@ -696,12 +668,21 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
         const float* src = p.partial + size_t(min(row, p.M - 1)) * p.N + col;  // rows past M: loaded, not stored
 #pragma unroll
         for (int sp = 0; sp < kMaxSplits; ++sp)
-          if (sp < nslots) v[q][sp] = load4(src + sp * stride);
+          if (sp < p.splits) v[q][sp] = load4(src + sp * stride);
       }
 #pragma unroll
       for (int q = 0; q < kPasses; ++q) {
         const int row = m0 + r0 + q * kRowsPerPass + (tid >> 5);
-        if (row < p.M) store4(row, col, SumSplits<!kMulti>(v[q], nslots));
+        float4 sum = v[q][0];
+#pragma unroll
+        for (int sp = 1; sp < kMaxSplits; ++sp)
+          if (sp < p.splits) {
+            sum.x += v[q][sp].x;
+            sum.y += v[q][sp].y;
+            sum.z += v[q][sp].z;
+            sum.w += v[q][sp].w;
+          }
+        if (row < p.M) store4(row, col, sum);
       }
     }
   };
@@ -763,14 +744,22 @@ inline void AddPdl(cudaLaunchConfig_t* cfg) {
   a.val.programmaticStreamSerializationAllowed = 1;
 }
 
-// Whether QLinearKernel blocks run two splits (warp range pairs) each, one after another in one pipeline: when
-// the splits pair up and one split per block would need more than one wave (min_blocks per SM). The block adds
-// the two sums itself (SumSplits' order, so the bits do not change) and the tail adds half the slots; with 2
-// splits there is then no tail at all. H200 (bench/results/gemm-nvidia-h200-2026-11-24-m64-ab.md): see
-// bench/gemm/NOTES.md v5.8.
-inline bool TwoSplitsPerBlock(const QLinearParams& p, int mtiles, int min_blocks) {
+// Splits (warp range pairs) per QLinearKernel block. A block runs P consecutive splits one after another in
+// one pipeline, writing each split's partial as before, so the sums and their order do not change. P doubles
+// while the grid holds more than one wave (min_blocks per SM) and a block would still stream at most 8
+// pipeline stages: short warp ranges then stop paying a block's fill and drain per split. H200: 4096² (8
+// splits of 2 stages) M = 64 -12%, M = 128 -10%; the shapes with 7-8 stages per split gained nothing at P = 2
+// (bench/results/gemm-nvidia-h200-2026-11-24-m64-ab.md, call 38). Cluster plans keep P = 1.
+inline int PairsPerBlock(const QLinearParams& p, int mtiles, int stage_steps, int min_blocks) {
+  constexpr int kMaxStagesPerBlock = 8;
+  if (UseCluster(p.splits)) return 1;
+  const int nst = p.steps_per_warp / stage_steps;
   const int tiles = mtiles * ((p.N + kBlockN - 1) / kBlockN);
-  return p.splits % 2 == 0 && tiles * p.splits > min_blocks * CurrentDevice().sms;
+  const int wave = min_blocks * CurrentDevice().sms;
+  int pairs = 1;
+  while (p.splits % (2 * pairs) == 0 && tiles * (p.splits / pairs) > wave && 2 * pairs * nst <= kMaxStagesPerBlock)
+    pairs *= 2;
+  return pairs;
 }
 
 template <typename T, int NT, bool kFp8, bool kStageFlush, bool kMulti>
@@ -782,9 +771,9 @@ cudaError_t LaunchQLinearNT(const QLinearParams& p0, cudaStream_t stream) {
   const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kBytes));
   if (attr != cudaSuccess) return attr;
   QLinearParams p = p0;
-  p.cluster = !kMulti && UseCluster(p.splits) ? 1 : 0;
+  p.cluster = UseCluster(p.splits) ? 1 : 0;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((p.M + C::kXRows - 1) / C::kXRows, p.splits / (kMulti ? 2 : 1), (p.N + kBlockN - 1) / kBlockN);
+  cfg.gridDim = dim3((p.M + C::kXRows - 1) / C::kXRows, p.splits / p.pairs, (p.N + kBlockN - 1) / kBlockN);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = C::kBytes;
   cfg.stream = stream;
@@ -809,7 +798,7 @@ cudaError_t LaunchQLinearNT(const QLinearParams& p0, cudaStream_t stream) {
 // (ld.global.nc straight into the fragment words: the packed layout already gives each lane its
 // own 16 bytes), so a step costs one load per operand, the dequantization and the mmas. The
 // arithmetic per warp is StepMma/Flush on the same warp range as QLinearKernel, and the block
-// sums the warps in QLinearKernel's order (split sums (w0 + w1) [* fp8 scale] in SumSplits' order),
+// sums the warps in QLinearKernel's order ((w0 + w1) [* fp8 scale] + (w2 + w3) [* scale] + ...),
 // so each output is bitwise the one the 32-token kernel computes for M > 16.
 // ---------------------------------------------------------------------------------------------
 constexpr int kDirectMaxThreads = 64 * kMaxSplits;
@@ -1017,15 +1006,16 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
     // Rounded adds and multiplies (no fma contraction): QLinearKernel rounds each split's sum
     // to fp32 in memory before it adds the next.
     // Unrolled over kMaxSplits, so that all the shared-memory loads issue before the adds (H200: int4
-    // M <= 16 1-4% faster than the loop over p.splits), then added in SumSplits' order.
-    float v[kMaxSplits];
+    // M <= 16 1-4% faster than the loop over p.splits).
+    float sum = 0.0f;
 #pragma unroll
     for (int q = 0; q < kMaxSplits; ++q)
       if (q < p.splits) {
-        v[q] = __fadd_rn(red[2 * q * kNA * 32 + o], red[(2 * q + 1) * kNA * 32 + o]);
-        if constexpr (kFp8) v[q] = __fmul_rn(v[q], fs);
+        float v = __fadd_rn(red[2 * q * kNA * 32 + o], red[(2 * q + 1) * kNA * 32 + o]);
+        if constexpr (kFp8) v = __fmul_rn(v, fs);
+        sum = q == 0 ? v : __fadd_rn(sum, v);
       }
-    if (row < p.M && col < p.N) y[size_t(row) * p.N + col] = T(SumSplits<true>(v, p.splits));
+    if (row < p.M && col < p.N) y[size_t(row) * p.N + col] = T(sum);
   };
   if constexpr (kFp8) {
 #pragma unroll
@@ -1059,9 +1049,10 @@ cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
   static_assert(kSmallMMaxRows == 16, "the small-M kernel's widest instantiation holds two 8-token tiles");
   if (p.M <= kSmallMMaxRows) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
   using C = Cfg<kFp8, 4, kStageFlush, true>;
-  if (TwoSplitsPerBlock(p, (p.M + C::kXRows - 1) / C::kXRows, C::kMinBlocks))
-    return LaunchQLinearNT<T, 4, kFp8, kStageFlush, true>(p, stream);
-  return LaunchQLinearNT<T, 4, kFp8, kStageFlush, false>(p, stream);
+  QLinearParams q = p;
+  q.pairs = PairsPerBlock(p, (p.M + C::kXRows - 1) / C::kXRows, C::kSub, C::kMinBlocks);
+  if (q.pairs > 1) return LaunchQLinearNT<T, 4, kFp8, kStageFlush, true>(q, stream);
+  return LaunchQLinearNT<T, 4, kFp8, kStageFlush, false>(q, stream);
 }
 
 }  // namespace flashq::gemm::detail
