@@ -749,7 +749,9 @@ inline void AddPdl(cudaLaunchConfig_t* cfg) {
 // while the grid holds more than one wave (min_blocks per SM) and a block would still stream at most 8
 // pipeline stages: short warp ranges then stop paying a block's fill and drain per split. H200: 4096² (8
 // splits of 2 stages) M = 64 -12%, M = 128 -10%; the shapes with 7-8 stages per split gained nothing at P = 2
-// (bench/results/gemm-nvidia-h200-2026-11-24-m64-ab.md, call 38). Cluster plans keep P = 1.
+// (bench/results/gemm-nvidia-h200-2026-11-24-m64-ab.md, call 38; again in ...-splits-ab.md, call 41). Blocks
+// that add their splits' sums themselves, in an order that allows it, were slower (...-splits-ab.md, calls 41
+// and 44). Cluster plans keep P = 1.
 inline int PairsPerBlock(const QLinearParams& p, int mtiles, int stage_steps, int min_blocks) {
   constexpr int kMaxStagesPerBlock = 8;
   if (UseCluster(p.splits)) return 1;
