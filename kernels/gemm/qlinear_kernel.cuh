@@ -178,21 +178,6 @@ __device__ __forceinline__ int AtomicAddAcqRel(int* ptr, int v) {
   return old;
 }
 
-// The splits' fp32 partials v[0..n-1] of 4 columns, added in order 0, 1, ..., n-1 (QLinearKernel's tail and
-// cluster path; the small-M kernel adds its warps' sums in the same order).
-__device__ __forceinline__ float4 SumSplits(const float4 (&v)[kMaxSplits], int n) {
-  float4 sum = v[0];
-#pragma unroll
-  for (int q = 1; q < kMaxSplits; ++q)
-    if (q < n) {
-      sum.x += v[q].x;
-      sum.y += v[q].y;
-      sum.z += v[q].z;
-      sum.w += v[q].w;
-    }
-  return sum;
-}
-
 // mma with a zero accumulator input (starts a fresh k32 partial without zeroing registers).
 template <typename T>
 __device__ __forceinline__ void Mma0(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -493,26 +478,23 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
     const float k = std::is_same_v<T, __half> ? 256.0f : 1.0f;
     fs[0] = u4.x * k; fs[1] = u4.y * k; fs[2] = u4.z * k; fs[3] = u4.w * k;
   };
-  // Accumulator (nt, u, e) of this lane is output row m0 + r and column strip * kWarpN + cs of these.
-  auto row_in_tile = [&](int nt, int e) { return nt * 8 + 2 * t + (e & 1); };
-  auto col_in_strip = [&](int u, int e) { return g + 16 * u + 8 * (e >> 1); };
-  // The 2 K-warps' accumulators summed in order 0, 1 [* the fp8 scale] through the shared buffer buf, in
-  // rounds of kH token tiles (buf layout [N-warp][token tile of the round][u][e][lane]); kw == 0 hands each
-  // sum to out(nt, u, e, v).
-  auto kwarp_sum = [&](auto kh, float* buf, auto out) {
-    constexpr int kH = decltype(kh)::value;
+  // A pair that is not the block's last: the 2 K-warps summed in order 0, 1 through a shared-memory area
+  // of its own (the pipeline keeps streaming the next pair), in two halves of the token tiles, and the
+  // pair's partial stored; both warps then start the next pair from zero.
+  float* red2 = reinterpret_cast<float*>(smem + size_t(C::kStages) * C::kStage);
+  auto pair_done = [&](int q) {
+    constexpr int kH = C::kRedNT;
     float fs[4] = {};
     if constexpr (kFp8) load_fs(fs);
 #pragma unroll
     for (int h = 0; h < NT / kH; ++h) {
-      if (h > 0) __syncthreads();  // the previous round has read buf
       if (kw == 1) {
 #pragma unroll
         for (int n = 0; n < kH; ++n)
 #pragma unroll
           for (int u = 0; u < 2; ++u)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) buf[((nw * kH + n) * 8 + u * 4 + e) * 32 + lane] = acc[h * kH + n][u][e];
+            for (int e = 0; e < 4; ++e) red2[((nw * kH + n) * 8 + u * 4 + e) * 32 + lane] = acc[h * kH + n][u][e];
       }
       __syncthreads();
       if (kw == 0) {
@@ -522,23 +504,15 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
           for (int u = 0; u < 2; ++u)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              float v = acc[h * kH + n][u][e] + buf[((nw * kH + n) * 8 + u * 4 + e) * 32 + lane];
+              float v = acc[h * kH + n][u][e] + red2[((nw * kH + n) * 8 + u * 4 + e) * 32 + lane];
               if constexpr (kFp8) v *= fs[2 * u + (e >> 1)];
-              out(h * kH + n, u, e, v);
+              const int row = m0 + (h * kH + n) * 8 + 2 * t + (e & 1);
+              const int col = strip * kWarpN + g + 16 * u + 8 * (e >> 1);
+              if (row < p.M && col < p.N) p.partial[(size_t(pair0 + q) * p.M + row) * p.N + col] = v;
             }
       }
+      __syncthreads();
     }
-  };
-  // A pair that is not the block's last: its K-warp sum through a shared-memory area of its own (the pipeline
-  // keeps streaming the next pair), in rounds of kRedNT token tiles, stored as the pair's partial; both warps
-  // then start the next pair from zero.
-  float* red2 = reinterpret_cast<float*>(smem + size_t(C::kStages) * C::kStage);
-  auto pair_done = [&](int q) {
-    kwarp_sum(std::integral_constant<int, C::kRedNT>{}, red2, [&](int nt, int u, int e, float v) {
-      const int row = m0 + row_in_tile(nt, e), col = strip * kWarpN + col_in_strip(u, e);
-      if (row < p.M && col < p.N) p.partial[(size_t(pair0 + q) * p.M + row) * p.N + col] = v;
-    });
-    __syncthreads();
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -582,20 +556,42 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
   __syncthreads();
   const int split = pair0 + npairs - 1;  // the last pair's split: its partial is written below
 
-  // ---- reduce the 2 K-warps in order 0, 1, in one round through the drained pipeline buffer ----
+  // ---- reduce the 2 K-warps in order 0, 1 ----
   float* red = reinterpret_cast<float*>(smem);
   float* ctile = red + kWarpsN * kNA * 32;  // cluster path: this block's fp32 tile [kXRows][kBlockN]
+  if (kw == 1) StoreAcc<NT>(red, nw, lane, acc);
+  __syncthreads();
   T* y = static_cast<T*>(p.y);
-  kwarp_sum(std::integral_constant<int, NT>{}, red, [&](int nt, int u, int e, float v) {
-    const int r = row_in_tile(nt, e), cs = col_in_strip(u, e);
-    const int row = m0 + r, col = strip * kWarpN + cs;
-    if (p.cluster) {
-      ctile[r * kBlockN + nw * kWarpN + cs] = v;
-    } else if (row < p.M && col < p.N) {
-      if (p.splits == 1) y[size_t(row) * p.N + col] = T(v);
-      else p.partial[(size_t(split) * p.M + row) * p.N + col] = v;
-    }
-  });
+  if (kw == 0) {
+    float fs[4] = {};
+    if constexpr (kFp8) load_fs(fs);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = acc[nt][u][e] + red[(nw * kNA + (nt * 2 + u) * 4 + e) * 32 + lane];
+          if constexpr (kFp8) v *= fs[2 * u + (e >> 1)];
+          acc[nt][u][e] = v;
+        }
+    const int colw = strip * kWarpN + g;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = m0 + nt * 8 + 2 * t + (e & 1);
+          const int col = colw + 16 * u + 8 * (e >> 1);
+          if (p.cluster) {
+            ctile[(nt * 8 + 2 * t + (e & 1)) * kBlockN + nw * kWarpN + 16 * u + 8 * (e >> 1) + g] = acc[nt][u][e];
+          } else if (row < p.M && col < p.N) {
+            if (p.splits == 1) y[size_t(row) * p.N + col] = T(acc[nt][u][e]);
+            else p.partial[(size_t(split) * p.M + row) * p.N + col] = acc[nt][u][e];
+          }
+        }
+  }
   if (p.splits == 1) return;
   const int ncol0 = cblock * kBlockN;
   const bool vec = (p.N & 3) == 0;
@@ -622,11 +618,20 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
 #pragma unroll 1
     for (int c = split + p.splits * tid; c < rows * (kBlockN / 4); c += p.splits * kThreads) {
       const int row = m0 + c / (kBlockN / 4), col = ncol0 + 4 * (c % (kBlockN / 4));
-      float4 v[kMaxSplits];
+      float4 v[8];
 #pragma unroll
-      for (int q = 0; q < kMaxSplits; ++q)
+      for (int q = 0; q < 8; ++q)
         if (q < p.splits) v[q] = LdClusterF4(tbase + uint32_t(c) * 16, q);
-      if (col < p.N) store4(row, col, SumSplits(v, p.splits));
+      float4 sum = v[0];
+#pragma unroll
+      for (int q = 1; q < 8; ++q)
+        if (q < p.splits) {
+          sum.x += v[q].x;
+          sum.y += v[q].y;
+          sum.z += v[q].z;
+          sum.w += v[q].w;
+        }
+      if (col < p.N) store4(row, col, sum);
     }
     ClusterSyncExit();  // no block leaves while another still reads its tile
     return;
@@ -668,7 +673,16 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
 #pragma unroll
       for (int q = 0; q < kPasses; ++q) {
         const int row = m0 + r0 + q * kRowsPerPass + (tid >> 5);
-        if (row < p.M) store4(row, col, SumSplits(v[q], p.splits));
+        float4 sum = v[q][0];
+#pragma unroll
+        for (int sp = 1; sp < kMaxSplits; ++sp)
+          if (sp < p.splits) {
+            sum.x += v[q][sp].x;
+            sum.y += v[q][sp].y;
+            sum.z += v[q][sp].z;
+            sum.w += v[q][sp].w;
+          }
+        if (row < p.M) store4(row, col, sum);
       }
     }
   };
