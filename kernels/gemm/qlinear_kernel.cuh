@@ -480,7 +480,9 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
   };
   // A pair that is not the block's last: the 2 K-warps summed in order 0, 1 through a shared-memory area
   // of its own (the pipeline keeps streaming the next pair), in two halves of the token tiles, and the
-  // pair's partial stored; both warps then start the next pair from zero.
+  // pair's partial stored; both warps then start the next pair from zero. The final reduction below repeats
+  // this exchange in one round, and the cluster path repeats the tail's in-order split sum: shared helpers for
+  // both made QLinearKernel 1-7% slower (bench/results/gemm-nvidia-h200-2026-11-24-splits-ab.md, call 46).
   float* red2 = reinterpret_cast<float*>(smem + size_t(C::kStages) * C::kStage);
   auto pair_done = [&](int q) {
     constexpr int kH = C::kRedNT;
