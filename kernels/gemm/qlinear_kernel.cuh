@@ -50,9 +50,6 @@
 #include <type_traits>
 
 #include "kernels/gemm/gemm_internal.h"
-#ifndef FLASHQ_SMEM_STEPS
-#define FLASHQ_SMEM_STEPS 4
-#endif
 
 namespace flashq::gemm::detail {
 
@@ -818,12 +815,6 @@ __device__ __forceinline__ uint4 LdStream(const void* ptr) {
                : "l"(ptr));
   return v;
 }
-// 16-byte load from shared memory.
-__device__ __forceinline__ uint4 LdShared16(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
 // Read-only 16-byte load that may stay in L1 (X: every block reads the same rows).
 __device__ __forceinline__ uint4 LdCached16(const void* ptr) {
   uint4 v;
@@ -831,41 +822,28 @@ __device__ __forceinline__ uint4 LdCached16(const void* ptr) {
   return v;
 }
 
-template <bool kFp8, int NT, bool kStageFlush>
+template <bool kFp8, int NT>
 struct DirectCfg {
   static constexpr int kWChunks = kFp8 ? 2 : 1;  // uint4 of weights per lane per step
   static constexpr int kSub = kFp8 ? 2 : kSubSteps;
-  // Steps in flight per warp, in registers: (kWChunks + NT) * 4 words each (a scale block per step
-  // costs registers too).
-  static constexpr int kDepth = !kFp8 && !kStageFlush ? 4 : kWChunks + NT > 2 ? 4 : 8;
+  // Steps in flight per warp, in registers: (kWChunks + NT) * 4 words each.
+  static constexpr int kDepth = kWChunks + NT > 2 ? 4 : 8;
   static_assert(kDepth % kSub == 0 && kSubSteps % kSub == 0, "ring slots follow the flush units");
-  // Where the register ring is short (refilled a step at a time), a ring of 2 * kSubSteps steps with
-  // kSmemSteps of them in shared memory (see QLinearDirectKernel's kE).
-  static constexpr int kSmemSteps = (kFp8 || kStageFlush) && kDepth < 2 * kSubSteps ? FLASHQ_SMEM_STEPS : 0;
 };
 
-// kE > 0: kE more steps in flight in shared memory (cp.async), after the kD in registers. Each lane
-// reads back only the bytes it copied, so cp.async.wait_group alone orders them: no barrier.
-template <typename T, int NT, bool kFp8, bool kStageFlush, int kE>
+template <typename T, int NT, bool kFp8, bool kStageFlush>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
-  using C = DirectCfg<kFp8, NT, kStageFlush>;
-  constexpr int kSub = C::kSub, kD = kE > 0 ? 2 * kSubSteps - kE : C::kDepth;
-  constexpr int kT = kD + kE;  // ring positions: [0, kD) registers, [kD, kT) shared memory
-  static_assert(kT % kSubSteps == 0 && kT % kSub == 0, "a pass of the ring is whole stages");
-  constexpr int kRefill = kE == 0 && kD >= 2 * kSubSteps ? kSubSteps : 1;
+  using C = DirectCfg<kFp8, NT>;
+  constexpr int kSub = C::kSub, kD = kFp8 || kStageFlush ? C::kDepth : 4;  // a scale block per step costs registers
+  constexpr int kRefill = kD >= 2 * kSubSteps ? kSubSteps : 1;
   // Where each slot is refilled on its own, the load pointers stay put for a whole pass of the ring
   // and slot r loads at a constant offset from them (H200: int4 M = 16 up to 3.5% faster than moving
   // them at every load); stage refills move them at every load (there the offsets made M = 1 slower).
   constexpr bool kSlotAddr = kRefill == 1;
   // Scale blocks in flight: one per flush unit of the ring (stage flush), else one per step.
-  constexpr int kSzSlots = kFp8 ? 1 : kStageFlush ? kT / kSub : kT;
-  extern __shared__ float red[];  // [warp][NT * 8][32] accumulators, for the block's sum; then the kE ring
+  constexpr int kSzSlots = kFp8 ? 1 : kStageFlush ? kD / kSub : kD;
+  extern __shared__ float red[];  // [warp][NT * 8][32] accumulators, for the block's sum
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // Shared ring slot s, 16-byte chunk c (weights, then X) of this lane: [warp][s][chunk][lane].
-  constexpr int kChunks = C::kWChunks + NT;
-  const uint32_t ring = uint32_t(__cvta_generic_to_shared(red)) + (blockDim.x >> 5) * NT * 8 * 32 * 4 +
-                        (warp * kE * kChunks * 32 + lane) * 16;
-  auto slot = [&](int r, int c) { return ring + ((r - kD) * kChunks + c) * 512; };
   const int g = lane >> 2, t = lane & 3;
   const int strip = blockIdx.x;
   const int spw = p.steps_per_warp;
@@ -893,7 +871,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 
   uint4 wb[kD][C::kWChunks];
   uint4 xb[kD][NT];
-  static_assert(kE == 0 || kRefill == 1, "shared ring positions are refilled one at a time");
   uint2 sbs[kSzSlots];
   uint32_t sbz[kSzSlots];
   const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
@@ -902,10 +879,8 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   auto load_w = [&](int jn, int r, auto fast) {
     const bool valid = fast || jn < nvalid;
 #pragma unroll
-    for (int c = 0; c < C::kWChunks; ++c) {
-      if (r >= kD) CpAsync16IfZfill(slot(r, c), wp + (r * C::kWChunks + c) * 32, true, !valid);
-      else wb[r < kD ? r : 0][c] = valid ? LdStream(wp + ((kSlotAddr ? r : 0) * C::kWChunks + c) * 32) : zero4;
-    }
+    for (int c = 0; c < C::kWChunks; ++c)
+      wb[r][c] = valid ? LdStream(wp + ((kSlotAddr ? r : 0) * C::kWChunks + c) * 32) : zero4;
     if (!kSlotAddr) wp += C::kWChunks * 32;
     if constexpr (!kFp8) {
       if (!kStageFlush || r % kSub == 0) {
@@ -926,17 +901,16 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
     const bool kin = fast || xk0 + jn * kStepK < p.K;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      if (r >= kD) CpAsync16IfZfill(slot(r, C::kWChunks + nt), xp[nt] + r * kStepK, true, !kin);
-      else xb[r < kD ? r : 0][nt] = kin ? LdCached16(xp[nt] + (kSlotAddr ? r : 0) * kStepK) : zero4;
+      xb[r][nt] = kin ? LdCached16(xp[nt] + (kSlotAddr ? r : 0) * kStepK) : zero4;
       if (!kSlotAddr) xp[nt] += kStepK;
     }
   };
   // Slot addressing: moves the load pointers on by a pass of the ring.
   auto next_pass = [&] {
     if constexpr (kSlotAddr) {
-      wp += kT * C::kWChunks * 32;
+      wp += kD * C::kWChunks * 32;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) xp[nt] += kT * kStepK;
+      for (int nt = 0; nt < NT; ++nt) xp[nt] += kD * kStepK;
     }
   };
 
@@ -971,26 +945,21 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // at 4096 x 14336, M = 1 took 18.8 instead of 16.8 µs, past its 1.6x bar (bench/gemm/NOTES.md).
   constexpr bool kEarlyTrigger = !kFp8;
   if constexpr (kEarlyTrigger) LaunchDependents();
-  // ---- prologue: steps 0 .. kT-1. Weights and scales do not depend on the previous kernel: with
-  // a programmatic launch they stream in while it finishes; X only after the wait. The shared
-  // ring's copies commit one group per step (the weights' all in the first), so that at step j
-  // exactly kT - 1 groups are younger than step j's. ----
+  // ---- prologue: steps 0 .. kD-1. Weights and scales do not depend on the previous kernel: with
+  // a programmatic launch they stream in while it finishes; X only after the wait. ----
 #pragma unroll
-  for (int r = 0; r < kT; ++r)
+  for (int r = 0; r < kD; ++r)
     if (r < spw) load_w(r, r, std::false_type{});
-  if constexpr (kE > 0) CpAsyncCommit();
   GridDependencyWait();
 #pragma unroll
-  for (int r = 0; r < kT; ++r) {
+  for (int r = 0; r < kD; ++r)
     if (r < spw) load_x(r, r, std::false_type{});
-    if constexpr (kE > 0) CpAsyncCommit();
-  }
   next_pass();
 
-  // ---- main loop: step j computes from position j % kT, then refills it with step j + kT ----
-  for (int i = 0; i < spw; i += kT) {
+  // ---- main loop: step j computes from slot j % kD, then refills it with step j + kD ----
+  for (int i = 0; i < spw; i += kD) {
 #pragma unroll
-    for (int r = 0; r < kT; ++r) {
+    for (int r = 0; r < kD; ++r) {
       const int j = i + r;
       if (r % kSubSteps == 0 && j >= spw) break;  // spw is a multiple of kSubSteps
       if (!kFp8 && (!kStageFlush || r % kSub == 0)) {
@@ -998,30 +967,17 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
         if (j < nvalid && (j == 0 || j == cnext)) GroupRegs<T>(sbs[sr], sbz[sr], scl, nzm);
         if (j == cnext) cnext += p.gsteps;
       }
-      uint4 wc[C::kWChunks], xc[NT];
-      if (r < kD) {
-#pragma unroll
-        for (int cc = 0; cc < C::kWChunks; ++cc) wc[cc] = wb[r < kD ? r : 0][cc];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) xc[nt] = xb[r < kD ? r : 0][nt];
-      } else {
-        CpAsyncWait<kT - 1>();
-#pragma unroll
-        for (int cc = 0; cc < C::kWChunks; ++cc) wc[cc] = LdShared16(slot(r, cc));
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) xc[nt] = LdShared16(slot(r, C::kWChunks + nt));
-      }
       uint32_t wv[4 * C::kWChunks];
 #pragma unroll
       for (int cc = 0; cc < C::kWChunks; ++cc) {
-        wv[4 * cc] = wc[cc].x; wv[4 * cc + 1] = wc[cc].y; wv[4 * cc + 2] = wc[cc].z; wv[4 * cc + 3] = wc[cc].w;
+        wv[4 * cc] = wb[r][cc].x; wv[4 * cc + 1] = wb[r][cc].y; wv[4 * cc + 2] = wb[r][cc].z; wv[4 * cc + 3] = wb[r][cc].w;
       }
-      StepMma<T, NT, kFp8>(wv, xc, nzm, !kStageFlush || r % kSub == 0, c, acc);
+      StepMma<T, NT, kFp8>(wv, xb[r], nzm, !kStageFlush || r % kSub == 0, c, acc);
       if (!kFp8 && (!kStageFlush || r % kSub == kSub - 1)) Flush<NT>(scl, c, acc);
       // Refill kRefill slots at once: a whole stage (2 KB of int4 weights, contiguous per warp)
       // when the ring holds two or more stages, else each slot as soon as it is consumed.
       if (r % kRefill == kRefill - 1) {
-        const int jn0 = j - (kRefill - 1) + kT;
+        const int jn0 = j - (kRefill - 1) + kD;
         if (jn0 + kRefill <= nfast) {
 #pragma unroll
           for (int q = 0; q < kRefill; ++q) load_w(jn0 + q, r - (kRefill - 1) + q, std::true_type{});
@@ -1034,7 +990,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
           for (int q = 0; q < kRefill; ++q) load_x(jn0 + q, r - (kRefill - 1) + q, std::false_type{});
         }
       }
-      if constexpr (kE > 0) CpAsyncCommit();  // one group per step, empty or not
     }
     next_pass();
   }
@@ -1077,35 +1032,17 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   }
 }
 
-template <typename T, int NT, bool kFp8, bool kStageFlush, int kE>
-cudaError_t LaunchQLinearDirectE(const QLinearParams& p, cudaStream_t stream) {
-  auto* kernel = QLinearDirectKernel<T, NT, kFp8, kStageFlush, kE>;
-  const int warps = kWarpsK * p.splits;
-  const size_t bytes = size_t(warps) * (NT * 8 * 32 * sizeof(float) + kE * (DirectCfg<kFp8, NT, kStageFlush>::kWChunks + NT) * 512);
-  if constexpr (kE > 0) {
-    const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-    if (attr != cudaSuccess) return attr;
-  }
+template <typename T, int NT, bool kFp8, bool kStageFlush>
+cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((p.N + kWarpN - 1) / kWarpN);
-  cfg.blockDim = dim3(32 * warps);
-  cfg.dynamicSmemBytes = bytes;
+  cfg.blockDim = dim3(32 * kWarpsK * p.splits);
+  cfg.dynamicSmemBytes = size_t(kWarpsK) * p.splits * NT * 8 * 32 * sizeof(float);
   cfg.stream = stream;
   cudaLaunchAttribute at[1];
   cfg.attrs = at;
   AddPdl(&cfg);
-  return cudaLaunchKernelEx(&cfg, kernel, p);
-}
-// Warps whose range is longer than the register ring keep kSmemSteps more steps in flight in shared memory.
-// Bench knob FLASHQ_GEMM_NODIRECTSMEM=1 turns it off.
-template <typename T, int NT, bool kFp8, bool kStageFlush>
-cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
-  using C = DirectCfg<kFp8, NT, kStageFlush>;
-  static const bool off = KnobSet("FLASHQ_GEMM_NODIRECTSMEM");
-  if constexpr (C::kSmemSteps > 0) {
-    if (!off && p.steps_per_warp > 2 * kSubSteps - C::kSmemSteps) return LaunchQLinearDirectE<T, NT, kFp8, kStageFlush, C::kSmemSteps>(p, stream);
-  }
-  return LaunchQLinearDirectE<T, NT, kFp8, kStageFlush, 0>(p, stream);
+  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush>, p);
 }
 
 // One instantiation file per (T, kFp8, kStageFlush) calls this: M <= 8 and M <= 16 take the
