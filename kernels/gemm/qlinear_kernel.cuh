@@ -486,6 +486,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
   float* red2 = reinterpret_cast<float*>(smem + size_t(C::kStages) * C::kStage);
   auto pair_done = [&](int q) {
     constexpr int kH = C::kRedNT;
+    auto slot = [&](int n, int u, int e) -> float& { return red2[((nw * kH + n) * 8 + u * 4 + e) * 32 + lane]; };
     float fs[4] = {};
     if constexpr (kFp8) load_fs(fs);
 #pragma unroll
@@ -496,7 +497,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
 #pragma unroll
           for (int u = 0; u < 2; ++u)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) red2[((nw * kH + n) * 8 + u * 4 + e) * 32 + lane] = acc[h * kH + n][u][e];
+            for (int e = 0; e < 4; ++e) slot(n, u, e) = acc[h * kH + n][u][e];
       }
       __syncthreads();
       if (kw == 0) {
@@ -506,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
           for (int u = 0; u < 2; ++u)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              float v = acc[h * kH + n][u][e] + red2[((nw * kH + n) * 8 + u * 4 + e) * 32 + lane];
+              float v = acc[h * kH + n][u][e] + slot(n, u, e);
               if constexpr (kFp8) v *= fs[2 * u + (e >> 1)];
               const int row = m0 + (h * kH + n) * 8 + 2 * t + (e & 1);
               const int col = strip * kWarpN + g + 16 * u + 8 * (e >> 1);
