@@ -114,6 +114,18 @@ std::vector<float> RunW4(const W4A16Weights& w, const Acts& x, int M, ActType a,
   });
 }
 
+// W8A16 in batch-invariant mode on the M rows of activation bits starting at `bits`.
+std::vector<float> RunW8(const Fp8DeviceWeights& w, const uint16_t* bits, int M, ActType a) {
+  const size_t xbytes = size_t(M) * w.K() * 2;
+  Dev xd(xbytes), ws(W8A16WorkspaceBytes(w, M));
+  EXPECT_EQ(cudaMemcpy(xd.p, bits, xbytes, cudaMemcpyHostToDevice), cudaSuccess);
+  return RunPoisoned(M, w.N(), a, [&](void* y) {
+    LinearArgs args{xd.p, y, M, a, true, ws.p, ws.n};
+    Status s = run_w8a16(w, args, nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+  });
+}
+
 struct W4Case {
   int K, N, g;
   bool sym;
@@ -228,15 +240,7 @@ TEST_P(GemmGpuFp8, W8A16MatchesAndIsInvariant) {
   const int Mmax = 150;
   Acts x = MakeActs(Mmax, K, act, 32);
   auto deq = DequantizeFp8(w);
-  auto run = [&](int M) {
-    Dev xd(size_t(M) * K * 2), ws(W8A16WorkspaceBytes(*dw, M));
-    EXPECT_EQ(cudaMemcpy(xd.p, x.bits.data(), size_t(M) * K * 2, cudaMemcpyHostToDevice), cudaSuccess);
-    return RunPoisoned(M, N, act, [&](void* y) {
-      LinearArgs args{xd.p, y, M, act, true, ws.p, ws.n};
-      Status s = run_w8a16(*dw, args, nullptr);
-      EXPECT_TRUE(s.ok()) << s.message();
-    });
-  };
+  auto run = [&](int M) { return RunW8(*dw, x.bits.data(), M, act); };
   auto big = run(Mmax);
   Acts all = x;
   ExpectClose(big, GemmF64(all.f, Mmax, K, deq, N), act, 0, "w8a16 M=150");
@@ -260,15 +264,7 @@ TEST(GemmGpu, W8A16InvariantWithSeveralSplitsPerBlock) {
   OK(Fp8DeviceWeights::Create(w, &dw));
   const auto deq = DequantizeFp8(w);
   Acts x = MakeActs(128, K, ActType::kBF16, 6);
-  auto run = [&](const uint16_t* bits, int M) {
-    Dev xd(size_t(M) * K * 2), ws(W8A16WorkspaceBytes(*dw, M));
-    EXPECT_EQ(cudaMemcpy(xd.p, bits, size_t(M) * K * 2, cudaMemcpyHostToDevice), cudaSuccess);
-    return RunPoisoned(M, N, ActType::kBF16, [&](void* y) {
-      LinearArgs args{xd.p, y, M, ActType::kBF16, true, ws.p, ws.n};
-      Status s = run_w8a16(*dw, args, nullptr);
-      EXPECT_TRUE(s.ok()) << s.message();
-    });
-  };
+  auto run = [&](const uint16_t* bits, int M) { return RunW8(*dw, bits, M, ActType::kBF16); };
   for (int M : {32, 128}) {
     SCOPED_TRACE("M=" + std::to_string(M));
     auto big = run(x.bits.data(), M);
