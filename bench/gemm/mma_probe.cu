@@ -162,6 +162,113 @@ __global__ void __launch_bounds__(256) WgmmaLoop(float* out, int iters) {
   if (s == 1.2345f) out[0] = s;
 }
 
+
+// The M > 16 int4 loop without memory traffic: per g128 group 4 k32 steps, each 8 A registers dequantized
+// (lop3 + fma per pair, as DequantPair) and 2 dependent wgmma m64n64k16 RS into the group's partial, A double
+// buffered by step (wait_group 1 before a buffer is rewritten); at the group's end wait_group 0 and the fold
+// acc += scale * partial (32 fmas). ptxas serializes every wgmma (C7514) if a non-wgmma instruction reads an
+// accumulator while another accumulation chain is open, so a warpgroup cannot fold one partial while the next
+// group's chain runs: other warpgroups have to fill the tensor pipe. kSync: a block barrier per group.
+template <int WGS, bool kSync>
+__global__ void __launch_bounds__(128 * WGS, 1) ChainLoop(float* out, int groups) {
+  __shared__ __align__(1024) uint16_t sb[64 * 64];
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) sb[i] = uint16_t(0x3f80 + (i & 7));
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  const uint64_t desc = SmemDesc(uint32_t(__cvta_generic_to_shared(sb)), 16, 1024);
+  uint32_t w = 0x12345678u * (threadIdx.x + 1);
+  const uint32_t nzm = 0xc308c308u;
+  float c[32], acc[32];
+  uint32_t a[2][2][4];
+  for (int i = 0; i < 32; ++i) c[i] = acc[i] = 0.0f;
+  for (int i = 0; i < 16; ++i) (&a[0][0][0])[i] = 0u;
+  const float scl = 1.0f + threadIdx.x * 1e-3f;
+  auto fence_a = [&](int b) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) asm volatile("" : "+r"((&a[b][0][0])[i])::"memory");
+  };
+  for (int g = 0; g < groups; ++g) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int b = s & 1;
+      if (s >= 2) {
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        fence_a(b);
+      }
+      w = w * 1664525u + 1013904223u;
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          uint32_t h, d;
+          asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(h) : "r"(w >> (4 * (2 * ks + (r >> 1)) + (r & 1))), "n"(0x000f000f), "n"(0x43004300));
+          asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(h), "r"(0x3f803f80u), "r"(nzm));
+          a[b][ks][r] = d;
+        }
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) WgmmaRs(c, a[b][ks], desc + 2 * (2 * (s & 1) + ks), s > 0 || ks > 0);
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    fence_a(0);
+    fence_a(1);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(c[i])::"memory");
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] = fmaf(scl, c[i], acc[i]);
+    if (kSync) __syncthreads();
+  }
+  float s = 0;
+  for (int j = 0; j < 32; ++j) s += acc[j];
+  if (s == 1.2345f) out[0] = s;
+}
+
+
+// The same loop on mma.sync: a warp owns 16 columns x 64 tokens (8 n8 tiles), per k32 step one 64-bit weight
+// load and 8 X chunks (16 B per lane and token tile) from shared memory, 8 A registers dequantized and 16
+// m16n8k16 into the group's partial, and the fold per g128 group (4 steps).
+__global__ void __launch_bounds__(512, 1) MmaChainLoop(float* out, int groups) {
+  __shared__ __align__(16) uint4 xs[4][8][32];  // [k32 step][token tile][lane]
+  __shared__ __align__(16) uint2 ws[4][32];
+  for (int i = threadIdx.x; i < 4 * 8 * 32; i += blockDim.x)
+    (&xs[0][0][0])[i] = make_uint4(0x3f803f80u + i, 0x3f803f80u, 0x3f803f80u ^ i, 0x3f803f80u);
+  for (int i = threadIdx.x; i < 4 * 32; i += blockDim.x) (&ws[0][0])[i] = make_uint2(0x12345678u * i, 0x9abcdef0u ^ i);
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const uint32_t nzm = 0xc308c308u;
+  float c[8][4], acc[8][4];
+  for (int i = 0; i < 32; ++i) (&c[0][0])[i] = (&acc[0][0])[i] = 0.0f;
+  const float scl = 1.0f + threadIdx.x * 1e-3f;
+  for (int g = 0; g < groups; ++g) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const uint2 wq = ws[(s + g) & 3][lane];
+      uint4 xv[8];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) xv[nt] = xs[s][nt][lane ^ (g & 1)];
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        uint32_t a[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          uint32_t h;
+          asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(h) : "r"((r & 1 ? wq.y : wq.x) >> (4 * (2 * ks + (r >> 1)))), "n"(0x000f000f), "n"(0x43004300));
+          asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(a[r]) : "r"(h), "r"(0x3f803f80u), "r"(nzm));
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          MmaBf16(c[nt], a, ks ? xv[nt].z : xv[nt].x, ks ? xv[nt].w : xv[nt].y, s == 0 && ks == 0);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) (&acc[0][0])[i] = fmaf(scl, (&c[0][0])[i], (&acc[0][0])[i]);
+  }
+  float sum = 0;
+  for (int j = 0; j < 32; ++j) sum += (&acc[0][0])[j];
+  if (sum == 1.2345f) out[0] = sum;
+}
+
 uint16_t Bf16Bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -272,6 +379,21 @@ void Throughput() {
   for (int wg : {1, 2})
     std::printf("wgmma m64n64k16 RS bf16, %d warpgroups/SM: %.0f TFLOP/s\n", wg,
                 tflops([&](int n) { WgmmaLoop<<<sms, 128 * wg>>>(out, n); }, double(sms) * wg * 4 * (2.0 * 64 * 64 * 16)));
+  // The int4 M > 16 loop shape (ChainLoop): 8 wgmma m64n64k16 per group and warpgroup, so n / 8 groups.
+  auto chain = [&](auto kernel, int wgs, const char* what) {
+    std::printf("chain%s, %d warpgroups/SM: %.0f TFLOP/s\n", what, wgs,
+                tflops([&](int n) { kernel<<<sms, 128 * wgs>>>(out, n / 8); }, double(sms) * wgs * (2.0 * 64 * 64 * 16)));
+  };
+  for (int warps : {8, 12, 16})  // 16 x 64 x k32 per warp and step: 8 steps per group, n / 8 groups
+    std::printf("mma.sync chain (16 columns x 64 tokens per warp), %d warps/SM: %.0f TFLOP/s\n", warps,
+                tflops([&](int n) { MmaChainLoop<<<sms, 32 * warps>>>(out, n / 8); }, double(sms) * warps * 4 * 16 * 4096.0 / 8));
+  chain(ChainLoop<1, false>, 1, "");
+  chain(ChainLoop<2, false>, 2, "");
+  chain(ChainLoop<3, false>, 3, "");
+  chain(ChainLoop<4, false>, 4, "");
+  chain(ChainLoop<2, true>, 2, " + block barrier per group");
+  chain(ChainLoop<3, true>, 3, " + block barrier per group");
+  chain(ChainLoop<4, true>, 4, " + block barrier per group");
 }
 
 // Runs one FP8 TN GEMM with outer-vector scales at (N, K) and several M, and prints each step's status: the
@@ -451,6 +573,10 @@ int main(int argc, char** argv) {
   if (argc > 4 && std::strcmp(argv[1], "--fp8-candidates") == 0) {
     const bool ncu = argc > 5 && std::strcmp(argv[5], "--ncu") == 0;
     Fp8Candidates(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), ncu, argc > 5 + ncu ? std::atoi(argv[5 + ncu]) : 0);
+    return 0;
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--throughput") == 0) {
+    Throughput();
     return 0;
   }
   const bool blas_only = argc > 1 && std::strcmp(argv[1], "--blas") == 0;
