@@ -1,25 +1,30 @@
-// W4A16 for M > 16 on sm_90a: QLinearKernel's arithmetic (plan warp ranges, k32 steps, g128 flush units,
-// fixed-order split sums) with the k16 chunks on wgmma m64n64k16 instead of mma.sync m16n8k16.
+// W4A16 for M > 16 on sm_90a (EXPERIMENT, off by default; bench/results/gemm-nvidia-h200-2026-11-25-wgmma-tma.md):
+// QLinearKernel's arithmetic (plan warp ranges, k32 steps, g128 flush units, fixed-order split sums) with the k16
+// chunks on wgmma m64n64k16 instead of mma.sync m16n8k16.
 //
-// Bits: wgmma with A from registers in the m16n8k16 A-fragment layout gives the very bits of chained
-// mma.sync over the same k16 chunks, in any k order inside a chunk (bench/results/gemm-probe-h200-2026-11-24.md).
-// So each warp builds StepMma's A fragments (DequantPair of the same packed words and zero points) for its
-// 16-column half u of a strip, a flush unit (one 4-step stage) starts from zero (scale-d = 0), is folded into
-// the fp32 sum with Flush's fma, the split's two warp ranges are added as w0 + w1, and the splits in order
-// 0..S-1: row i of Y is bitwise the small-M kernel's.
+// Bits: wgmma with A from registers in the m16n8k16 A-fragment layout gives the very bits of chained mma.sync over
+// the same k16 chunks, in any k order inside a chunk (bench/results/gemm-probe-h200-2026-11-24.md). So each warp builds
+// StepMma's A fragments (DequantPair of the same packed words and zero points) for its 16-column half u of a strip, a
+// flush unit (one 4-step stage) starts from zero (scale-d = 0) and is folded into the fp32 sum with Flush's fma, the
+// split's two warp ranges are added as w0 + w1, and the splits in order 0..S-1: row i of Y is bitwise the small-M
+// kernel's (30 / 30 GPU tests with it on).
 //
-// Block: 4 warpgroups, warpgroup h = strips 2h, 2h+1 of the block's 8 (256 columns; warp w of the group:
-// rows 16w.. of the m64 wgmma = strip 2h + w / 2, half w % 2), one 64-token tile (the wgmma N; rows past M are
-// zeros) and one split, whose two warp ranges the block walks in turn (the first range's sums park in shared
-// memory). A kStages-deep cp.async ring holds per 4-step stage the 8 strips' weights (2 KB each), the scale
-// blocks of a group that starts there, and X: 4-byte copies straight from X [M][K] into two 128B-swizzled
-// 64-channel panels, permuted so that k16 chunk ks of a step holds channels 8t + 4ks + {0..3} where the A
-// fragment of thread t expects them (the packed weights' k order, see qlinear_kernel.cuh). One barrier per stage;
-// a warpgroup waits for its wgmmas at the end of each stage before it folds them (ptxas serializes all wgmmas
-// if an accumulator is read while another chain is open), so the 4 warpgroups keep the tensor cores busy
-// between them (bench/gemm/mma_probe.cu ChainLoop: 787 TFLOP/s on the H200 without memory traffic).
-// Split sums: the S split blocks of a tile form a cluster (S <= 8) and each sums every S-th float4 of the tile
-// over ranks 0..S-1 through distributed shared memory.
+// Block: 4 warpgroups, warpgroup h = strips 2h, 2h+1 of the block's 8 (256 columns; warp w of the group: rows 16w..
+// of the m64 wgmma = strip 2h + w / 2, half w % 2), one 64-token tile (the wgmma N) and one split, whose two warp
+// ranges the block walks in turn (the first range's sums park in shared memory). Per 4-step stage thread 0 issues
+// two TMA boxes (X [64 rows][128 channels] as in memory; the 8 strips' weights, 2 KB each) and a bulk copy of the
+// scale blocks where a group starts, into a 3-slot ring with full / empty mbarriers. X is then permuted by all
+// threads (a 4 x 4 word transpose among 4 lanes) into one of 3 buffers of two 128B-swizzled 64-channel panels, so
+// that k16 chunk ks of a step holds channels 8t + 4ks + {0..3} where the A fragment of thread t expects them (the
+// packed weights' k order, see qlinear_kernel.cuh). No block barrier in the loop: a warpgroup waits for the permuted
+// X of its stage (every warp's part), and after its first wgmmas permutes its part of the next stage. It waits for
+// its wgmmas at the end of each stage before it folds them: ptxas serializes every wgmma (C7514) if an accumulator
+// is read while another chain is open. Split sums: the S split blocks of a tile form a cluster and each sums every
+// S-th float4 of the tile over ranks 0..S-1 through distributed shared memory.
+// Measured (H200, M = 64): 1.1-2.7x slower than QLinearKernel. Per stage ~2.5 µs against ~0.7 µs of tensor work: the
+// permute alone ~0.8 µs on each warpgroup's chain, the chains ~1 µs; clusters of 4 and 8 full-SM blocks do not fit
+// one wave (15 clusters of 8 at most). FLASHQ_WG_TIMELINE prints per-warp phase times of one stage;
+// FLASHQ_WG_NO_PERMUTE skips the permute (timing only, wrong results).
 // Limits: sm_90a, int4 with groups of a multiple of 4 k32 steps (kStageFlush), M per launch <= kMaxRowsPerLaunch.
 #pragma once
 
@@ -30,28 +35,30 @@
 namespace flashq::gemm::detail {
 
 struct WgCfg {
-  static constexpr int kThreads = 512;  // 4 warpgroups
-  static constexpr int kStrips = 8;     // 256 columns
+  static constexpr int kThreads = 512;                                // 4 warpgroups of 64 columns (2 strips)
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kStrips = 8;
   static constexpr int kCols = kStrips * kWarpN;
-  static constexpr int kRows = 64;      // token tile = wgmma N
+  static constexpr int kRows = 64;                                   // token tile = wgmma N
   static constexpr int kXRowBytes = kSubSteps * kStepK * 2;          // a stage of one X row as it is in memory
   static constexpr int kXBytes = kRows * kXRowBytes;                 // natural X of a stage [row][256 B]
   static constexpr int kWBytes = kStrips * kSubSteps * 32 * 16;      // [strip][step][lane] 16 B
   static constexpr int kSzBytes = kStrips * kSzBlockBytes;           // one group's scale blocks
   static constexpr int kStageBytes = (kXBytes + kWBytes + kSzBytes + 127) / 128 * 128;
-  static constexpr int kStages = 3;
-  static constexpr int kPermBytes = kXBytes;                         // permuted X: two 128B-swizzled panels
+  static constexpr int kStages = 3;                                  // copy ring
+  static constexpr int kPerms = 3;                                   // permuted X buffers (see the pipeline)
+  static constexpr int kPermBytes = kXBytes;                         // two 128B-swizzled panels
   static constexpr int kRingBytes = kStages * kStageBytes;
   static constexpr int kParkBytes = kThreads * 32 * 4;               // the first range's 32 sums per thread
-  static constexpr int kPermOffset = 0;                              // 2 permuted buffers (1024-aligned)
-  static constexpr int kRingOffset = 2 * kPermBytes;
+  static constexpr int kPermOffset = 0;                              // 1024-aligned
+  static constexpr int kRingOffset = kPerms * kPermBytes;
   static constexpr int kParkOffset = kRingOffset + kRingBytes;
-  static constexpr int kBarOffset = kParkOffset + kParkBytes;
+  static constexpr int kBarOffset = kParkOffset + kParkBytes;        // full[kStages], empty[kStages], permuted[kPerms]
   static constexpr int kTileLd = kCols + 4;                          // fp32 split tile row stride (banks)
-  static constexpr int kSmemBytes = kBarOffset + kStages * 8 + 1024;  // + alignment slack
-  static_assert(kRows * kTileLd * 4 <= kRingBytes + 2 * kPermBytes, "the split tile reuses the buffers");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-  static_assert(kRows * kSubSteps * 4 == 2 * kThreads, "two X chunks per thread in the permute pass");
+  static constexpr int kSmemBytes = kBarOffset + (2 * kStages + kPerms) * 8;  // the dynamic shared memory starts 1024-aligned
+  static constexpr int kPasses = kRows * kSubSteps * 4 / kThreads;   // X chunks per thread in the permute pass
+  static_assert(kRows * kTileLd * 4 <= kParkOffset, "the split tile reuses the buffers");
+  static_assert(kSmemBytes + 1024 <= 228 * 1024, "shared memory");
 };
 
 // wgmma m64n64k16, A from registers, B K-major from shared memory (tnsp-b = 0), fp32 accumulators.
@@ -100,6 +107,9 @@ __device__ __forceinline__ void WgMbarWait(uint32_t bar, int parity) {
       "r"(parity)
       : "memory");
 }
+__device__ __forceinline__ void WgMbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 // `bytes` (a multiple of 16) from global to shared memory, completing on mbarrier `bar`.
 __device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
@@ -114,18 +124,21 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
 }
 __device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// xmap: X [M][K] in boxes of 128 channels x 64 rows; wmap: the packed weights [strips][nk32 x 512 B] in boxes of the
+// block's strips x 2 KB (4 k32 steps). Both zero-fill outside the tensor.
 template <typename T>
-// xmap: X [M][K] in boxes of 128 channels x 64 rows; wmap: the packed weights [strips][nk32 x 512 B] in boxes of 8 strips
-// x 2 KB (4 k32 steps). Both zero-fill outside the tensor.
 __global__ void __launch_bounds__(WgCfg::kThreads, 1)
     QLinearWgmmaKernel(const QLinearParams p, const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgCfg;
   constexpr int S = C::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  unsigned char* smem = smem_raw;  // 1024-aligned: no static shared memory (checked below)
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t ring = sbase + C::kRingOffset, bar0 = sbase + C::kBarOffset;
+  auto full_bar = [&](int slot) { return bar0 + 8 * slot; };
+  auto empty_bar = [&](int slot) { return bar0 + 8 * (S + slot); };
+  auto perm_bar = [&](int buf) { return bar0 + 8 * (2 * S + buf); };
   float* park = reinterpret_cast<float*>(smem + C::kParkOffset);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -165,7 +178,12 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1)
   // (one box), completing on the slot's mbarrier ----
   const int nstrips = min(C::kStrips, p.strips - strip0);
   if (tid == 0) {
-    for (int i = 0; i < S; ++i) WgMbarInit(bar0 + 8 * i, 1);
+    if (sbase & 1023) __trap();  // the swizzled X panels need 1024-byte alignment
+    for (int i = 0; i < S; ++i) {
+      WgMbarInit(full_bar(i), 1);            // thread 0's expect_tx, then the copies' bytes
+      WgMbarInit(empty_bar(i), C::kWarps);   // every warp done with the stage's weights and scales
+    }
+    for (int i = 0; i < C::kPerms; ++i) WgMbarInit(perm_bar(i), C::kWarps);  // every warp's part of the permuted X
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -173,7 +191,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1)
   range_start(pc, 0);
   auto issue_w = [&](int slot) {
     if (tid != 0) return;
-    const uint32_t base = ring + slot * C::kStageBytes, bar = bar0 + 8 * slot;
+    const uint32_t base = ring + slot * C::kStageBytes, bar = full_bar(slot);
     const bool gs = group_start(pc);
     WgMbarExpect(bar, uint32_t(C::kWBytes + C::kXBytes + (gs ? nstrips * kSzBlockBytes : 0)));
     TmaLoad2d(base + C::kXBytes, &wmap, pc.j * 64, strip0, bar);
@@ -182,7 +200,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1)
                nstrips * kSzBlockBytes, bar);
   };
   auto issue_x = [&](int slot) {
-    if (tid == 0) TmaLoad2d(ring + slot * C::kStageBytes, &xmap, pc.j * kStepK, m0, bar0 + 8 * slot);
+    if (tid == 0) TmaLoad2d(ring + slot * C::kStageBytes, &xmap, pc.j * kStepK, m0, full_bar(slot));
     advance(pc);
   };
 
@@ -190,28 +208,38 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1)
   // buffer, panel s / 2, row r, 16-byte chunk ((s % 2) * 4 + q) ^ (r % 8) = words t of channels 8t + 2q, +1.
   // Thread (row xr0 + 32 pass, step xs, chunk xt): a 4 x 4 word transpose among the 4 lanes of (row, step). ----
   const int xt = lane & 3, xs = (lane >> 2) & 3, xr0 = (lane >> 4) + 2 * warp;
+#ifdef FLASHQ_WG_TIMELINE
+  bool tl_on = false;
+  unsigned long long tl_p = 0;
+  auto now = [] { unsigned long long x; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(x)); return x; };
+#endif
   auto permute = [&](int slot, int buf) {
     const unsigned char* src = smem + C::kRingOffset + slot * C::kStageBytes;
     unsigned char* dst = smem + C::kPermOffset + buf * C::kPermBytes;
 #pragma unroll
-    for (int pass = 0; pass < 2; ++pass) {
-      const int r = xr0 + 32 * pass;
+    for (int pass = 0; pass < C::kPasses; ++pass) {
+      const int r = xr0 + (C::kThreads / 16) * pass;
       const uint4 v = *reinterpret_cast<const uint4*>(src + r * C::kXRowBytes + xs * 64 + xt * 16);
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      uint32_t o[4];
+      uint32_t o0 = 0u, o1 = 0u, o2 = 0u, o3 = 0u;
 #pragma unroll
-      for (int d = 0; d < 4; ++d) {  // lane xt gets word xt of lane xt ^ d's chunk, which it sends as word (xt ^ d) ^ d
-        const int q = xt ^ d;
-        const uint32_t send = q == 0 ? w[0] : q == 1 ? w[1] : q == 2 ? w[2] : w[3];
+      for (int d = 0; d < 4; ++d) {  // lane xt gets word xt of lane xt ^ d's chunk, which it sends as its word (xt ^ d) ^ d
+        const int q = xt ^ d;          // selects, not branches: the shuffles stay convergent
+        const uint32_t send = q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;
         const uint32_t recv = d == 0 ? send : __shfl_xor_sync(0xffffffffu, send, d);
-        if (q == 0) o[0] = recv;
-        else if (q == 1) o[1] = recv;
-        else if (q == 2) o[2] = recv;
-        else o[3] = recv;
+        o0 = q == 0 ? recv : o0;
+        o1 = q == 1 ? recv : o1;
+        o2 = q == 2 ? recv : o2;
+        o3 = q == 3 ? recv : o3;
       }
       *reinterpret_cast<uint4*>(dst + (xs / 2) * (C::kRows * 128) + r * 128 + ((((xs % 2) * 4 + xt) ^ (r & 7)) * 16)) =
-          make_uint4(o[0], o[1], o[2], o[3]);
+          make_uint4(o0, o1, o2, o3);
     }
+#ifdef FLASHQ_WG_TIMELINE
+    if (tl_on) tl_p = now();
+#endif
+    FenceProxyAsyncShared();  // generic-proxy writes -> the wgmmas' (async proxy) reads
+    __syncwarp();
+    if (lane == 0) WgMbarArrive(perm_bar(buf));
   };
 
   // ---- math: warp w of warpgroup h: strip 2h + w / 2 of the block, half u = w % 2 ----
@@ -231,7 +259,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1)
   };
   Cursor cc;  // consumer: the stage computed next
   range_start(cc, 0);
-  auto compute = [&](int slot, int buf) {
+  auto compute = [&](int slot, int buf, auto after_first) {
     const unsigned char* sb = smem + C::kRingOffset + slot * C::kStageBytes;
     if (group_start(cc)) {
       const unsigned char* blk = sb + C::kXBytes + C::kWBytes + bs * kSzBlockBytes;
@@ -267,7 +295,10 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1)
       for (int ks = 0; ks < 2; ++ks)  // the flush unit starts from zero (Mma0)
         WgmmaRsK<T>(c, a[b][ks], desc0 + uint64_t(((s / 2) * (C::kRows * 128) + (s % 2) * 64 + ks * 32) >> 4), s > 0 || ks > 0);
       WgCommit();
+      if (s == 0) after_first();
     }
+    __syncwarp();
+    if (lane == 0) WgMbarArrive(empty_bar(slot));  // the stage's weights and scales are in registers
     WgWait<0>();
     keep_a(0);
     keep_a(1);
@@ -285,8 +316,10 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1)
     advance(cc);
   };
 
-  // ---- pipeline. Iteration st: barrier; refill the slot of stage st - 1 with stage st + S - 1; compute stage st;
-  // wait for stage st + 1's copies and permute its X into the buffer stage st - 1 read. ----
+  // ---- pipeline, no block barrier: stage st waits for its permuted X (every warp's part), computes; after its first
+  // wgmmas, thread 0 refills the slot of stage st - 1 (once every warp is done with it) with stage st + S - 1, and
+  // every thread permutes its part of stage st + 1's X into buffer (st + 1) % 3, which stage st - 2 read: every warp
+  // is past stage st - 2, since each permuted its part of stage st (this stage's wait) after computing stage st - 1. ----
   LaunchDependents();
   {
     Cursor save = pc;
@@ -298,47 +331,60 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1)
   }
   GridDependencyWait();  // X comes from the previous kernel; Y may still be read by it
   for (int st = 0; st < S && st < ntot; ++st) issue_x(st);
-  WgMbarWait(bar0, 0);
+  WgMbarWait(full_bar(0), 0);
   permute(0, 0);
-#ifdef FQ_TL
-  unsigned long long tl[5] = {};
-  auto now = [] { unsigned long long x; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(x)); return x; };
+  int slot = 0, buf = 0;
+#ifdef FLASHQ_WG_TIMELINE
+  unsigned long long tl[6] = {};
 #endif
   for (int st = 0; st < ntot; ++st) {
-    const int slot = st % S;
-#ifdef FQ_TL
+#ifdef FLASHQ_WG_TIMELINE
     if (st == 5) tl[0] = now();
 #endif
-    FenceProxyAsyncShared();  // the permuted X (generic proxy writes) -> wgmma (async proxy) reads
-    __syncthreads();          // every thread's part of it; and every warpgroup is done with stage st - 1
-#ifdef FQ_TL
+    WgMbarWait(perm_bar(buf), (st / C::kPerms) & 1);
+#ifdef FLASHQ_WG_TIMELINE
     if (st == 5) tl[1] = now();
 #endif
-    if (st > 0 && st + S - 1 < ntot) {
-      const int ws = (st - 1) % S;
-      issue_w(ws);
-      issue_x(ws);
+    compute(slot, buf, [&] {
+#ifdef FLASHQ_WG_TIMELINE
+      if (st == 5) tl[2] = now();
+#endif
+      if (tid == 0 && st > 0 && st + S - 1 < ntot) {
+        const int ws = slot == 0 ? S - 1 : slot - 1;
+        WgMbarWait(empty_bar(ws), ((st - 1) / S) & 1);
+        issue_w(ws);
+        issue_x(ws);
+      }
+      if (st + 1 < ntot) {
+        const int ns = slot + 1 == S ? 0 : slot + 1;
+        WgMbarWait(full_bar(ns), ((st + 1) / S) & 1);
+#ifdef FLASHQ_WG_TIMELINE
+        if (st == 5) tl[3] = now();
+        tl_on = st == 5;
+#endif
+#ifdef FLASHQ_WG_NO_PERMUTE
+        __syncwarp();
+        if (lane == 0) WgMbarArrive(perm_bar(buf + 1 == C::kPerms ? 0 : buf + 1));
+#else
+        permute(ns, buf + 1 == C::kPerms ? 0 : buf + 1);
+#endif
+#ifdef FLASHQ_WG_TIMELINE
+        if (st == 5) tl[4] = now();
+#endif
+      }
+    });
+#ifdef FLASHQ_WG_TIMELINE
+    if (st == 5) {
+      tl[5] = now();
+      if (lane == 0 && blockIdx.x == 0 && blockIdx.z == 0 && blockIdx.y == 0)
+        printf("TL warp %2d: permwait %.3f step0 %.3f issue+fullwait %.3f permute %.3f fence+arrive %.3f rest %.3f (us)\n", warp,
+               (tl[1] - tl[0]) * 1e-3, (tl[2] - tl[1]) * 1e-3, (tl[3] - tl[2]) * 1e-3, (tl_p - tl[3]) * 1e-3, (tl[4] - tl_p) * 1e-3,
+               (tl[5] - tl[4]) * 1e-3);
     }
-#ifdef FQ_TL
-    if (st == 5) tl[2] = now();
 #endif
-    compute(slot, st & 1);
-#ifdef FQ_TL
-    if (st == 5) tl[3] = now();
-#endif
-    if (st + 1 < ntot) {  // the next stage's X into the other buffer
-      WgMbarWait(bar0 + 8 * ((st + 1) % S), ((st + 1) / S) & 1);
-      permute((st + 1) % S, (st + 1) & 1);
-    }
-#ifdef FQ_TL
-    if (st == 5) tl[4] = now();
-#endif
+    slot = slot + 1 == S ? 0 : slot + 1;
+    buf = buf + 1 == C::kPerms ? 0 : buf + 1;
   }
-#ifdef FQ_TL
-  if (lane == 0 && blockIdx.x == 0 && blockIdx.z == 0 && blockIdx.y == 0)
-    printf("TL warp %2d: barrier wait %.3f issue %.3f compute %.3f wait+permute %.3f (us)\n", warp, (tl[1] - tl[0]) * 1e-3,
-           (tl[2] - tl[1]) * 1e-3, (tl[3] - tl[2]) * 1e-3, (tl[4] - tl[3]) * 1e-3);
-#endif
   __syncthreads();  // the buffers are free: they hold the split's fp32 tile next
 
   // ---- the split's sum w0 + w1 into the tile [row][column], then the splits in order 0..S-1 ----
@@ -459,5 +505,4 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
   AddPdl(&cfg);
   return cudaLaunchKernelEx(&cfg, kernel, p, xmap, wmap);
 }
-
 }  // namespace flashq::gemm::detail
