@@ -1046,25 +1046,13 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush>, p);
 }
 
-// The sm_90a wgmma kernel for int4 M > 16 (qlinear_wgmma.cuh, included by the int4 stage-flush instantiations).
-inline bool UseWgmma(const QLinearParams& p);
-template <typename T>
-cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream);
-
 // One instantiation file per (T, kFp8, kStageFlush) calls this: M <= 8 and M <= 16 take the
-// small-M kernel with one or two 8-token tiles, larger M the wgmma kernel (int4 stage flush on sm_90)
-// or the 32-token split-K kernel.
+// small-M kernel with one or two 8-token tiles, larger M the 32-token split-K kernel.
 template <typename T, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
   if (p.M <= 8) return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(p, stream);
   static_assert(kSmallMMaxRows == 16, "the small-M kernel's widest instantiation holds two 8-token tiles");
   if (p.M <= kSmallMMaxRows) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
-  if constexpr (!kFp8 && kStageFlush) {
-    if (UseWgmma(p)) {
-      const cudaError_t e = LaunchQLinearWgmma<T>(p, stream);
-      if (e != cudaErrorNotSupported) return e;
-    }
-  }
   using C = Cfg<kFp8, 4, kStageFlush, true>;
   QLinearParams q = p;
   q.pairs = PairsPerBlock(p, (p.M + C::kXRows - 1) / C::kXRows, C::kSub, C::kMinBlocks);
