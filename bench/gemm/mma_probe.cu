@@ -169,13 +169,19 @@ __global__ void __launch_bounds__(256) WgmmaLoop(float* out, int iters) {
 // acc += scale * partial (32 fmas). ptxas serializes every wgmma (C7514) if a non-wgmma instruction reads an
 // accumulator while another accumulation chain is open, so a warpgroup cannot fold one partial while the next
 // group's chain runs: other warpgroups have to fill the tensor pipe. kSync: a block barrier per group.
-template <int WGS, bool kSync>
+template <int WGS, bool kSync, bool kLds = false>
 __global__ void __launch_bounds__(128 * WGS, 1) ChainLoop(float* out, int groups) {
-  __shared__ __align__(1024) uint16_t sb[64 * 64];
-  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) sb[i] = uint16_t(0x3f80 + (i & 7));
+  // kLds: as in the kernel, the weights come from shared memory (one 64-bit load per lane and step, a 2 KB strip
+  // stage per warp pair) and B from a 16 KB stage of two 128B-swizzled panels; else w is arithmetic and B one panel.
+  __shared__ __align__(1024) uint16_t sb[kLds ? 2 * 64 * 64 : 64 * 64];
+  __shared__ __align__(16) uint4 wsm[kLds ? 2 * 8 * 4 * 32 : 1];
+  for (int i = threadIdx.x; i < int(sizeof(sb) / 2); i += blockDim.x) sb[i] = uint16_t(0x3f80 + (i & 7));
+  for (int i = threadIdx.x; i < int(sizeof(wsm) / 16); i += blockDim.x) wsm[i] = make_uint4(0x12345678u * i, 0x9abcdef1u ^ i, i, ~i);
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
   const uint64_t desc = SmemDesc(uint32_t(__cvta_generic_to_shared(sb)), 16, 1024);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const char* wbase = reinterpret_cast<const char*>(wsm) + ((warp >> 1) & 7) * 2048 + lane * 16 + (warp & 1) * 8;
   uint32_t w = 0x12345678u * (threadIdx.x + 1);
   const uint32_t nzm = 0xc308c308u;
   float c[32], acc[32];
@@ -195,19 +201,26 @@ __global__ void __launch_bounds__(128 * WGS, 1) ChainLoop(float* out, int groups
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         fence_a(b);
       }
-      w = w * 1664525u + 1013904223u;
+      uint2 wq;
+      if constexpr (kLds) {
+        wq = *reinterpret_cast<const uint2*>(wbase + (g & 1) * 8 * 2048 + s * 512);
+      } else {
+        w = w * 1664525u + 1013904223u;
+        wq = make_uint2(w, w >> 1);
+      }
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           uint32_t h, d;
-          asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(h) : "r"(w >> (4 * (2 * ks + (r >> 1)) + (r & 1))), "n"(0x000f000f), "n"(0x43004300));
+          asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(h) : "r"((r & 1 ? wq.y : wq.x) >> (4 * (2 * ks + (r >> 1)))), "n"(0x000f000f), "n"(0x43004300));
           asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(h), "r"(0x3f803f80u), "r"(nzm));
           a[b][ks][r] = d;
         }
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-      for (int ks = 0; ks < 2; ++ks) WgmmaRs(c, a[b][ks], desc + 2 * (2 * (s & 1) + ks), s > 0 || ks > 0);
+      for (int ks = 0; ks < 2; ++ks)
+        WgmmaRs(c, a[b][ks], desc + (kLds ? ((s / 2) * 8192 + (s % 2) * 64 + ks * 32) / 16 : 2 * (2 * (s & 1) + ks)), s > 0 || ks > 0);
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -394,6 +407,8 @@ void Throughput() {
   chain(ChainLoop<2, true>, 2, " + block barrier per group");
   chain(ChainLoop<3, true>, 3, " + block barrier per group");
   chain(ChainLoop<4, true>, 4, " + block barrier per group");
+  chain(ChainLoop<4, false, true>, 4, ", weights from shared memory");
+  chain(ChainLoop<4, true, true>, 4, ", weights from shared memory + block barrier per group");
 }
 
 // Runs one FP8 TN GEMM with outer-vector scales at (N, K) and several M, and prints each step's status: the
