@@ -25,6 +25,8 @@
 // and the last block of a tile (atomic ticket) sums the fp32 partials in order, or on sm_90 a
 // 2-split plan runs as a 2-block cluster that sums over distributed shared memory. Both kernels
 // use programmatic dependent launch on sm_90 (weights prefetched before griddepcontrol.wait).
+// On sm_90, int4 launches of M > 32 with plans of at most 4 splits take the wgmma kernel of
+// qlinear_wgmma.cuh instead of QLinearKernel: the same arithmetic on wgmma, 64-token tiles.
 //
 // Layouts (built by weights.cu). k is permuted inside each k32 step so that thread
 // t = lane%4 owns channels 8t..8t+7 of both operands: X is read as one 16 B chunk per token
@@ -1046,13 +1048,26 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush>, p);
 }
 
+// The sm_90a wgmma kernel for int4 M > 32 with plans of at most 4 splits (qlinear_wgmma.cuh, included by the int4
+// stage-flush instantiations; UseWgmma says when).
+inline bool UseWgmma(const QLinearParams& p);
+template <typename T>
+cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream);
+
 // One instantiation file per (T, kFp8, kStageFlush) calls this: M <= 8 and M <= 16 take the
-// small-M kernel with one or two 8-token tiles, larger M the 32-token split-K kernel.
+// small-M kernel with one or two 8-token tiles, larger M the wgmma kernel (where UseWgmma allows) or the
+// 32-token split-K kernel.
 template <typename T, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
   if (p.M <= 8) return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(p, stream);
   static_assert(kSmallMMaxRows == 16, "the small-M kernel's widest instantiation holds two 8-token tiles");
   if (p.M <= kSmallMMaxRows) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
+  if constexpr (!kFp8 && kStageFlush) {
+    if (UseWgmma(p)) {
+      const cudaError_t e = LaunchQLinearWgmma<T>(p, stream);
+      if (e != cudaErrorNotSupported) return e;
+    }
+  }
   using C = Cfg<kFp8, 4, kStageFlush, true>;
   QLinearParams q = p;
   q.pairs = PairsPerBlock(p, (p.M + C::kXRows - 1) / C::kXRows, C::kSub, C::kMinBlocks);

@@ -40,10 +40,11 @@ struct Blob {
 };
 
 struct WsLayout {
-  size_t counters = 0, partial = 0, xperm = 0, wdeq = 0, total = 0;
+  size_t counters = 0, partial = 0, xperm = 0, wdeq = 0, xpack = 0, total = 0;
 };
 
-WsLayout KernelWorkspace(int N, int K, const SplitPlan& plan, int max_m, bool act_order, bool dequant_path) {
+// xpack: int4, whose M > 16 launches may take the sm_90 wgmma kernel with X packed per 64-row tile and 4-step stage.
+WsLayout KernelWorkspace(int N, int K, const SplitPlan& plan, int max_m, bool act_order, bool dequant_path, bool xpack) {
   WsLayout l;
   size_t off = 0;
   l.counters = off;
@@ -54,6 +55,9 @@ WsLayout KernelWorkspace(int N, int K, const SplitPlan& plan, int max_m, bool ac
   if (act_order) off = Align256(off + 2 * size_t(std::max(max_m, 1)) * K);
   l.wdeq = off;
   if (dequant_path) off = Align256(off + 2 * size_t(N) * K);
+  l.xpack = off;
+  if (xpack && max_m > kSmallMMaxRows)
+    off = Align256(off + size_t((std::min(max_m, kMaxRowsPerLaunch) + 63) / 64) * kWarpsK * plan.splits * (plan.steps_per_warp / kSubSteps) * 16384);
   l.total = off;
   return l;
 }
@@ -78,6 +82,7 @@ Status RunChunks(bool fp8, detail::QLinearParams p, const LinearArgs& a, const v
                  cudaStream_t stream) {
   p.counters = reinterpret_cast<int*>(ws + l.counters);
   p.partial = reinterpret_cast<float*>(ws + l.partial);
+  if (l.xpack != l.total) p.xpack = ws + l.xpack;
   for (int r0 = 0; r0 < a.M; r0 += kMaxRowsPerLaunch) {
     p.M = std::min(kMaxRowsPerLaunch, a.M - r0);
     p.x = static_cast<const uint16_t*>(x) + size_t(r0) * p.K;
@@ -216,13 +221,13 @@ Status W4A16Weights::Clone(std::unique_ptr<W4A16Weights>* out) const {
 
 size_t W4A16WorkspaceBytes(const W4A16Weights& w, int max_m, bool batch_invariant) {
   const auto& v = w.view();
-  return KernelWorkspace(v.N, v.K, v.plan, max_m, w.act_order(), !batch_invariant && max_m >= kW4A16DequantMinM).total;
+  return KernelWorkspace(v.N, v.K, v.plan, max_m, w.act_order(), !batch_invariant && max_m >= kW4A16DequantMinM, true).total;
 }
 
 Status run_w4a16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaStream_t stream) {
   const auto& v = w.view();
   const bool dequant_path = !a.batch_invariant && a.M >= kW4A16DequantMinM;
-  const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, w.act_order(), dequant_path);
+  const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, w.act_order(), dequant_path, true);
   FQ_RETURN_IF_ERROR(CheckArgs(a, v.K, l.total, "run_w4a16"));
   if (a.M == 0) return Status::Ok();
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
@@ -329,12 +334,12 @@ Status Fp8DeviceWeights::Clone(std::unique_ptr<Fp8DeviceWeights>* out) const {
 
 size_t W8A16WorkspaceBytes(const Fp8DeviceWeights& w, int max_m) {
   const auto& v = w.view();
-  return KernelWorkspace(v.N, v.K, v.plan, max_m, false, false).total;
+  return KernelWorkspace(v.N, v.K, v.plan, max_m, false, false, false).total;
 }
 
 Status run_w8a16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t stream) {
   const auto& v = w.view();
-  const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, false, false);
+  const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, false, false, false);
   FQ_RETURN_IF_ERROR(CheckArgs(a, v.K, l.total, "run_w8a16"));
   if (a.M == 0) return Status::Ok();
   detail::QLinearParams p;

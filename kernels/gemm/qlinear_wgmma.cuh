@@ -1,0 +1,495 @@
+// W4A16 for M > 32 on sm_90a with plans of at most 4 splits: QLinearKernel's arithmetic (plan warp ranges, k32
+// steps, g128 flush units, fixed-order split sums) with the k16 chunks on wgmma m64n64k16 instead of mma.sync
+// m16n8k16. H200 (bench/results/gemm-nvidia-h200-2026-11-25-wgmma-tma.md): 4096x14336 M = 64 / 128 19% / 12% and
+// 8192² 3% / 6% faster than QLinearKernel; slower at M = 32 and with 8-split plans, which keep QLinearKernel.
+//
+// Bits: wgmma with A from registers in the m16n8k16 A-fragment layout gives the very bits of chained mma.sync over
+// the same k16 chunks, in any k order inside a chunk (bench/results/gemm-probe-h200-2026-11-24.md). So each warp builds
+// StepMma's A fragments (DequantPair of the same packed words and zero points) for its 16-column half u of a strip, a
+// flush unit (one 4-step stage) starts from zero (scale-d = 0) and is folded into the fp32 sum with Flush's fma, the
+// split's two warp ranges are added as w0 + w1, and the splits in order 0..S-1: row i of Y is bitwise the small-M
+// kernel's (the GPU tests compare every M with single-row calls).
+//
+// PackXKernel first writes X per 64-row tile and 4-step stage as the main kernel's shared-memory image: two
+// 128B-swizzled 64-channel panels, k permuted so that k16 chunk ks of a step holds channels 8t + 4ks + {0..3} where
+// the A fragment of thread t expects them (the packed weights' k order, see qlinear_kernel.cuh).
+// Block: 4 warpgroups, warpgroup h = strips 2h, 2h+1 of the block's 8 (256 columns; warp w of the group: rows 16w..
+// of the m64 wgmma = strip 2h + w / 2, half w % 2), one 64-token tile (the wgmma N) and one split, whose two warp
+// ranges the block walks in turn (the first range's sums park in shared memory). Per stage thread 0 issues one bulk
+// copy of packed X, one TMA box of the 8 strips' weights (2 KB each) and, where a group starts, one bulk copy of the
+// scale blocks into a 4-slot ring with full / empty mbarriers; no block barrier in the loop. A warpgroup waits for
+// its wgmmas at the end of each stage before it folds them: ptxas serializes every wgmma (C7514) if an accumulator
+// is read while another chain is open, so the 4 warpgroups keep the tensor cores busy between them.
+// Split sums: 2-split plans through a 2-block cluster (distributed shared memory), larger plans through the
+// workspace and the last block of the tile (acq_rel ticket); clusters of 4 and 8 full-SM blocks do not fit one wave.
+// Limits: sm_90a, int4 with groups of a multiple of 4 k32 steps (kStageFlush), M per launch <= kMaxRowsPerLaunch.
+#pragma once
+
+#include <cuda.h>
+
+#include "kernels/gemm/qlinear_kernel.cuh"
+
+namespace flashq::gemm::detail {
+
+struct WgCfg {
+  static constexpr int kThreads = 512;                                // 4 warpgroups of 64 columns (2 strips)
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kStrips = 8;
+  static constexpr int kCols = kStrips * kWarpN;
+  static constexpr int kRows = 64;                                   // token tile = wgmma N
+  static constexpr int kXBytes = kRows * kSubSteps * 64;             // a stage of packed X: two 128B-swizzled panels
+  static constexpr int kWBytes = kStrips * kSubSteps * 32 * 16;      // [strip][step][lane] 16 B
+  static constexpr int kSzBytes = kStrips * kSzBlockBytes;           // one group's scale blocks
+  static constexpr int kStageBytes = (kXBytes + kWBytes + kSzBytes + 1023) / 1024 * 1024;  // X panels 1024-aligned
+  static constexpr int kStages = 4;
+  static constexpr int kRingBytes = kStages * kStageBytes;
+  static constexpr int kParkBytes = kThreads * 32 * 4;               // the first range's 32 sums per thread
+  static constexpr int kParkOffset = kRingBytes;
+  static constexpr int kBarOffset = kParkOffset + kParkBytes;        // full[kStages], empty[kStages]
+  static constexpr int kTileLd = kCols + 4;                          // fp32 split tile row stride (banks)
+  static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8;     // the dynamic shared memory starts 1024-aligned
+  static_assert(kRows * kTileLd * 4 <= kRingBytes, "the split tile reuses the ring");
+  static_assert(kSmemBytes + 1024 <= 228 * 1024, "shared memory");
+};
+
+// Stages of packed X per 64-row tile: every warp range of the plan, K padded with zeros.
+inline __host__ __device__ int PackedXStages(const QLinearParams& p) { return kWarpsK * p.splits * (p.steps_per_warp / kSubSteps); }
+inline size_t PackedXBytes(const QLinearParams& p) {
+  return size_t((p.M + WgCfg::kRows - 1) / WgCfg::kRows) * PackedXStages(p) * WgCfg::kXBytes;
+}
+
+// wgmma m64n64k16, A from registers, B K-major from shared memory (tnsp-b = 0), fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void WgmmaRsK(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FQ_WGMMA_RS(TY)                                                                                                   \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                             \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                                   \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+               "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"          \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),      \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),             \
+                 "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),             \
+                 "+f"(d[30]), "+f"(d[31])                                                                                \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
+  if constexpr (std::is_same_v<T, __half>) FQ_WGMMA_RS("f16");
+  else FQ_WGMMA_RS("bf16");
+#undef FQ_WGMMA_RS
+#endif
+}
+__device__ __forceinline__ void WgFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void WgWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// A register may change here: keeps the compiler from moving accesses across an asynchronous wgmma.
+__device__ __forceinline__ void KeepReg(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+__device__ __forceinline__ void KeepReg(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+// Shared-memory matrix descriptor, 128B swizzle (SBO = 8 rows of 128 B).
+__device__ __forceinline__ uint64_t SwizzledDesc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+// mbarrier and bulk copies (async proxy: the wgmma reads need no proxy fence after them).
+__device__ __forceinline__ void WgMbarInit(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void WgMbarExpect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void WgMbarWait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void WgMbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// `bytes` (a multiple of 16) from global to shared memory, completing on mbarrier `bar`.
+__device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// A 2D tensor-map box at (c0, c1) into shared memory, completing on mbarrier `bar`.
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// X [M][K] -> p.xpack [row tile][stage][panel][64 rows][128 B]: each stage the main kernel's shared-memory image,
+// so that one bulk copy places it. Panel s / 2 row r holds step s of the stage in 16-byte chunks ((s % 2) * 4 + q) ^
+// (r % 8) (128B swizzle), chunk q = words t = 0..3 of channels 8t + 2q, +1: k16 chunk ks holds channels 8t + 4ks +
+// {0..3} where the A fragment of thread t expects them. One thread per (row, k32 step); rows >= M and channels >= K
+// are zeros.
+template <typename T>
+__global__ void __launch_bounds__(256) PackXKernel(const QLinearParams p) {
+  GridDependencyWait();  // X comes from the previous kernel
+  LaunchDependents();    // the linear kernel may start its weight copies; it waits for this grid's end
+  const int nsteps = PackedXStages(p) * kSubSteps;
+  const int m_rows = (p.M + WgCfg::kRows - 1) / WgCfg::kRows * WgCfg::kRows;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= m_rows * nsteps) return;
+  const int jj = i % nsteps, m = i / nsteps;
+  uint4 in[4];  // channels 32 jj + 8t .. +7
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const int k = jj * kStepK + 8 * t;
+    in[t] = m < p.M && k < p.K ? LdCached16(static_cast<const T*>(p.x) + size_t(m) * p.K + k) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  const int mt = m / WgCfg::kRows, r = m % WgCfg::kRows, stage = jj / kSubSteps, s = jj % kSubSteps;
+  uint4* dst = static_cast<uint4*>(p.xpack) + ((size_t(mt) * PackedXStages(p) + stage) * 2 + s / 2) * (WgCfg::kRows * 8) + r * 8;
+  dst[((s % 2) * 4 + 0) ^ (r & 7)] = make_uint4(in[0].x, in[1].x, in[2].x, in[3].x);
+  dst[((s % 2) * 4 + 1) ^ (r & 7)] = make_uint4(in[0].y, in[1].y, in[2].y, in[3].y);
+  dst[((s % 2) * 4 + 2) ^ (r & 7)] = make_uint4(in[0].z, in[1].z, in[2].z, in[3].z);
+  dst[((s % 2) * 4 + 3) ^ (r & 7)] = make_uint4(in[0].w, in[1].w, in[2].w, in[3].w);
+}
+
+// wmap: the packed weights [strips][nk32 x 512 B] in boxes of the block's 8 strips x 2 KB (4 k32 steps), zero-filled
+// outside the tensor. X comes packed by PackXKernel.
+template <typename T>
+__global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const QLinearParams p, const __grid_constant__ CUtensorMap wmap) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = WgCfg;
+  constexpr int S = C::kStages;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw;  // 1024-aligned: no static shared memory (checked below)
+  const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t ring = sbase, bar0 = sbase + C::kBarOffset;
+  auto full_bar = [&](int slot) { return bar0 + 8 * slot; };
+  auto empty_bar = [&](int slot) { return bar0 + 8 * (S + slot); };
+  float* park = reinterpret_cast<float*>(smem + C::kParkOffset);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int mtile = blockIdx.x, split = blockIdx.y, cblock = blockIdx.z;
+  const int m0 = mtile * C::kRows, strip0 = cblock * C::kStrips;
+  const int spw = p.steps_per_warp, nst = spw / kSubSteps, ntot = kWarpsK * nst;
+  const int jb = split * kWarpsK * spw;  // the split's first k32 step; range r starts at jb + r * spw
+  const int nvalid0 = min(spw, p.nk32 - jb), nvalid1 = min(spw, p.nk32 - jb - spw);  // real steps per range (may be <= 0)
+
+  // Where a stage is, kept incrementally (no divisions in the loop): range r, stage i inside it, first k32 step j,
+  // group g of step j and j's position in it.
+  struct Cursor {
+    int r, i, j, g, gpos;
+  };
+  auto range_start = [&](Cursor& c, int r) {
+    c.r = r;
+    c.i = 0;
+    c.j = jb + r * spw;
+    c.g = c.j / p.gsteps;
+    c.gpos = c.j - c.g * p.gsteps;
+  };
+  auto advance = [&](Cursor& c) {
+    if (++c.i == nst) return range_start(c, c.r + 1);
+    c.j += kSubSteps;
+    c.gpos += kSubSteps;
+    if (c.gpos == p.gsteps) {
+      c.gpos = 0;
+      ++c.g;
+    }
+  };
+  // Steps of the stage that hold weights (0..4), and whether it loads a group's scale blocks: where a real step
+  // starts a group and at each range's first step (QLinearKernel's rule).
+  auto real_steps = [&](const Cursor& c) { return max(0, min(kSubSteps, (c.r ? nvalid1 : nvalid0) - c.i * kSubSteps)); };
+  auto group_start = [&](const Cursor& c) { return real_steps(c) > 0 && (c.i == 0 || c.gpos == 0); };
+
+  // ---- copies: thread 0 issues a stage's packed X (one bulk copy of its shared-memory image), weights (one box)
+  // and scale blocks (one bulk copy, where a group starts), completing on the slot's full mbarrier ----
+  const int nstrips = min(C::kStrips, p.strips - strip0);
+  if (tid == 0) {
+    if (sbase & 1023) __trap();  // the swizzled X panels need 1024-byte alignment
+    for (int i = 0; i < S; ++i) {
+      WgMbarInit(full_bar(i), 1);            // thread 0's expect_tx, then the copies' bytes
+      WgMbarInit(empty_bar(i), C::kWarps);   // every warp done with the stage
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  Cursor pc;  // producer: the stage issued next
+  range_start(pc, 0);
+  const char* xsrc = static_cast<const char*>(p.xpack) + size_t(mtile) * PackedXStages(p) * C::kXBytes;
+  auto issue_w = [&](int slot) {
+    const uint32_t base = ring + slot * C::kStageBytes, bar = full_bar(slot);
+    const bool gs = group_start(pc);
+    WgMbarExpect(bar, uint32_t(C::kWBytes + C::kXBytes + (gs ? nstrips * kSzBlockBytes : 0)));
+    TmaLoad2d(base + C::kXBytes, &wmap, pc.j * 64, strip0, bar);
+    if (gs)
+      BulkCopy(base + C::kXBytes + C::kWBytes, static_cast<const char*>(p.sz) + (size_t(pc.g) * p.strips + strip0) * kSzBlockBytes,
+               nstrips * kSzBlockBytes, bar);
+  };
+  auto issue_x = [&](int slot) {
+    BulkCopy(ring + slot * C::kStageBytes, xsrc + size_t(pc.j / kSubSteps) * C::kXBytes, C::kXBytes, full_bar(slot));
+    advance(pc);
+  };
+
+  // ---- math: warp w of warpgroup h: strip 2h + w / 2 of the block, half u = w % 2 ----
+  const int h = warp >> 2, wi = warp & 3;
+  const int bs = 2 * h + (wi >> 1), u = wi & 1;
+  float acc[32], c[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc[i] = c[i] = 0.0f;
+  float scl[2] = {0.0f, 0.0f};
+  uint32_t nzm[2] = {0u, 0u};
+  uint32_t a[2][2][4];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) (&a[0][0][0])[i] = 0u;
+  auto keep_a = [&](int b) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) KeepReg((&a[b][0][0])[i]);
+  };
+  Cursor cc;  // consumer: the stage computed next
+  range_start(cc, 0);
+  auto compute = [&](int slot, auto after_first) {
+    const unsigned char* sb = smem + slot * C::kStageBytes;
+    if (group_start(cc)) {
+      const unsigned char* blk = sb + C::kXBytes + C::kWBytes + bs * kSzBlockBytes;
+      float sc4[4];
+      uint32_t nz4[4];
+      GroupRegs<T>(reinterpret_cast<const uint2*>(blk)[g], reinterpret_cast<const uint32_t*>(blk + kSzZeros)[g], sc4, nz4);
+      scl[0] = u ? sc4[2] : sc4[0];
+      scl[1] = u ? sc4[3] : sc4[1];
+      nzm[0] = u ? nz4[2] : nz4[0];
+      nzm[1] = u ? nz4[3] : nz4[1];
+    }
+    const int rs = real_steps(cc);
+    const uint64_t desc0 = SwizzledDesc(ring + slot * C::kStageBytes);
+    const unsigned char* wsm = sb + C::kXBytes + bs * (kSubSteps * 512) + lane * 16 + u * 8;
+#pragma unroll
+    for (int s = 0; s < kSubSteps; ++s) {
+      // Steps past the weights are zero words, as in the other kernels (the same mma operands).
+      const uint2 wq = s < rs ? *reinterpret_cast<const uint2*>(wsm + s * 512) : make_uint2(0u, 0u);
+      const int b = s & 1;
+      if (s >= 2) {  // step s - 2's wgmmas read a[b]
+        WgWait<1>();
+        keep_a(b);
+      }
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {  // StepMma's A fragments of half u
+        a[b][ks][0] = DequantPair<T>(wq.x, 2 * ks, nzm[0]);
+        a[b][ks][1] = DequantPair<T>(wq.y, 2 * ks, nzm[1]);
+        a[b][ks][2] = DequantPair<T>(wq.x, 2 * ks + 1, nzm[0]);
+        a[b][ks][3] = DequantPair<T>(wq.y, 2 * ks + 1, nzm[1]);
+      }
+      WgFence();
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks)  // the flush unit starts from zero (Mma0)
+        WgmmaRsK<T>(c, a[b][ks], desc0 + uint64_t(((s / 2) * (C::kRows * 128) + (s % 2) * 64 + ks * 32) >> 4), s > 0 || ks > 0);
+      WgCommit();
+      if (s == 0) after_first();
+    }
+    WgWait<0>();
+    __syncwarp();
+    if (lane == 0) WgMbarArrive(empty_bar(slot));  // the stage's X is read and its weights are in registers
+    keep_a(0);
+    keep_a(1);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) KeepReg(c[i]);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] = fmaf(scl[(i >> 1) & 1], c[i], acc[i]);  // Flush
+    if (cc.i == nst - 1 && cc.r == 0) {  // end of the first range: park its sums, start the second from zero
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        park[i * C::kThreads + tid] = acc[i];
+        acc[i] = 0.0f;
+      }
+    }
+    advance(cc);
+  };
+
+  // ---- pipeline, no block barrier: each warp waits for its stage's copies and computes it; after its first wgmmas,
+  // thread 0 refills the slot of stage st - 1 (once every warp is done with it) with stage st + S - 1. ----
+  LaunchDependents();
+  if (tid == 0) {
+    Cursor save = pc;
+    for (int st = 0; st < S && st < ntot; ++st) {
+      issue_w(st);
+      advance(pc);
+    }
+    pc = save;
+  }
+  GridDependencyWait();  // the packed X comes from PackXKernel; Y and the workspace may still be read before it
+  if (tid == 0)
+    for (int st = 0; st < S && st < ntot; ++st) issue_x(st);
+  int slot = 0;
+  for (int st = 0; st < ntot; ++st) {
+    WgMbarWait(full_bar(slot), (st / S) & 1);
+    compute(slot, [&] {
+      if (tid == 0 && st > 0 && st + S - 1 < ntot) {
+        const int ws = slot == 0 ? S - 1 : slot - 1;
+        WgMbarWait(empty_bar(ws), ((st - 1) / S) & 1);
+        issue_w(ws);
+        issue_x(ws);
+      }
+    });
+    slot = slot + 1 == S ? 0 : slot + 1;
+  }
+  __syncthreads();  // the buffers are free: they hold the split's fp32 tile next
+
+  // ---- the split's sum w0 + w1 into the tile [row][column], then the splits in order 0..S-1 ----
+  float* tile = reinterpret_cast<float*>(smem);
+  const int colw = bs * kWarpN + 16 * u + g;  // column inside the block of acc[i], i = 4j + e: + 8 (e >> 1)
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int row = 8 * (i >> 2) + 2 * t + (i & 1);
+    tile[row * C::kTileLd + colw + 8 * ((i >> 1) & 1)] = park[i * C::kThreads + tid] + acc[i];
+  }
+  // Split sums: S = 1 from this block's tile; S = 2 over the cluster's tiles (distributed shared memory), each block
+  // every second float4; S > 2 (clusters of 4 and 8 full-SM blocks do not fit one wave) through the workspace: the
+  // last block of the tile (acq_rel ticket) adds the S partials. The same fp32 sum in the same order either way.
+  const int rows = min(C::kRows, p.M - m0);
+  const int ncol0 = cblock * C::kCols;
+  const uint32_t tbase = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
+  const bool vec = (p.N & 3) == 0;
+  const int S_ = p.splits;
+  const size_t stride = size_t(p.M) * p.N;
+  if (S_ == 2) ClusterSync();
+  else __syncthreads();
+  if (S_ > 2) {  // this split's partial to the workspace
+    float* dst = p.partial + split * stride + size_t(m0) * p.N + ncol0;
+#pragma unroll 1
+    for (int q = tid; q < rows * (C::kCols / 4); q += C::kThreads) {
+      const int r = q / (C::kCols / 4), c4 = 4 * (q % (C::kCols / 4));
+      const float4 v = *reinterpret_cast<const float4*>(tile + r * C::kTileLd + c4);
+      float* d = dst + size_t(r) * p.N + c4;
+      if (vec && ncol0 + c4 < p.N) *reinterpret_cast<float4*>(d) = v;
+      else if (!vec) {
+        const float e[4] = {v.x, v.y, v.z, v.w};
+        for (int k = 0; k < 4; ++k)
+          if (ncol0 + c4 + k < p.N) d[k] = e[k];
+      }
+    }
+    __shared__ int s_last;
+    const int tile_id = cblock * gridDim.x + mtile;
+    __syncthreads();
+    if (tid == 0) s_last = AtomicAddAcqRel(p.counters + tile_id, 1) == S_ - 1;
+    __syncthreads();
+    if (!s_last) return;
+    if (tid == 0) p.counters[tile_id] = 0;
+  }
+  T* y = static_cast<T*>(p.y);
+  auto load4 = [&](int sp, int r, int c4) -> float4 {
+    if (S_ == 2) return LdClusterF4(tbase + uint32_t(r * C::kTileLd + c4) * 4, sp);
+    if (S_ == 1) return *reinterpret_cast<const float4*>(tile + r * C::kTileLd + c4);
+    const float* src = p.partial + sp * stride + size_t(m0 + r) * p.N + ncol0 + c4;
+    if (vec) return __ldcg(reinterpret_cast<const float4*>(src));
+    const int c = ncol0 + c4;
+    return make_float4(__ldcg(src), c + 1 < p.N ? __ldcg(src + 1) : 0.0f, c + 2 < p.N ? __ldcg(src + 2) : 0.0f,
+                       c + 3 < p.N ? __ldcg(src + 3) : 0.0f);
+  };
+  const int q0 = S_ == 2 ? split + 2 * tid : tid, qstep = S_ == 2 ? 2 * C::kThreads : C::kThreads;
+#pragma unroll 1
+  for (int q = q0; q < rows * (C::kCols / 4); q += qstep) {
+    const int r = q / (C::kCols / 4), c4 = 4 * (q % (C::kCols / 4));
+    const int col = ncol0 + c4;
+    if (col >= p.N) continue;
+    float4 v[kMaxSplits];
+#pragma unroll
+    for (int sp = 0; sp < kMaxSplits; ++sp)
+      if (sp < S_) v[sp] = load4(sp, r, c4);
+    float4 sum = v[0];
+#pragma unroll
+    for (int sp = 1; sp < kMaxSplits; ++sp)
+      if (sp < S_) {
+        sum.x += v[sp].x;
+        sum.y += v[sp].y;
+        sum.z += v[sp].z;
+        sum.w += v[sp].w;
+      }
+    T* dst = y + size_t(m0 + r) * p.N + col;
+    if (vec) {
+      const T o[4] = {T(sum.x), T(sum.y), T(sum.z), T(sum.w)};
+      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(o);
+    } else {
+      dst[0] = T(sum.x);
+      if (col + 1 < p.N) dst[1] = T(sum.y);
+      if (col + 2 < p.N) dst[2] = T(sum.z);
+      if (col + 3 < p.N) dst[3] = T(sum.w);
+    }
+  }
+  if (S_ == 2) ClusterSyncExit();  // no block leaves while another still reads its tile
+#else
+  __trap();
+#endif
+}
+
+// The wgmma path: int4 stage-flush launches of more than 32 rows on sm_90 with plans of at most 4 splits, when the
+// caller's workspace holds packed X. At M <= 32 half the 64-token tile is empty, and 8-split plans (4096², 14336 x
+// 4096) pay a serial split sum: QLinearKernel is faster there (H200). Bench knob FLASHQ_GEMM_WGMMA_MIN_M=n: the
+// smallest M it takes (n > 16; 1000000 turns it off), for A/B runs.
+inline bool UseWgmma(const QLinearParams& p) {
+  static const int min_rows = [] {
+    const char* e = std::getenv("FLASHQ_GEMM_WGMMA_MIN_M");
+    const int v = e ? std::atoi(e) : 0;
+    return v > kSmallMMaxRows ? v : 33;
+  }();
+  return p.M >= min_rows && p.xpack != nullptr && p.splits <= 4 && DeviceMajor() >= 9;
+}
+
+// A 2D tensor map (dim0 contiguous, dim1 rows `stride1` bytes apart), boxes box0 x box1, no swizzle, zero fill;
+// false where the driver lacks the encoder or rejects the layout.
+inline bool EncodeMap2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t dim0, uint64_t dim1,
+                        uint64_t stride1, uint32_t box0, uint32_t box1) {
+  using EncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                                const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const EncodeFn encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<EncodeFn>(fn);
+  }();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {dim0, dim1};
+  const cuuint64_t strides[1] = {stride1};
+  const cuuint32_t box[2] = {box0, box1};
+  const cuuint32_t estr[2] = {1, 1};
+  return encode(map, type, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// cudaErrorNotSupported (nothing launched) where the tensor map cannot be made: the caller takes QLinearKernel.
+// PackXKernel, then the linear kernel, both with programmatic dependent launch.
+template <typename T>
+cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
+  using C = WgCfg;
+  CUtensorMap wmap;
+  if (!EncodeMap2d(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT64, p.qw, uint64_t(p.nk32) * 64, uint64_t(p.strips), uint64_t(p.nk32) * 512,
+                   kSubSteps * 64, C::kStrips))
+    return cudaErrorNotSupported;
+  cudaLaunchAttribute at[2];
+  cudaLaunchConfig_t pack = {};
+  const long threads = long((p.M + C::kRows - 1) / C::kRows) * C::kRows * PackedXStages(p) * kSubSteps;
+  pack.gridDim = dim3(unsigned((threads + 255) / 256));
+  pack.blockDim = dim3(256);
+  pack.stream = stream;
+  pack.attrs = at;
+  AddPdl(&pack);
+  cudaError_t e = cudaLaunchKernelEx(&pack, PackXKernel<T>, p);
+  if (e != cudaSuccess) return e;
+  auto* kernel = QLinearWgmmaKernel<T>;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((p.M + C::kRows - 1) / C::kRows, p.splits, (p.N + C::kCols - 1) / C::kCols);
+  cfg.blockDim = dim3(C::kThreads);
+  cfg.dynamicSmemBytes = C::kSmemBytes;
+  cfg.stream = stream;
+  cfg.attrs = at;
+  if (p.splits == 2) {
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = 2;
+    at[0].val.clusterDim.z = 1;
+    cfg.numAttrs = 1;
+  }
+  AddPdl(&cfg);
+  return cudaLaunchKernelEx(&cfg, kernel, p, wmap);
+}
+
+}  // namespace flashq::gemm::detail
