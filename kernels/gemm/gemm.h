@@ -92,13 +92,16 @@ class W4A16Weights {
   int32_t* perm_ = nullptr;
   std::unique_ptr<View> view_;
 };
-// Scratch for run_w4a16 with M up to max_m rows (split-K partials, act-order gather,
-// and the 16-bit dequantized copy of W for the non-invariant large-M path).
+// Scratch for run_w4a16 with M up to max_m rows (split-K partials, act-order gather, X packed for
+// the sm_90 wgmma kernel at M > 16, and the 16-bit dequantized copy of W for the non-invariant
+// large-M path).
 size_t W4A16WorkspaceBytes(const W4A16Weights& w, int max_m, bool batch_invariant);
 // run_w4a16 and run_w8a16 take a small-M kernel up to this many rows per launch (one
-// instantiation for M <= 8, one for M <= 16) and a 32-token kernel above it: a warm-up at M = 1,
-// M = kSmallMMaxRows and one large M loads every kernel a layer can reach.
+// instantiation for M <= 8, one for M <= 16) and a 32-token kernel above it (int4 on sm_90 above
+// M = 32: a wgmma kernel where the plan has at most 4 splits). A warm-up at M = 1, kSmallMMaxRows,
+// kWgmmaMinRows - 1 and one larger M loads every kernel a layer can reach.
 constexpr int kSmallMMaxRows = 16;
+constexpr int kWgmmaMinRows = 33;
 // M at or above which the non-invariant mode dequantizes W and calls cuBLASLt.
 constexpr int kW4A16DequantMinM = 256;
 // blas may be null when batch_invariant or M < kW4A16DequantMinM.

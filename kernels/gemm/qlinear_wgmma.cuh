@@ -424,7 +424,7 @@ inline bool UseWgmma(const QLinearParams& p) {
   static const int min_rows = [] {
     const char* e = std::getenv("FLASHQ_GEMM_WGMMA_MIN_M");
     const int v = e ? std::atoi(e) : 0;
-    return v > kSmallMMaxRows ? v : 33;
+    return v > kSmallMMaxRows ? v : kWgmmaMinRows;
   }();
   return p.M >= min_rows && p.xpack != nullptr && p.splits <= 4 && DeviceMajor() >= 9;
 }
