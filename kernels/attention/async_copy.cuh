@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/attention/attention.h"
+#include "kernels/common/tensor_map.h"
 
 namespace flashq::attention::detail {
 
@@ -54,17 +55,7 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, 
 // data (tails use cp.async). Unimplemented when the driver rejects the layout: the caller falls back.
 inline Status EncodeRowsMap(CUtensorMap* map, const void* base, bool bf16, int d, int heads, int64_t row_stride,
                             int64_t head_stride, int box_rows) {
-  using EncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static EncodeFn encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<EncodeFn>(fn);
-  }();
+  const TensorMapEncodeTiledFn encode = TensorMapEncoder();
   if (encode == nullptr) return Unimplemented("cuTensorMapEncodeTiled not available");
   const cuuint64_t dims[3] = {cuuint64_t(d), cuuint64_t(heads), cuuint64_t(0x7fffffff)};
   const cuuint64_t strides[2] = {cuuint64_t(head_stride) * 2, cuuint64_t(row_stride) * 2};

@@ -27,6 +27,8 @@
 
 #include <cuda.h>
 
+#include "kernels/attention/wgmma_ops.cuh"
+#include "kernels/common/tensor_map.h"
 #include "kernels/gemm/qlinear_kernel.cuh"
 
 namespace flashq::gemm::detail {
@@ -78,15 +80,11 @@ __device__ __forceinline__ void WgmmaRsK(float (&d)[32], const uint32_t (&a)[4],
 #undef FQ_WGMMA_RS
 #endif
 }
-__device__ __forceinline__ void WgFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void WgCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void WgWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// A register may change here: keeps the compiler from moving accesses across an asynchronous wgmma.
-__device__ __forceinline__ void KeepReg(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
-__device__ __forceinline__ void KeepReg(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+// The wgmma fence / commit / wait and register fences of the attention kernels.
+using attention::detail::RegFence;
+using attention::detail::WgmmaCommit;
+using attention::detail::WgmmaFence;
+using attention::detail::WgmmaWait;
 // Shared-memory matrix descriptor, 128B swizzle (SBO = 8 rows of 128 B).
 __device__ __forceinline__ uint64_t SwizzledDesc(uint32_t addr) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
@@ -239,7 +237,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   for (int i = 0; i < 16; ++i) (&a[0][0][0])[i] = 0u;
   auto keep_a = [&](int b) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) KeepReg((&a[b][0][0])[i]);
+    for (int i = 0; i < 8; ++i) RegFence((&a[b][0][0])[i]);
   };
   Cursor cc;  // consumer: the stage computed next
   range_start(cc, 0);
@@ -264,7 +262,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
       const uint2 wq = s < rs ? *reinterpret_cast<const uint2*>(wsm + s * 512) : make_uint2(0u, 0u);
       const int b = s & 1;
       if (s >= 2) {  // step s - 2's wgmmas read a[b]
-        WgWait<1>();
+        WgmmaWait<1>();
         keep_a(b);
       }
 #pragma unroll
@@ -274,20 +272,20 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
         a[b][ks][2] = DequantPair<T>(wq.x, 2 * ks + 1, nzm[0]);
         a[b][ks][3] = DequantPair<T>(wq.y, 2 * ks + 1, nzm[1]);
       }
-      WgFence();
+      WgmmaFence();
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks)  // the flush unit starts from zero (Mma0)
         WgmmaRsK<T>(c, a[b][ks], desc0 + uint64_t(((s / 2) * (C::kRows * 128) + (s % 2) * 64 + ks * 32) >> 4), s > 0 || ks > 0);
-      WgCommit();
+      WgmmaCommit();
       if (s == 0) after_first();
     }
-    WgWait<0>();
+    WgmmaWait<0>();
     __syncwarp();
     if (lane == 0) WgMbarArrive(empty_bar(slot));  // the stage's X is read and its weights are in registers
     keep_a(0);
     keep_a(1);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) KeepReg(c[i]);
+    for (int i = 0; i < 32; ++i) RegFence(c[i]);
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] = fmaf(scl[(i >> 1) & 1], c[i], acc[i]);  // Flush
     if (cc.i == nst - 1 && cc.r == 0) {  // end of the first range: park its sums, start the second from zero
@@ -433,17 +431,7 @@ inline bool UseWgmma(const QLinearParams& p) {
 // false where the driver lacks the encoder or rejects the layout.
 inline bool EncodeMap2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t dim0, uint64_t dim1,
                         uint64_t stride1, uint32_t box0, uint32_t box1) {
-  using EncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
-                                const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static const EncodeFn encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<EncodeFn>(fn);
-  }();
+  const TensorMapEncodeTiledFn encode = TensorMapEncoder();
   if (encode == nullptr) return false;
   const cuuint64_t dims[2] = {dim0, dim1};
   const cuuint64_t strides[1] = {stride1};
