@@ -13,6 +13,8 @@ constexpr int kSubSteps = 4;              // k32 steps per int4 pipeline stage; 
 constexpr int kTargetWarps = 2112;        // plan warps (strips x warp ranges): one wave of 16 per SM on 132 SMs
 constexpr int kMaxSplits = 8;             // so a strip's 2 * splits warp ranges fit one 512-thread block
 constexpr int kMaxRowsPerLaunch = 128;    // invariant path: rows per launch (bounds split-K scratch)
+constexpr int kWgmmaTileRows = 64;        // sm_90 wgmma kernel (M > 32): token tile, and X packed per tile and stage
+constexpr int kWgmmaXStageBytes = kWgmmaTileRows * kSubSteps * kStepK * 2;
 // int4 scale block per (group, strip): 32 fp16 scales, then 32 uint8 zeros at kSzZeros.
 constexpr int kSzBlockBytes = 96;
 constexpr int kSzZeros = 64;

@@ -38,8 +38,8 @@ struct WgCfg {
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kStrips = 8;
   static constexpr int kCols = kStrips * kWarpN;
-  static constexpr int kRows = 64;                                   // token tile = wgmma N
-  static constexpr int kXBytes = kRows * kSubSteps * 64;             // a stage of packed X: two 128B-swizzled panels
+  static constexpr int kRows = kWgmmaTileRows;                       // token tile = wgmma N
+  static constexpr int kXBytes = kWgmmaXStageBytes;                  // a stage of packed X: two 128B-swizzled panels
   static constexpr int kWBytes = kStrips * kSubSteps * 32 * 16;      // [strip][step][lane] 16 B
   static constexpr int kSzBytes = kStrips * kSzBlockBytes;           // one group's scale blocks
   static constexpr int kStageBytes = (kXBytes + kWBytes + kSzBytes + 1023) / 1024 * 1024;  // X panels 1024-aligned
@@ -56,9 +56,6 @@ struct WgCfg {
 
 // Stages of packed X per 64-row tile: every warp range of the plan, K padded with zeros.
 inline __host__ __device__ int PackedXStages(const QLinearParams& p) { return kWarpsK * p.splits * (p.steps_per_warp / kSubSteps); }
-inline size_t PackedXBytes(const QLinearParams& p) {
-  return size_t((p.M + WgCfg::kRows - 1) / WgCfg::kRows) * PackedXStages(p) * WgCfg::kXBytes;
-}
 
 // wgmma m64n64k16, A from registers, B K-major from shared memory (tnsp-b = 0), fp32 accumulators.
 template <typename T>
@@ -155,7 +152,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   using C = WgCfg;
   constexpr int S = C::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw;  // 1024-aligned: no static shared memory (checked below)
+  unsigned char* smem = smem_raw;  // 1024-aligned by the declaration (checked below)
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t ring = sbase, bar0 = sbase + C::kBarOffset;
   auto full_bar = [&](int slot) { return bar0 + 8 * slot; };
@@ -309,7 +306,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     }
     pc = save;
   }
-  GridDependencyWait();  // the packed X comes from PackXKernel; Y and the workspace may still be read before it
+  GridDependencyWait();  // the packed X comes from PackXKernel, which waited for the kernel before it
   if (tid == 0)
     for (int st = 0; st < S && st < ntot; ++st) issue_x(st);
   int slot = 0;

@@ -57,7 +57,8 @@ WsLayout KernelWorkspace(int N, int K, const SplitPlan& plan, int max_m, bool ac
   if (dequant_path) off = Align256(off + 2 * size_t(N) * K);
   l.xpack = off;
   if (xpack && max_m > kSmallMMaxRows)
-    off = Align256(off + size_t((std::min(max_m, kMaxRowsPerLaunch) + 63) / 64) * kWarpsK * plan.splits * (plan.steps_per_warp / kSubSteps) * 16384);
+    off = Align256(off + size_t((std::min(max_m, kMaxRowsPerLaunch) + kWgmmaTileRows - 1) / kWgmmaTileRows) * kWarpsK *
+                             plan.splits * (plan.steps_per_warp / kSubSteps) * kWgmmaXStageBytes);
   l.total = off;
   return l;
 }
