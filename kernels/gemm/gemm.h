@@ -93,7 +93,7 @@ class W4A16Weights {
   std::unique_ptr<View> view_;
 };
 // Scratch for run_w4a16 with M up to max_m rows (split-K partials, act-order gather, X packed for
-// the sm_90 wgmma kernel at M > 16, and the 16-bit dequantized copy of W for the non-invariant
+// the sm_90 wgmma kernel at M > 32, and the 16-bit dequantized copy of W for the non-invariant
 // large-M path).
 size_t W4A16WorkspaceBytes(const W4A16Weights& w, int max_m, bool batch_invariant);
 // run_w4a16 and run_w8a16 take a small-M kernel up to this many rows per launch (one

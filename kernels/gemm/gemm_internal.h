@@ -40,7 +40,7 @@ struct QLinearParams {
   const void* sz = nullptr;          // int4 scales + zeros blocks
   const float* fscales = nullptr;    // fp8
   float* partial = nullptr;        // [splits][M][N] when splits > 1
-  void* xpack = nullptr;           // int4, M > 16 on sm_90: X packed for the wgmma kernel (qlinear_wgmma.cuh)
+  void* xpack = nullptr;           // int4, M > 32 on sm_90: X packed for the wgmma kernel (qlinear_wgmma.cuh)
   int* counters = nullptr;         // [n_blocks * m_blocks], zero on entry and exit
   int M = 0, N = 0, K = 0, nk32 = 0, strips = 0, gsteps = 1, splits = 1, steps_per_warp = 0;
   int pairs = 1;                   // QLinearKernel: range pairs (splits) per block, set by the launcher

@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
 // The wgmma path: int4 stage-flush launches of more than 32 rows on sm_90 with plans of at most 4 splits, when the
 // caller's workspace holds packed X. At M <= 32 half the 64-token tile is empty, and 8-split plans (4096², 14336 x
 // 4096) pay a serial split sum: QLinearKernel is faster there (H200). Bench knob FLASHQ_GEMM_WGMMA_MIN_M=n: the
-// smallest M it takes (n > 16; 1000000 turns it off), for A/B runs.
+// smallest M it takes (n > 16, where the workspace was sized for M >= kWgmmaMinRows; 1000000 turns it off), for A/B.
 inline bool UseWgmma(const QLinearParams& p) {
   static const int min_rows = [] {
     const char* e = std::getenv("FLASHQ_GEMM_WGMMA_MIN_M");

@@ -43,7 +43,8 @@ struct WsLayout {
   size_t counters = 0, partial = 0, xperm = 0, wdeq = 0, xpack = 0, total = 0;
 };
 
-// xpack: int4, whose M > 16 launches may take the sm_90 wgmma kernel with X packed per 64-row tile and 4-step stage.
+// xpack: int4, whose launches of kWgmmaMinRows rows or more may take the sm_90 wgmma kernel, with X packed per
+// 64-row tile and 4-step stage.
 WsLayout KernelWorkspace(int N, int K, const SplitPlan& plan, int max_m, bool act_order, bool dequant_path, bool xpack) {
   WsLayout l;
   size_t off = 0;
@@ -56,7 +57,7 @@ WsLayout KernelWorkspace(int N, int K, const SplitPlan& plan, int max_m, bool ac
   l.wdeq = off;
   if (dequant_path) off = Align256(off + 2 * size_t(N) * K);
   l.xpack = off;
-  if (xpack && max_m > kSmallMMaxRows)
+  if (xpack && max_m >= kWgmmaMinRows)
     off = Align256(off + size_t((std::min(max_m, kMaxRowsPerLaunch) + kWgmmaTileRows - 1) / kWgmmaTileRows) * kWarpsK *
                              plan.splits * (plan.steps_per_warp / kSubSteps) * kWgmmaXStageBytes);
   l.total = off;
