@@ -269,6 +269,36 @@ __device__ __forceinline__ void StoreAcc(float* red, int w, int lane, const floa
       for (int e = 0; e < 4; ++e) red[(w * NT * 8 + (nt * 2 + u) * 4 + e) * 32 + lane] = acc[nt][u][e];
 }
 
+// The fp32 split partials v[0] + v[1] + ... + v[n - 1] in that order (n <= kN), as the wgmma kernel adds them.
+// QLinearKernel's two copies of this sum stay inline: with this helper its SASS changed and 4096² M = 32-64 ran about
+// 1% slower (bench/results/gemm-nvidia-h200-2026-11-25-wgmma-tma.md, call 21).
+template <int kN>
+__device__ __forceinline__ float4 SumSplits(const float4 (&v)[kN], int n) {
+  float4 sum = v[0];
+#pragma unroll
+  for (int q = 1; q < kN; ++q)
+    if (q < n) {
+      sum.x += v[q].x;
+      sum.y += v[q].y;
+      sum.z += v[q].z;
+      sum.w += v[q].w;
+    }
+  return sum;
+}
+// Y's columns col..col+3 at dst from sum, rounded to T: one 8-byte store when N % 4 == 0 (vec), else the columns < N.
+template <typename T>
+__device__ __forceinline__ void StoreY4(T* dst, int col, int N, bool vec, float4 sum) {
+  if (vec) {
+    const T o[4] = {T(sum.x), T(sum.y), T(sum.z), T(sum.w)};
+    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(o);
+  } else {
+    dst[0] = T(sum.x);
+    if (col + 1 < N) dst[1] = T(sum.y);
+    if (col + 2 < N) dst[2] = T(sum.z);
+    if (col + 3 < N) dst[3] = T(sum.w);
+  }
+}
+
 template <bool kFp8, int NT, bool kStageFlush, bool kMulti>
 struct Cfg {
   static constexpr int kWarps = kThreads / 32;
@@ -600,19 +630,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
   if (p.splits == 1) return;
   const int ncol0 = cblock * kBlockN;
   const bool vec = (p.N & 3) == 0;
-  // y[row][col..col+3] = sum (4 fp32 columns), N % 4 == 0 or not.
-  auto store4 = [&](int row, int col, float4 sum) {
-    T* dst = y + size_t(row) * p.N + col;
-    if (vec) {
-      const T o[4] = {T(sum.x), T(sum.y), T(sum.z), T(sum.w)};
-      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(o);
-    } else {
-      dst[0] = T(sum.x);
-      if (col + 1 < p.N) dst[1] = T(sum.y);
-      if (col + 2 < p.N) dst[2] = T(sum.z);
-      if (col + 3 < p.N) dst[3] = T(sum.w);
-    }
-  };
+  auto store4 = [&](int row, int col, float4 sum) { StoreY4(y + size_t(row) * p.N + col, col, p.N, vec, sum); };
   if (p.cluster) {
     // The tile's S split blocks are one cluster (rank = split): after the barrier each block
     // sums every S-th group of 4 columns over ranks 0..S-1 in that order (the same fp32 sum as

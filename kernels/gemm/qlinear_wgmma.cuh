@@ -33,6 +33,11 @@
 
 namespace flashq::gemm::detail {
 
+// Split plans it takes: 2 reduce through a cluster, 3-4 through the workspace ticket. 8-split plans stay on
+// QLinearKernel (clusters of 8 full-SM blocks do not fit one wave, and one block's 8-way tail costs more than the loop
+// gains).
+constexpr int kWgmmaMaxSplits = 4;
+
 struct WgCfg {
   static constexpr int kThreads = 512;                                // 4 warpgroups of 64 columns (2 strips)
   static constexpr int kWarps = kThreads / 32;
@@ -339,11 +344,11 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   const int ncol0 = cblock * C::kCols;
   const uint32_t tbase = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
   const bool vec = (p.N & 3) == 0;
-  const int S_ = p.splits;
+  const int splits = p.splits;
   const size_t stride = size_t(p.M) * p.N;
-  if (S_ == 2) ClusterSync();
+  if (splits == 2) ClusterSync();
   else __syncthreads();
-  if (S_ > 2) {  // this split's partial to the workspace
+  if (splits > 2) {  // this split's partial to the workspace
     float* dst = p.partial + split * stride + size_t(m0) * p.N + ncol0;
 #pragma unroll 1
     for (int q = tid; q < rows * (C::kCols / 4); q += C::kThreads) {
@@ -360,52 +365,34 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     __shared__ int s_last;
     const int tile_id = cblock * gridDim.x + mtile;
     __syncthreads();
-    if (tid == 0) s_last = AtomicAddAcqRel(p.counters + tile_id, 1) == S_ - 1;
+    if (tid == 0) s_last = AtomicAddAcqRel(p.counters + tile_id, 1) == splits - 1;
     __syncthreads();
     if (!s_last) return;
     if (tid == 0) p.counters[tile_id] = 0;
   }
   T* y = static_cast<T*>(p.y);
   auto load4 = [&](int sp, int r, int c4) -> float4 {
-    if (S_ == 2) return LdClusterF4(tbase + uint32_t(r * C::kTileLd + c4) * 4, sp);
-    if (S_ == 1) return *reinterpret_cast<const float4*>(tile + r * C::kTileLd + c4);
+    if (splits == 2) return LdClusterF4(tbase + uint32_t(r * C::kTileLd + c4) * 4, sp);
+    if (splits == 1) return *reinterpret_cast<const float4*>(tile + r * C::kTileLd + c4);
     const float* src = p.partial + sp * stride + size_t(m0 + r) * p.N + ncol0 + c4;
     if (vec) return __ldcg(reinterpret_cast<const float4*>(src));
     const int c = ncol0 + c4;
     return make_float4(__ldcg(src), c + 1 < p.N ? __ldcg(src + 1) : 0.0f, c + 2 < p.N ? __ldcg(src + 2) : 0.0f,
                        c + 3 < p.N ? __ldcg(src + 3) : 0.0f);
   };
-  const int q0 = S_ == 2 ? split + 2 * tid : tid, qstep = S_ == 2 ? 2 * C::kThreads : C::kThreads;
+  const int q0 = splits == 2 ? split + 2 * tid : tid, qstep = splits == 2 ? 2 * C::kThreads : C::kThreads;
 #pragma unroll 1
   for (int q = q0; q < rows * (C::kCols / 4); q += qstep) {
     const int r = q / (C::kCols / 4), c4 = 4 * (q % (C::kCols / 4));
     const int col = ncol0 + c4;
     if (col >= p.N) continue;
-    float4 v[kMaxSplits];
+    float4 v[kWgmmaMaxSplits];
 #pragma unroll
-    for (int sp = 0; sp < kMaxSplits; ++sp)
-      if (sp < S_) v[sp] = load4(sp, r, c4);
-    float4 sum = v[0];
-#pragma unroll
-    for (int sp = 1; sp < kMaxSplits; ++sp)
-      if (sp < S_) {
-        sum.x += v[sp].x;
-        sum.y += v[sp].y;
-        sum.z += v[sp].z;
-        sum.w += v[sp].w;
-      }
-    T* dst = y + size_t(m0 + r) * p.N + col;
-    if (vec) {
-      const T o[4] = {T(sum.x), T(sum.y), T(sum.z), T(sum.w)};
-      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(o);
-    } else {
-      dst[0] = T(sum.x);
-      if (col + 1 < p.N) dst[1] = T(sum.y);
-      if (col + 2 < p.N) dst[2] = T(sum.z);
-      if (col + 3 < p.N) dst[3] = T(sum.w);
-    }
+    for (int sp = 0; sp < kWgmmaMaxSplits; ++sp)
+      if (sp < splits) v[sp] = load4(sp, r, c4);
+    StoreY4(y + size_t(m0 + r) * p.N + col, col, p.N, vec, SumSplits(v, splits));
   }
-  if (S_ == 2) ClusterSyncExit();  // no block leaves while another still reads its tile
+  if (splits == 2) ClusterSyncExit();  // no block leaves while another still reads its tile
 #else
   __trap();
 #endif
@@ -421,7 +408,7 @@ inline bool UseWgmma(const QLinearParams& p) {
     const int v = e ? std::atoi(e) : 0;
     return v > kSmallMMaxRows ? v : kWgmmaMinRows;
   }();
-  return p.M >= min_rows && p.xpack != nullptr && p.splits <= 4 && DeviceMajor() >= 9;
+  return p.M >= min_rows && p.xpack != nullptr && p.splits <= kWgmmaMaxSplits && DeviceMajor() >= 9;
 }
 
 // A 2D tensor map (dim0 contiguous, dim1 rows `stride1` bytes apart), boxes box0 x box1, no swizzle, zero fill;
