@@ -349,12 +349,14 @@ void ProfileLaunches(int K, int N) {
 int main(int argc, char** argv) {
   std::string out = "gemm_bench.json";
   bool quick = false, bars = false;
+  std::string ms_arg;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--out" && i + 1 < argc) out = argv[++i];
     if (a == "--quick") quick = true;
     if (a == "--no-w8a8") g_w8a8 = false;  // A/B calls on the int4 / fp8-weight kernels only
     if (a == "--bars") bars = true;  // all four shapes at M = 1, 4, 16, 32, 64, 128 (the issue's bars and the wgmma tiles)
+    if (a == "--ms" && i + 1 < argc) ms_arg = argv[++i];  // comma-separated M values (A/B calls), e.g. --ms 64,128
     if (a == "--profile") {
       const bool kn = i + 2 < argc;
       ProfileLaunches(kn ? std::atoi(argv[i + 1]) : 8192, kn ? std::atoi(argv[i + 2]) : 8192);
@@ -379,6 +381,14 @@ int main(int argc, char** argv) {
     Ms = {1, 16, 32, 64, 128};
   }
   if (bars) Ms = {1, 4, 16, 32, 64, 128};
+  if (!ms_arg.empty()) {
+    Ms.clear();
+    for (size_t at = 0; at < ms_arg.size();) {
+      Ms.push_back(std::atoi(ms_arg.c_str() + at));
+      const size_t comma = ms_arg.find(',', at);
+      at = comma == std::string::npos ? ms_arg.size() : comma + 1;
+    }
+  }
   for (auto [K, N] : shapes) BenchShape(K, N, Ms, blas.get());
   FILE* f = std::fopen(out.c_str(), "w");
   if (!f) return 1;

@@ -195,6 +195,14 @@ __device__ __forceinline__ void Mma0(float (&c)[4], const uint32_t (&a)[4], uint
   }
 }
 
+// -(magic + z) in both halves of a register, z = byte `b` of zs: the magic's low byte is zero, so magic + z is the
+// magic's high byte above the zero byte, and the sign bit goes on that high byte. One byte permute.
+template <typename T>
+__device__ __forceinline__ uint32_t NegMagicZero(uint32_t zs, int b) {
+  constexpr uint32_t kNegMagicHi = ((Act<T>::kMagic >> 8) | 0x80u) * 0x01010101u;
+  return __byte_perm(zs, kNegMagicHi, 0x4040u | (b * 0x0101u));
+}
+
 // Group change: the group's fp32 scales and -(magic + zero) of the warp's columns 8s + g, from
 // the group's 96-byte block in shared memory (fp16 scales [g][s], then uint8 zeros [g][s]).
 // sv: the 4 fp16 scales of row g of the block, z: its 4 uint8 zeros.
@@ -203,12 +211,8 @@ __device__ __forceinline__ void GroupRegs(uint2 sv, uint32_t z, float (&scl)[4],
   const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&sv.x));
   const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&sv.y));
   scl[0] = f0.x; scl[1] = f0.y; scl[2] = f1.x; scl[3] = f1.y;
-  // -(magic + z) in both halves, one byte permute per column group: the magic's low byte is zero, so
-  // magic + z is the magic's high byte above zero byte s, and the sign bit goes on that high byte.
-  constexpr uint32_t kNegMagicHi = ((Act<T>::kMagic >> 8) | 0x80u) * 0x01010101u;
 #pragma unroll
-  for (int s = 0; s < 4; ++s)
-    nzm[s] = __byte_perm(z, kNegMagicHi, 0x4040u | (s * 0x0101u));
+  for (int s = 0; s < 4; ++s) nzm[s] = NegMagicZero<T>(z, s);
 }
 template <typename T>
 __device__ __forceinline__ void LoadGroup(const uint4* sz, int g, float (&scl)[4], uint32_t (&nzm)[4]) {

@@ -243,25 +243,28 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   };
   Cursor cc;  // consumer: the stage computed next
   range_start(cc, 0);
+  // This thread's weights and scale block inside a stage.
+  const uint32_t w_off = C::kXBytes + bs * (kSubSteps * 512) + lane * 16 + u * 8;
+  const uint32_t sz_off = C::kXBytes + C::kWBytes + bs * kSzBlockBytes;
   auto compute = [&](int slot, auto after_first) {
     const unsigned char* sb = smem + slot * C::kStageBytes;
-    if (group_start(cc)) {
-      const unsigned char* blk = sb + C::kXBytes + C::kWBytes + bs * kSzBlockBytes;
-      float sc4[4];
-      uint32_t nz4[4];
-      GroupRegs<T>(reinterpret_cast<const uint2*>(blk)[g], reinterpret_cast<const uint32_t*>(blk + kSzZeros)[g], sc4, nz4);
-      scl[0] = u ? sc4[2] : sc4[0];
-      scl[1] = u ? sc4[3] : sc4[1];
-      nzm[0] = u ? nz4[2] : nz4[0];
-      nzm[1] = u ? nz4[3] : nz4[1];
+    // The stage's weight words first, all four steps: their loads then overlap the scale block's and the issue below.
+    // Steps past the weights (past K or past the warp range) are zero words, as in the other kernels (the same mma
+    // operands): the TMA box reads them as zeros outside the tensor.
+    uint2 wq[kSubSteps];
+#pragma unroll
+    for (int s = 0; s < kSubSteps; ++s) wq[s] = *reinterpret_cast<const uint2*>(sb + w_off + s * 512);
+    if (group_start(cc)) {  // GroupRegs for this warp's half: scales and zeros of columns 8 (2u + s) + g, s = 0, 1
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(sb + sz_off + 8 * g + 4 * u));
+      const uint32_t z = *reinterpret_cast<const uint16_t*>(sb + sz_off + kSzZeros + 4 * g + 2 * u);
+      scl[0] = f.x;
+      scl[1] = f.y;
+      nzm[0] = NegMagicZero<T>(z, 0);
+      nzm[1] = NegMagicZero<T>(z, 1);
     }
-    const int rs = real_steps(cc);
     const uint64_t desc0 = SwizzledDesc(ring + slot * C::kStageBytes);
-    const unsigned char* wsm = sb + C::kXBytes + bs * (kSubSteps * 512) + lane * 16 + u * 8;
 #pragma unroll
     for (int s = 0; s < kSubSteps; ++s) {
-      // Steps past the weights are zero words, as in the other kernels (the same mma operands).
-      const uint2 wq = s < rs ? *reinterpret_cast<const uint2*>(wsm + s * 512) : make_uint2(0u, 0u);
       const int b = s & 1;
       if (s >= 2) {  // step s - 2's wgmmas read a[b]
         WgmmaWait<1>();
@@ -269,10 +272,10 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
       }
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {  // StepMma's A fragments of half u
-        a[b][ks][0] = DequantPair<T>(wq.x, 2 * ks, nzm[0]);
-        a[b][ks][1] = DequantPair<T>(wq.y, 2 * ks, nzm[1]);
-        a[b][ks][2] = DequantPair<T>(wq.x, 2 * ks + 1, nzm[0]);
-        a[b][ks][3] = DequantPair<T>(wq.y, 2 * ks + 1, nzm[1]);
+        a[b][ks][0] = DequantPair<T>(wq[s].x, 2 * ks, nzm[0]);
+        a[b][ks][1] = DequantPair<T>(wq[s].y, 2 * ks, nzm[1]);
+        a[b][ks][2] = DequantPair<T>(wq[s].x, 2 * ks + 1, nzm[0]);
+        a[b][ks][3] = DequantPair<T>(wq[s].y, 2 * ks + 1, nzm[1]);
       }
       WgmmaFence();
 #pragma unroll
