@@ -22,6 +22,8 @@
 // is read while another chain is open, so the 4 warpgroups keep the tensor cores busy between them.
 // Split sums: 2-split plans through a 2-block cluster (distributed shared memory), larger plans through the
 // workspace and the last block of the tile (acq_rel ticket); clusters of 4 and 8 full-SM blocks do not fit one wave.
+// Where the time goes at M = 64 (bench/results/gemm-nvidia-h200-2026-11-25-wgmma-costs.md): without memory waits a
+// stage takes about the probe's 0.7 µs; PackXKernel's launch and the split sum each cost several µs per call.
 // Limits: sm_90a, int4 with groups of a multiple of 4 k32 steps (kStageFlush), M per launch <= kMaxRowsPerLaunch.
 #pragma once
 
@@ -384,8 +386,8 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
                        c + 3 < p.N ? __ldcg(src + 3) : 0.0f);
   };
   // Each thread sums every qstep-th group of 4 columns. From the workspace, kB = 4 of them at a time with all their
-  // loads issued before the adds (one L2 round trip per batch: 8192² M = 64 / 128 2-3% faster on the H200); from the cluster's
-  // tiles one at a time (batches of 4 were ~1% slower there).
+  // loads issued before the adds (one L2 round trip per batch: 8192² M = 64 / 128 2-3% faster on the H200); from the
+  // cluster's tiles one at a time (batches of 4 were ~1.4% slower there).
   const int q0 = splits == 2 ? split + 2 * tid : tid, qstep = splits == 2 ? 2 * C::kThreads : C::kThreads;
   const int qend = rows * (C::kCols / 4);
   auto sum_store = [&](auto batch) {
