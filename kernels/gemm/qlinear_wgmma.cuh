@@ -121,6 +121,11 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
                "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
                : "memory");
 }
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
 __device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // X [M][K] -> p.xpack [row tile][stage][panel][64 rows][128 B]: each stage the main kernel's shared-memory image,
@@ -128,14 +133,9 @@ __device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.pr
 // (r % 8) (128B swizzle), chunk q = words t = 0..3 of channels 8t + 2q, +1: k16 chunk ks holds channels 8t + 4ks +
 // {0..3} where the A fragment of thread t expects them. One thread per (row, k32 step); rows >= M and channels >= K
 // are zeros.
+// Item i = (row m, k32 step jj) of the packing below.
 template <typename T>
-__global__ void __launch_bounds__(256) PackXKernel(const QLinearParams p) {
-  GridDependencyWait();  // X comes from the previous kernel
-  LaunchDependents();    // the linear kernel may start its weight copies; it waits for this grid's end
-  const int nsteps = PackedXStages(p) * kSubSteps;
-  const int m_rows = (p.M + WgCfg::kRows - 1) / WgCfg::kRows * WgCfg::kRows;
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= m_rows * nsteps) return;
+__device__ __forceinline__ void PackXItem(const QLinearParams& p, int i, int nsteps) {
   const int jj = i % nsteps, m = i / nsteps;
   uint4 in[4];  // channels 32 jj + 8t .. +7
 #pragma unroll
@@ -149,6 +149,15 @@ __global__ void __launch_bounds__(256) PackXKernel(const QLinearParams p) {
   dst[((s % 2) * 4 + 1) ^ (r & 7)] = make_uint4(in[0].y, in[1].y, in[2].y, in[3].y);
   dst[((s % 2) * 4 + 2) ^ (r & 7)] = make_uint4(in[0].z, in[1].z, in[2].z, in[3].z);
   dst[((s % 2) * 4 + 3) ^ (r & 7)] = make_uint4(in[0].w, in[1].w, in[2].w, in[3].w);
+}
+template <typename T>
+__global__ void __launch_bounds__(256) PackXKernel(const QLinearParams p) {
+  GridDependencyWait();  // X comes from the previous kernel
+  LaunchDependents();    // the linear kernel may start its weight copies; it waits for this grid's end
+  const int nsteps = PackedXStages(p) * kSubSteps;
+  const int m_rows = (p.M + WgCfg::kRows - 1) / WgCfg::kRows * WgCfg::kRows;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < m_rows * nsteps) PackXItem<T>(p, i, nsteps);
 }
 
 // wmap: the packed weights [strips][nk32 x 512 B] in boxes of the block's 8 strips x 2 KB (4 k32 steps), zero-filled
@@ -317,6 +326,38 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     pc = save;
   }
   GridDependencyWait();  // the packed X comes from PackXKernel, which waited for the kernel before it
+  if (p.pack) {
+    // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, each an
+    // equal share of the items, and wait for each other, in place of PackXKernel and its grid boundary. The counters
+    // follow the tile tickets in the workspace; the last block past the wait zeroes them. A block that has waited 1
+    // ms (the grid was not resident after all) packs all of X itself: the same bytes, so nothing can hang.
+    int* ctr = p.counters + ((p.N + kBlockN - 1) / kBlockN) * (kMaxRowsPerLaunch / 16);
+    const int nblk = gridDim.y * gridDim.z, b = blockIdx.y + gridDim.y * blockIdx.z;
+    const int nsteps = PackedXStages(p) * kSubSteps, items = C::kRows * nsteps, per = (items + nblk - 1) / nblk;
+    auto pack = [&](int i0, int i1) {
+      for (int i = i0 + tid; i < i1; i += C::kThreads) PackXItem<T>(p, i, nsteps);
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");  // these generic stores before the TMA reads
+      __syncthreads();
+    };
+    pack(b * per, min(items, (b + 1) * per));
+    __shared__ int s_all;
+    if (tid == 0) {
+      AtomicAddAcqRel(ctr, 1);  // releases this block's share
+      int packed = 0;
+      const uint64_t t0 = GlobalTimerNs();
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(packed) : "l"(ctr) : "memory");
+      } while (packed < nblk && GlobalTimerNs() - t0 < 1000000);
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      s_all = packed >= nblk;
+      if (AtomicAddAcqRel(ctr + 1, 1) == nblk - 1) {
+        ctr[0] = 0;
+        ctr[1] = 0;
+      }
+    }
+    __syncthreads();
+    if (!s_all) pack(0, items);
+  }
   if (tid == 0)
     for (int st = 0; st < S && st < ntot; ++st) issue_x(st);
   int slot = 0;
@@ -454,7 +495,52 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
   if (!EncodeMap2d(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT64, p.qw, uint64_t(p.nk32) * 64, uint64_t(p.strips), uint64_t(p.nk32) * 512,
                    kSubSteps * 64, C::kStrips))
     return cudaErrorNotSupported;
-  cudaLaunchAttribute at[2];
+  auto* kernel = QLinearWgmmaKernel<T>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  cudaLaunchAttribute at[3];
+  // pack: the blocks pack X themselves and wait for each other, only where the device holds the whole grid at once
+  // (a cooperative launch guarantees that too, but cost 0.4-1 µs per call on the H200). resident: blocks the device
+  // holds at once with 2-block clusters or without, + 1, asked once per device.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> resident[2][kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  std::atomic<int>& fits = resident[p.splits == 2][dev];
+  auto launch_main = [&](const QLinearParams& q) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((q.M + C::kRows - 1) / C::kRows, q.splits, (q.N + C::kCols - 1) / C::kCols);
+    cfg.blockDim = dim3(C::kThreads);
+    cfg.dynamicSmemBytes = C::kSmemBytes;
+    cfg.stream = stream;
+    cfg.attrs = at;
+    if (q.splits == 2) {
+      at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+      at[cfg.numAttrs++].val.clusterDim = {1, 2, 1};
+    }
+    if (q.pack) {
+      int fit = fits.load(std::memory_order_relaxed) - 1;
+      if (fit < 0) {
+        if (q.splits == 2 ? cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess
+                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, C::kThreads, C::kSmemBytes) != cudaSuccess) {
+          (void)cudaGetLastError();
+          fit = 0;
+        }
+        fit *= q.splits == 2 ? 2 : CurrentDevice().sms;
+        fits.store(fit + 1, std::memory_order_relaxed);
+      }
+      if (long(fit) < long(cfg.gridDim.x) * cfg.gridDim.y * cfg.gridDim.z) return cudaErrorNotSupported;
+    }
+    AddPdl(&cfg);
+    return cudaLaunchKernelEx(&cfg, kernel, q, wmap);
+  };
+  // One token tile: in-kernel packing where the grid fits (H200: 8192² M = 64 35.4 -> 31.1 µs), else PackXKernel.
+  if (p.M <= C::kRows) {
+    QLinearParams q = p;
+    q.pack = 1;
+    e = launch_main(q);
+    if (e != cudaErrorNotSupported) return e;
+  }
   cudaLaunchConfig_t pack = {};
   const long threads = long((p.M + C::kRows - 1) / C::kRows) * C::kRows * PackedXStages(p) * kSubSteps;
   pack.gridDim = dim3(unsigned((threads + 255) / 256));
@@ -462,26 +548,9 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
   pack.stream = stream;
   pack.attrs = at;
   AddPdl(&pack);
-  cudaError_t e = cudaLaunchKernelEx(&pack, PackXKernel<T>, p);
+  e = cudaLaunchKernelEx(&pack, PackXKernel<T>, p);
   if (e != cudaSuccess) return e;
-  auto* kernel = QLinearWgmmaKernel<T>;
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
-  if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((p.M + C::kRows - 1) / C::kRows, p.splits, (p.N + C::kCols - 1) / C::kCols);
-  cfg.blockDim = dim3(C::kThreads);
-  cfg.dynamicSmemBytes = C::kSmemBytes;
-  cfg.stream = stream;
-  cfg.attrs = at;
-  if (p.splits == 2) {
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1;
-    at[0].val.clusterDim.y = 2;
-    at[0].val.clusterDim.z = 1;
-    cfg.numAttrs = 1;
-  }
-  AddPdl(&cfg);
-  return cudaLaunchKernelEx(&cfg, kernel, p, wmap);
+  return launch_main(p);
 }
 
 }  // namespace flashq::gemm::detail

@@ -49,7 +49,7 @@ WsLayout KernelWorkspace(int N, int K, const SplitPlan& plan, int max_m, bool ac
   WsLayout l;
   size_t off = 0;
   l.counters = off;
-  off = Align256(off + sizeof(int) * size_t(plan.n_blocks) * (kMaxRowsPerLaunch / 16));
+  off = Align256(off + sizeof(int) * (size_t(plan.n_blocks) * (kMaxRowsPerLaunch / 16) + kPackCounters));
   l.partial = off;
   if (plan.splits > 1) off = Align256(off + sizeof(float) * size_t(plan.splits) * std::min(max_m, kMaxRowsPerLaunch) * N);
   l.xperm = off;
