@@ -10,9 +10,11 @@
 // split's two warp ranges are added as w0 + w1, and the splits in order 0..S-1: row i of Y is bitwise the small-M
 // kernel's (the GPU tests compare every M with single-row calls).
 //
-// PackXKernel first writes X per 64-row tile and 4-step stage as the main kernel's shared-memory image: two
-// 128B-swizzled 64-channel panels, k permuted so that k16 chunk ks of a step holds channels 8t + 4ks + {0..3} where
-// the A fragment of thread t expects them (the packed weights' k order, see qlinear_kernel.cuh).
+// X is first packed per 64-row tile and 4-step stage as the main kernel's shared-memory image: two 128B-swizzled
+// 64-channel panels, k permuted so that k16 chunk ks of a step holds channels 8t + 4ks + {0..3} where the A fragment
+// of thread t expects them (the packed weights' k order, see qlinear_kernel.cuh). With one token tile and a grid the
+// device holds at once, the main kernel's blocks pack it themselves and wait for each other; otherwise PackXKernel
+// runs before it.
 // Block: 4 warpgroups, warpgroup h = strips 2h, 2h+1 of the block's 8 (256 columns; warp w of the group: rows 16w..
 // of the m64 wgmma = strip 2h + w / 2, half w % 2), one 64-token tile (the wgmma N) and one split, whose two warp
 // ranges the block walks in turn (the first range's sums park in shared memory). Per stage thread 0 issues one bulk
@@ -23,7 +25,7 @@
 // Split sums: 2-split plans through a 2-block cluster (distributed shared memory), larger plans through the
 // workspace and the last block of the tile (acq_rel ticket); clusters of 4 and 8 full-SM blocks do not fit one wave.
 // Where the time goes at M = 64 (bench/results/gemm-nvidia-h200-2026-11-25-wgmma-costs.md): without memory waits a
-// stage takes about the probe's 0.7 µs; PackXKernel's launch and the split sum each cost several µs per call.
+// stage takes about the probe's 0.7 µs; the packing of X, the split sum and the memory waits each cost several µs.
 // Limits: sm_90a, int4 with groups of a multiple of 4 k32 steps (kStageFlush), M per launch <= kMaxRowsPerLaunch.
 #pragma once
 
@@ -161,7 +163,7 @@ __global__ void __launch_bounds__(256) PackXKernel(const QLinearParams p) {
 }
 
 // wmap: the packed weights [strips][nk32 x 512 B] in boxes of the block's 8 strips x 2 KB (4 k32 steps), zero-filled
-// outside the tensor. X comes packed by PackXKernel.
+// outside the tensor. X comes packed by PackXKernel, or (p.pack) the blocks pack it below.
 template <typename T>
 __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const QLinearParams p, const __grid_constant__ CUtensorMap wmap) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -325,7 +327,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     }
     pc = save;
   }
-  GridDependencyWait();  // the packed X comes from PackXKernel, which waited for the kernel before it
+  GridDependencyWait();  // X (or PackXKernel's packed X) comes from the kernel before
   if (p.pack) {
     // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, each an
     // equal share of the items, and wait for each other, in place of PackXKernel and its grid boundary. The counters
@@ -487,7 +489,8 @@ inline bool EncodeMap2d(CUtensorMap* map, CUtensorMapDataType type, const void* 
 }
 
 // cudaErrorNotSupported (nothing launched) where the tensor map cannot be made: the caller takes QLinearKernel.
-// PackXKernel, then the linear kernel, both with programmatic dependent launch.
+// The linear kernel alone (packing X itself) or PackXKernel and then the linear kernel, all with programmatic dependent
+// launch.
 template <typename T>
 cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
   using C = WgCfg;
@@ -500,7 +503,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   cudaLaunchAttribute at[3];
   // pack: the blocks pack X themselves and wait for each other, only where the device holds the whole grid at once
-  // (a cooperative launch guarantees that too, but cost 0.4-1 µs per call on the H200). resident: blocks the device
+  // (a cooperative launch guarantees that too, but cost about 0.6 µs per call on the H200). resident: blocks the device
   // holds at once with 2-block clusters or without, + 1, asked once per device.
   constexpr int kMaxDevices = 64;
   static std::atomic<int> resident[2][kMaxDevices] = {};
@@ -534,7 +537,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
     AddPdl(&cfg);
     return cudaLaunchKernelEx(&cfg, kernel, q, wmap);
   };
-  // One token tile: in-kernel packing where the grid fits (H200: 8192² M = 64 35.4 -> 31.1 µs), else PackXKernel.
+  // One token tile: in-kernel packing where the grid fits (H200: 8192² M = 64 35.6 -> 31.4 µs), else PackXKernel.
   if (p.M <= C::kRows) {
     QLinearParams q = p;
     q.pack = 1;
