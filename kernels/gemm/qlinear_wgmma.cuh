@@ -508,8 +508,8 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> resident[2][kMaxDevices] = {};
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev >= kMaxDevices) return cudaErrorInvalidDevice;
-  std::atomic<int>& fits = resident[p.splits == 2][dev];
+  e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
   auto launch_main = [&](const QLinearParams& q) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((q.M + C::kRows - 1) / C::kRows, q.splits, (q.N + C::kCols - 1) / C::kCols);
@@ -522,6 +522,8 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
       at[cfg.numAttrs++].val.clusterDim = {1, 2, 1};
     }
     if (q.pack) {
+      if (dev >= kMaxDevices) return cudaErrorNotSupported;
+      std::atomic<int>& fits = resident[q.splits == 2][dev];
       int fit = fits.load(std::memory_order_relaxed) - 1;
       if (fit < 0) {
         if (q.splits == 2 ? cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess
