@@ -41,11 +41,12 @@ struct QLinearParams {
   const float* fscales = nullptr;    // fp8
   float* partial = nullptr;        // [splits][M][N] when splits > 1
   void* xpack = nullptr;           // int4, M > 32 on sm_90: X packed for the wgmma kernel (qlinear_wgmma.cuh)
-  int* counters = nullptr;         // [n_blocks * m_blocks] tickets, then kPackCounters; zero on entry and exit
+  int* counters = nullptr;         // [n_blocks * m_blocks], zero on entry and exit
   int M = 0, N = 0, K = 0, nk32 = 0, strips = 0, gsteps = 1, splits = 1, steps_per_warp = 0;
   int pairs = 1;                   // QLinearKernel: range pairs (splits) per block, set by the launcher
   int cluster = 0;                 // set by the launcher: split-K blocks of a tile form a cluster (sm_90)
-  int pack = 0;                    // set by the launcher: the wgmma kernel's blocks pack X themselves (qlinear_wgmma.cuh)
+  int* xready = nullptr;           // with xpack: [kPackCounters], zero on entry and exit; the wgmma launcher keeps it
+                                   // only where the kernel's blocks pack X themselves (qlinear_wgmma.cuh)
 };
 
 // One launch covers at most kMaxRowsPerLaunch rows.

@@ -725,8 +725,8 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
 struct DeviceProps {
   int major = 0, sms = 0;
 };
+constexpr int kMaxDevices = 64;  // per-device host caches of the launchers
 inline DeviceProps CurrentDevice() {
-  constexpr int kMaxDevices = 64;
   static std::atomic<uint64_t> cache[kMaxDevices] = {};  // (major + 1) << 32 | sms once known
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return {};

@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(256) PackXKernel(const QLinearParams p) {
 }
 
 // wmap: the packed weights [strips][nk32 x 512 B] in boxes of the block's 8 strips x 2 KB (4 k32 steps), zero-filled
-// outside the tensor. X comes packed by PackXKernel, or (p.pack) the blocks pack it below.
+// outside the tensor. X comes packed by PackXKernel, or (p.xready) the blocks pack it below.
 template <typename T>
 __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const QLinearParams p, const __grid_constant__ CUtensorMap wmap) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -328,12 +328,12 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     pc = save;
   }
   GridDependencyWait();  // X (or PackXKernel's packed X) comes from the kernel before
-  if (p.pack) {
+  if (p.xready) {
     // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, each an
-    // equal share of the items, and wait for each other, in place of PackXKernel and its grid boundary. The counters
-    // follow the tile tickets in the workspace; the last block past the wait zeroes them. A block that has waited 1
-    // ms (the grid was not resident after all) packs all of X itself: the same bytes, so nothing can hang.
-    int* ctr = p.counters + ((p.N + kBlockN - 1) / kBlockN) * (kMaxRowsPerLaunch / 16);
+    // equal share of the items, and wait for each other on the xready counters, in place of PackXKernel and its grid
+    // boundary; the last block past the wait zeroes them. A block that has waited 1 ms (the grid was not resident
+    // after all) packs all of X itself: the same bytes, so nothing can hang.
+    int* ctr = p.xready;
     const int nblk = gridDim.y * gridDim.z, b = blockIdx.y + gridDim.y * blockIdx.z;
     const int nsteps = PackedXStages(p) * kSubSteps, items = C::kRows * nsteps, per = (items + nblk - 1) / nblk;
     auto pack = [&](int i0, int i1) {
@@ -502,10 +502,9 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (e != cudaSuccess) return e;
   cudaLaunchAttribute at[3];
-  // pack: the blocks pack X themselves and wait for each other, only where the device holds the whole grid at once
+  // xready: the blocks pack X themselves and wait for each other, only where the device holds the whole grid at once
   // (a cooperative launch guarantees that too, but cost about 0.6 µs per call on the H200). resident: blocks the device
   // holds at once with 2-block clusters or without, + 1, asked once per device.
-  constexpr int kMaxDevices = 64;
   static std::atomic<int> resident[2][kMaxDevices] = {};
   int dev = 0;
   e = cudaGetDevice(&dev);
@@ -521,7 +520,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
       at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
       at[cfg.numAttrs++].val.clusterDim = {1, 2, 1};
     }
-    if (q.pack) {
+    if (q.xready) {
       if (dev >= kMaxDevices) return cudaErrorNotSupported;
       std::atomic<int>& fits = resident[q.splits == 2][dev];
       int fit = fits.load(std::memory_order_relaxed) - 1;
@@ -540,12 +539,12 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
     return cudaLaunchKernelEx(&cfg, kernel, q, wmap);
   };
   // One token tile: in-kernel packing where the grid fits (H200: 8192² M = 64 35.6 -> 31.4 µs), else PackXKernel.
-  if (p.M <= C::kRows) {
-    QLinearParams q = p;
-    q.pack = 1;
-    e = launch_main(q);
+  if (p.M <= C::kRows && p.xready) {
+    e = launch_main(p);
     if (e != cudaErrorNotSupported) return e;
   }
+  QLinearParams q = p;
+  q.xready = nullptr;
   cudaLaunchConfig_t pack = {};
   const long threads = long((p.M + C::kRows - 1) / C::kRows) * C::kRows * PackedXStages(p) * kSubSteps;
   pack.gridDim = dim3(unsigned((threads + 255) / 256));
@@ -555,7 +554,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
   AddPdl(&pack);
   e = cudaLaunchKernelEx(&pack, PackXKernel<T>, p);
   if (e != cudaSuccess) return e;
-  return launch_main(p);
+  return launch_main(q);
 }
 
 }  // namespace flashq::gemm::detail

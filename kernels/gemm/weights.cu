@@ -40,26 +40,28 @@ struct Blob {
 };
 
 struct WsLayout {
-  size_t counters = 0, partial = 0, xperm = 0, wdeq = 0, xpack = 0, total = 0;
+  size_t counters = 0, partial = 0, xperm = 0, wdeq = 0, xready = 0, xpack = 0, total = 0;
 };
 
 // xpack: int4, whose launches of kWgmmaMinRows rows or more may take the sm_90 wgmma kernel, with X packed per
-// 64-row tile and 4-step stage.
+// 64-row tile and 4-step stage, after xready: the counters of the kernel's own packing.
 WsLayout KernelWorkspace(int N, int K, const SplitPlan& plan, int max_m, bool act_order, bool dequant_path, bool xpack) {
   WsLayout l;
   size_t off = 0;
   l.counters = off;
-  off = Align256(off + sizeof(int) * (size_t(plan.n_blocks) * (kMaxRowsPerLaunch / 16) + kPackCounters));
+  off = Align256(off + sizeof(int) * size_t(plan.n_blocks) * (kMaxRowsPerLaunch / 16));
   l.partial = off;
   if (plan.splits > 1) off = Align256(off + sizeof(float) * size_t(plan.splits) * std::min(max_m, kMaxRowsPerLaunch) * N);
   l.xperm = off;
   if (act_order) off = Align256(off + 2 * size_t(std::max(max_m, 1)) * K);
   l.wdeq = off;
   if (dequant_path) off = Align256(off + 2 * size_t(N) * K);
-  l.xpack = off;
-  if (xpack && max_m >= kWgmmaMinRows)
+  l.xready = l.xpack = off;
+  if (xpack && max_m >= kWgmmaMinRows) {
+    l.xpack = off = Align256(off + sizeof(int) * kPackCounters);
     off = Align256(off + size_t((std::min(max_m, kMaxRowsPerLaunch) + kWgmmaTileRows - 1) / kWgmmaTileRows) * kWarpsK *
                              plan.splits * (plan.steps_per_warp / kSubSteps) * kWgmmaXStageBytes);
+  }
   l.total = off;
   return l;
 }
@@ -84,7 +86,10 @@ Status RunChunks(bool fp8, detail::QLinearParams p, const LinearArgs& a, const v
                  cudaStream_t stream) {
   p.counters = reinterpret_cast<int*>(ws + l.counters);
   p.partial = reinterpret_cast<float*>(ws + l.partial);
-  if (l.xpack != l.total) p.xpack = ws + l.xpack;
+  if (l.xpack != l.total) {
+    p.xpack = ws + l.xpack;
+    p.xready = reinterpret_cast<int*>(ws + l.xready);
+  }
   for (int r0 = 0; r0 < a.M; r0 += kMaxRowsPerLaunch) {
     p.M = std::min(kMaxRowsPerLaunch, a.M - r0);
     p.x = static_cast<const uint16_t*>(x) + size_t(r0) * p.K;
