@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/gemm/gemm.h"
@@ -46,8 +47,14 @@ struct QLinearParams {
   int pairs = 1;                   // QLinearKernel: range pairs (splits) per block, set by the launcher
   int cluster = 0;                 // set by the launcher: split-K blocks of a tile form a cluster (sm_90)
   int* xready = nullptr;           // with xpack: [kPackCounters], zero on entry and exit; the wgmma launcher keeps it
-                                   // only where the kernel's blocks pack X themselves (qlinear_wgmma.cuh)
+                                   // only where the device holds the whole grid at once (qlinear_wgmma.cuh)
+  uint32_t wait_ns = 0;            // set by the wgmma launcher: how long a block of such a grid waits for the others
+                                   // before its fallback (grid_wait_ns)
 };
+
+// The wgmma kernel's wait for the other blocks of a resident grid (in-kernel X packing, spread split sum) before it
+// falls back to work that needs no other block; tests set 0 to run the fallbacks.
+inline std::atomic<uint32_t> grid_wait_ns{1000000};
 
 // One launch covers at most kMaxRowsPerLaunch rows.
 cudaError_t LaunchW4A16F16(const QLinearParams& p, cudaStream_t s);

@@ -37,9 +37,10 @@
 
 namespace flashq::gemm::detail {
 
-// Split plans it takes: 2 reduce through a cluster, 3-4 through the workspace ticket. 8-split plans stay on
-// QLinearKernel (clusters of 8 full-SM blocks do not fit one wave, and one block's 8-way tail costs more than the loop
-// gains).
+// The most splits a grid that is not resident at once takes (2 through a cluster, 3-4 through the serial workspace
+// ticket); a resident grid (one token tile) takes any plan, its blocks each summing a slice. Larger plans of larger
+// M stay on QLinearKernel: clusters of 8 full-SM blocks do not fit one wave, and one block's 8-way tail costs more
+// than the loop gains.
 constexpr int kWgmmaMaxSplits = 4;
 
 struct WgCfg {
@@ -129,6 +130,33 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   return t;
 }
 __device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Thread 0 of a block of a resident grid: polls *ctr (acquire) until (value & mask) >= target or wait_ns have
+// passed; returns the last value read.
+__device__ __forceinline__ int WaitCount(const int* ctr, int mask, int target, uint32_t wait_ns) {
+  int v;
+  const uint64_t t0 = GlobalTimerNs();
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(ctr) : "memory");
+  } while ((v & mask) < target && GlobalTimerNs() - t0 < wait_ns);
+  return v;
+}
+
+// The spread split sum's word per tile: arrivals (bits 0-7), departures (8-15) and blocks that gave up (16-23).
+// Thread 0, after the block's partial is in the workspace: returns what the block sums, its slice `split` once all
+// `splits` partials are in, or nothing (-1) when it has waited wait_ns (the grid was not resident after all, e.g. under
+// an MPS SM limit) and gives up, so that its SM frees for the blocks still to come. The last block to arrive sums the
+// whole tile (splits) where one gave up before it, as the serial ticket does: nothing can hang, and a slice summed
+// twice is written twice with the same bits.
+__device__ __forceinline__ int SpreadTicket(int* ctr, int split, int splits, uint32_t wait_ns) {
+  const int a = AtomicAddAcqRel(ctr, 1);  // releases this block's partial
+  if ((a & 0xff) == splits - 1) return (a >> 16) != 0 ? splits : split;
+  if ((WaitCount(ctr, 0xff, splits, wait_ns) & 0xff) >= splits) return split;
+  return (AtomicAddAcqRel(ctr, 1 << 16) & 0xff) >= splits ? split : -1;
+}
+// After SpreadTicket: the last of the tile's blocks to depart zeroes the word for the next call.
+__device__ __forceinline__ void SpreadDepart(int* ctr, int splits) {
+  if (((atomicAdd(ctr, 1 << 8) >> 8) & 0xff) == splits - 1) *ctr = 0;
+}
 
 // X [M][K] -> p.xpack [row tile][stage][panel][64 rows][128 B]: each stage the main kernel's shared-memory image,
 // so that one bulk copy places it. Panel s / 2 row r holds step s of the stage in 16-byte chunks ((s % 2) * 4 + q) ^
@@ -331,8 +359,8 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   if (p.xready) {
     // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, each an
     // equal share of the items, and wait for each other on the xready counters, in place of PackXKernel and its grid
-    // boundary; the last block past the wait zeroes them. A block that has waited 1 ms (the grid was not resident
-    // after all) packs all of X itself: the same bytes, so nothing can hang.
+    // boundary; the last block past the wait zeroes them. A block that has waited p.wait_ns (the grid was not
+    // resident after all) packs all of X itself: the same bytes, so nothing can hang.
     int* ctr = p.xready;
     const int nblk = gridDim.y * gridDim.z, b = blockIdx.y + gridDim.y * blockIdx.z;
     const int nsteps = PackedXStages(p) * kSubSteps, items = C::kRows * nsteps, per = (items + nblk - 1) / nblk;
@@ -345,11 +373,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     __shared__ int s_all;
     if (tid == 0) {
       AtomicAddAcqRel(ctr, 1);  // releases this block's share
-      int packed = 0;
-      const uint64_t t0 = GlobalTimerNs();
-      do {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(packed) : "l"(ctr) : "memory");
-      } while (packed < nblk && GlobalTimerNs() - t0 < 1000000);
+      const int packed = WaitCount(ctr, ~0, nblk, p.wait_ns);
       asm volatile("fence.proxy.async.global;\n" ::: "memory");
       s_all = packed >= nblk;
       if (AtomicAddAcqRel(ctr + 1, 1) == nblk - 1) {
@@ -385,21 +409,32 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     const int row = 8 * (i >> 2) + 2 * t + (i & 1);
     tile[row * C::kTileLd + colw + 8 * ((i >> 1) & 1)] = park[i * C::kThreads + tid] + acc[i];
   }
-  // Split sums: S = 1 from this block's tile; S = 2 over the cluster's tiles (distributed shared memory), each block
-  // every second float4; S > 2 (clusters of 4 and 8 full-SM blocks do not fit one wave) through the workspace: the
-  // last block of the tile (acq_rel ticket) adds the S partials. The same fp32 sum in the same order either way.
+  // Split sums, the same fp32 sum in the same order (SumSplits) whichever way: S = 1 from this block's tile; S = 2 over
+  // a 2-block cluster's tiles (distributed shared memory, each block every second float4); S > 2 through the workspace.
+  // There a resident grid (p.xready: one token tile, the whole grid on the device at once) has each block sum its slice
+  // of the tile once all S partials are in (SpreadTicket: H200 M = 64 14336 x 4096 with 8 splits 35.8 -> 27.9 µs,
+  // 8192² 31.3 -> 30.0; through it the 2-split plan was 1 µs slower than its cluster), and otherwise the last block of
+  // the tile (acq_rel ticket) adds them all.
   const int rows = min(C::kRows, p.M - m0);
   const int ncol0 = cblock * C::kCols;
   const uint32_t tbase = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
   const bool vec = (p.N & 3) == 0;
   const int splits = p.splits;
+  const bool cluster = splits == 2, spread = splits > 2 && p.xready != nullptr;
   const size_t stride = size_t(p.M) * p.N;
-  if (splits == 2) ClusterSync();
-  else __syncthreads();
-  if (splits > 2) {  // this split's partial to the workspace
+  const int qend = rows * (C::kCols / 4);  // the tile's groups of 4 columns
+  int q0 = tid, q1 = qend, qstep = C::kThreads;
+  if (cluster) {
+    ClusterSync();
+    q0 = split + 2 * tid;
+    qstep = 2 * C::kThreads;
+  } else {
+    __syncthreads();
+  }
+  if (splits > 1 && !cluster) {  // this split's partial to the workspace
     float* dst = p.partial + split * stride + size_t(m0) * p.N + ncol0;
 #pragma unroll 1
-    for (int q = tid; q < rows * (C::kCols / 4); q += C::kThreads) {
+    for (int q = tid; q < qend; q += C::kThreads) {
       const int r = q / (C::kCols / 4), c4 = 4 * (q % (C::kCols / 4));
       const float4 v = *reinterpret_cast<const float4*>(tile + r * C::kTileLd + c4);
       float* d = dst + size_t(r) * p.N + c4;
@@ -410,17 +445,26 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
           if (ncol0 + c4 + k < p.N) d[k] = e[k];
       }
     }
-    __shared__ int s_last;
-    const int tile_id = cblock * gridDim.x + mtile;
+    __shared__ int s_part;  // what this block sums: -1 nothing, splits the whole tile, else its slice
+    int* ctr = p.counters + cblock * gridDim.x + mtile;
     __syncthreads();
-    if (tid == 0) s_last = AtomicAddAcqRel(p.counters + tile_id, 1) == splits - 1;
+    if (tid == 0) s_part = spread ? SpreadTicket(ctr, split, splits, p.wait_ns) : AtomicAddAcqRel(ctr, 1) == splits - 1 ? splits : -1;
     __syncthreads();
-    if (!s_last) return;
-    if (tid == 0) p.counters[tile_id] = 0;
+    const int part = s_part;
+    if (tid == 0) {
+      if (spread) SpreadDepart(ctr, splits);
+      else if (part == splits) *ctr = 0;
+    }
+    if (part < 0) return;
+    if (part < splits) {
+      const int per = (qend + splits - 1) / splits;
+      q0 = part * per + tid;
+      q1 = min(qend, (part + 1) * per);
+    }
   }
   T* y = static_cast<T*>(p.y);
   auto load4 = [&](int sp, int r, int c4) -> float4 {
-    if (splits == 2) return LdClusterF4(tbase + uint32_t(r * C::kTileLd + c4) * 4, sp);
+    if (cluster) return LdClusterF4(tbase + uint32_t(r * C::kTileLd + c4) * 4, sp);
     if (splits == 1) return *reinterpret_cast<const float4*>(tile + r * C::kTileLd + c4);
     const float* src = p.partial + sp * stride + size_t(m0 + r) * p.N + ncol0 + c4;
     if (vec) return __ldcg(reinterpret_cast<const float4*>(src));
@@ -428,34 +472,36 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     return make_float4(__ldcg(src), c + 1 < p.N ? __ldcg(src + 1) : 0.0f, c + 2 < p.N ? __ldcg(src + 2) : 0.0f,
                        c + 3 < p.N ? __ldcg(src + 3) : 0.0f);
   };
-  // Each thread sums every qstep-th group of 4 columns. From the workspace, kB = 4 of them at a time with all their
-  // loads issued before the adds (one L2 round trip per batch: 8192² M = 64 / 128 2-3% faster on the H200); from the
-  // cluster's tiles one at a time (batches of 4 were ~1.4% slower there).
-  const int q0 = splits == 2 ? split + 2 * tid : tid, qstep = splits == 2 ? 2 * C::kThreads : C::kThreads;
-  const int qend = rows * (C::kCols / 4);
-  auto sum_store = [&](auto batch) {
-    constexpr int kB = decltype(batch)::value;
+  // Each thread sums every qstep-th group of 4 columns in [q0, q1). From the workspace, kB = 4 of them at a time with
+  // all their loads issued before the adds (one L2 round trip per batch: 8192² M = 64 / 128 2-3% faster on the H200;
+  // one at a time for 5-8 splits, for registers); from the cluster's tiles one at a time (batches of 4 were ~1.4%
+  // slower there).
+  auto sum_store = [&](auto batch, auto max_splits) {
+    constexpr int kB = decltype(batch)::value, kS = decltype(max_splits)::value;
 #pragma unroll 1
-    for (int qb = q0; qb < qend; qb += kB * qstep) {
-      float4 v[kB][kWgmmaMaxSplits];
+    for (int qb = q0; qb < q1; qb += kB * qstep) {
+      float4 v[kB][kS];
 #pragma unroll
       for (int b = 0; b < kB; ++b) {
         const int q = qb + b * qstep, r = q / (C::kCols / 4), c4 = 4 * (q % (C::kCols / 4));
-        if (q < qend && ncol0 + c4 < p.N)
+        if (q < q1 && ncol0 + c4 < p.N)
 #pragma unroll
-          for (int sp = 0; sp < kWgmmaMaxSplits; ++sp)
+          for (int sp = 0; sp < kS; ++sp)
             if (sp < splits) v[b][sp] = load4(sp, r, c4);
       }
 #pragma unroll
       for (int b = 0; b < kB; ++b) {
         const int q = qb + b * qstep, r = q / (C::kCols / 4), c4 = 4 * (q % (C::kCols / 4)), col = ncol0 + c4;
-        if (q < qend && col < p.N) StoreY4(y + size_t(m0 + r) * p.N + col, col, p.N, vec, SumSplits(v[b], splits));
+        if (q < q1 && col < p.N) StoreY4(y + size_t(m0 + r) * p.N + col, col, p.N, vec, SumSplits(v[b], splits));
       }
     }
   };
-  if (splits > 2) sum_store(std::integral_constant<int, 4>{});
-  else sum_store(std::integral_constant<int, 1>{});
-  if (splits == 2) ClusterSyncExit();  // no block leaves while another still reads its tile
+  using I1 = std::integral_constant<int, 1>;
+  using I4 = std::integral_constant<int, 4>;
+  if (splits > kWgmmaMaxSplits) sum_store(I1{}, std::integral_constant<int, kMaxSplits>{});
+  else if (cluster || splits == 1) sum_store(I1{}, I4{});
+  else sum_store(I4{}, I4{});
+  if (cluster) ClusterSyncExit();  // no block leaves while another still reads its tile
 #else
   __trap();
 #endif
@@ -471,7 +517,8 @@ inline bool UseWgmma(const QLinearParams& p) {
     const int v = e ? std::atoi(e) : 0;
     return v > kSmallMMaxRows ? v : kWgmmaMinRows;
   }();
-  return p.M >= min_rows && p.xpack != nullptr && p.splits <= kWgmmaMaxSplits && DeviceMajor() >= 9;
+  const bool sums = p.splits <= kWgmmaMaxSplits || (p.splits <= kMaxSplits && p.xready != nullptr && p.M <= kWgmmaTileRows);
+  return p.M >= min_rows && p.xpack != nullptr && sums && DeviceMajor() >= 9;
 }
 
 // A 2D tensor map (dim0 contiguous, dim1 rows `stride1` bytes apart), boxes box0 x box1, no swizzle, zero fill;
@@ -492,8 +539,10 @@ inline bool EncodeMap2d(CUtensorMap* map, CUtensorMapDataType type, const void* 
 // The linear kernel alone (packing X itself) or PackXKernel and then the linear kernel, all with programmatic dependent
 // launch.
 template <typename T>
-cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
+cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
   using C = WgCfg;
+  QLinearParams p = args;
+  p.wait_ns = grid_wait_ns.load(std::memory_order_relaxed);
   CUtensorMap wmap;
   if (!EncodeMap2d(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT64, p.qw, uint64_t(p.nk32) * 64, uint64_t(p.strips), uint64_t(p.nk32) * 512,
                    kSubSteps * 64, C::kStrips))
@@ -516,21 +565,22 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
     cfg.dynamicSmemBytes = C::kSmemBytes;
     cfg.stream = stream;
     cfg.attrs = at;
-    if (q.splits == 2) {
+    const bool cluster = q.splits == 2;
+    if (cluster) {
       at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
       at[cfg.numAttrs++].val.clusterDim = {1, 2, 1};
     }
     if (q.xready) {
       if (dev >= kMaxDevices) return cudaErrorNotSupported;
-      std::atomic<int>& fits = resident[q.splits == 2][dev];
+      std::atomic<int>& fits = resident[cluster][dev];
       int fit = fits.load(std::memory_order_relaxed) - 1;
       if (fit < 0) {
-        if (q.splits == 2 ? cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess
+        if (cluster ? cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess
                           : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, C::kThreads, C::kSmemBytes) != cudaSuccess) {
           (void)cudaGetLastError();
           fit = 0;
         }
-        fit *= q.splits == 2 ? 2 : CurrentDevice().sms;
+        fit *= cluster ? 2 : CurrentDevice().sms;
         fits.store(fit + 1, std::memory_order_relaxed);
       }
       if (long(fit) < long(cfg.gridDim.x) * cfg.gridDim.y * cfg.gridDim.z) return cudaErrorNotSupported;
@@ -543,6 +593,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream) {
     e = launch_main(p);
     if (e != cudaErrorNotSupported) return e;
   }
+  if (p.splits > kWgmmaMaxSplits) return cudaErrorNotSupported;  // their sum needs the whole grid resident
   QLinearParams q = p;
   q.xready = nullptr;
   cudaLaunchConfig_t pack = {};

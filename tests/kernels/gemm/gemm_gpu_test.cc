@@ -11,10 +11,12 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/common/dtype.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/gemm/gemm_internal.h"
 #include "kernels/gemm/gemm_ref.h"
 #include "kernels/gemm/quant_formats.h"
 #include "tests/kernels/gemm/gemm_test_util.h"
@@ -214,6 +216,27 @@ TEST(GemmGpu, W4A16InvariantWithSeveralSplitsPerBlock) {
       SCOPED_TRACE("group " + std::to_string(g) + " M=" + std::to_string(M));
       CheckRowsInvariant(4096, 4096, g, M, {0, 17, M - 1});
     }
+}
+
+// The wgmma kernel's fallbacks for a grid that the occupancy API calls resident but is not (in-kernel X packing:
+// a block packs all of X itself; spread split sum: a block gives up and the last to arrive sums the whole tile).
+// With no wait they run on most blocks of every call, and must give the bits of the normal path. On an H200 these
+// plans have 8 (4096²), 4 (8192²) and 2 (4096 x 14336) splits.
+TEST(GemmGpu, W4A16ResidentGridFallbacksKeepTheBits) {
+  for (auto [K, N] : {std::pair{4096, 4096}, std::pair{8192, 8192}, std::pair{4096, 14336}}) {
+    auto wf = RandomVec(size_t(N) * K, 3);
+    std::unique_ptr<W4A16Weights> dw;
+    OK(W4A16Weights::Create(QuantizeInt4(wf.data(), N, K, 128, false), &dw));
+    for (int M : {40, 64}) {
+      SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N) + " M=" + std::to_string(M));
+      Acts x = MakeActs(M, K, ActType::kBF16, 4);
+      auto normal = RunW4(*dw, x, M, ActType::kBF16, true, nullptr);
+      const uint32_t wait = detail::grid_wait_ns.exchange(0);
+      auto fallback = RunW4(*dw, x, M, ActType::kBF16, true, nullptr);
+      detail::grid_wait_ns = wait;
+      ASSERT_EQ(0, std::memcmp(normal.data(), fallback.data(), normal.size() * sizeof(float)));
+    }
+  }
 }
 
 TEST(GemmGpu, W4A16ShapeErrorsNameTheConstraint) {
