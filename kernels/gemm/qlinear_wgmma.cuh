@@ -141,21 +141,30 @@ __device__ __forceinline__ int WaitCount(const int* ctr, int mask, int target, u
   return v;
 }
 
-// The spread split sum's word per tile: arrivals (bits 0-7), departures (8-15) and blocks that gave up (16-23).
-// Thread 0, after the block's partial is in the workspace: returns what the block sums, its slice `split` once all
-// `splits` partials are in, or nothing (-1) when it has waited wait_ns (the grid was not resident after all, e.g. under
-// an MPS SM limit) and gives up, so that its SM frees for the blocks still to come. The last block to arrive sums the
-// whole tile (splits) where one gave up before it, as the serial ticket does: nothing can hang, and a slice summed
-// twice is written twice with the same bits.
-__device__ __forceinline__ int SpreadTicket(int* ctr, int split, int splits, uint32_t wait_ns) {
-  const int a = AtomicAddAcqRel(ctr, 1);  // releases this block's partial
-  if ((a & 0xff) == splits - 1) return (a >> 16) != 0 ? splits : split;
-  if ((WaitCount(ctr, 0xff, splits, wait_ns) & 0xff) >= splits) return split;
-  return (AtomicAddAcqRel(ctr, 1 << 16) & 0xff) >= splits ? split : -1;
+__device__ __forceinline__ void RedAddRelease(int* ptr, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
 }
-// After SpreadTicket: the last of the tile's blocks to depart zeroes the word for the next call.
-__device__ __forceinline__ void SpreadDepart(int* ctr, int splits) {
-  if (((atomicAdd(ctr, 1 << 8) >> 8) & 0xff) == splits - 1) *ctr = 0;
+// The spread split sum's word per tile: arrivals (bits 0-7) and blocks that gave up (16-23). Thread 0, after the
+// block's partial is in the workspace: returns what the block sums, its slice `split` once all `splits` partials are
+// in, or nothing (-1) when it has waited wait_ns (the grid was not resident after all, e.g. under an MPS SM limit) and
+// gives up, so that its SM frees for the blocks still to come. A block that sees every partial in and some block given
+// up sums the whole tile (splits); the last to arrive always sees every partial in, so nothing can hang, and a slice
+// summed twice is written twice with the same bits. The arrival needs no round trip (a release reduction); the
+// departure count (GridDeparture) zeroes the word.
+__device__ __forceinline__ int SpreadTicket(int* ctr, int split, int splits, uint32_t wait_ns) {
+  RedAddRelease(ctr, 1);  // releases this block's partial
+  int v = WaitCount(ctr, 0xff, splits, wait_ns);
+  if ((v & 0xff) < splits) v = AtomicAddAcqRel(ctr, 1 << 16);  // give up, unless every partial is in after all
+  return (v & 0xff) < splits ? -1 : (v >> 16) != 0 ? splits : split;
+}
+// A block done waiting on `ctr` (count `n`) departs on ctr[1]: the result, taken at the block's end, says whether it
+// was the last of the n, which then zeroes both words for the next call. The round trip overlaps the block's work.
+__device__ __forceinline__ int GridDeparture(int* ctr) { return atomicAdd(ctr + 1, 1); }
+__device__ __forceinline__ void GridReset(int* ctr, int departed, int n) {
+  if (departed == n - 1) {
+    ctr[0] = 0;
+    ctr[1] = 0;
+  }
 }
 
 // X [M][K] -> p.xpack [row tile][stage][panel][64 rows][128 B]: each stage the main kernel's shared-memory image,
@@ -356,6 +365,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     pc = save;
   }
   GridDependencyWait();  // X (or PackXKernel's packed X) comes from the kernel before
+  int x_departed = -1, s_departed = -1;  // thread 0: GridDeparture's results, taken at the end (`finish`)
   if (p.xready) {
     // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, each an
     // equal share of the items, and wait for each other on the xready counters, in place of PackXKernel and its grid
@@ -372,14 +382,11 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     pack(b * per, min(items, (b + 1) * per));
     __shared__ int s_all;
     if (tid == 0) {
-      AtomicAddAcqRel(ctr, 1);  // releases this block's share
+      RedAddRelease(ctr, 1);  // releases this block's share
       const int packed = WaitCount(ctr, ~0, nblk, p.wait_ns);
       asm volatile("fence.proxy.async.global;\n" ::: "memory");
       s_all = packed >= nblk;
-      if (AtomicAddAcqRel(ctr + 1, 1) == nblk - 1) {
-        ctr[0] = 0;
-        ctr[1] = 0;
-      }
+      x_departed = GridDeparture(ctr);
     }
     __syncthreads();
     if (!s_all) pack(0, items);
@@ -422,6 +429,12 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   const int splits = p.splits;
   const bool cluster = splits == 2, spread = splits > 2 && p.xready != nullptr;
   const size_t stride = size_t(p.M) * p.N;
+  auto finish = [&] {
+    if (tid == 0) {
+      if (p.xready) GridReset(p.xready, x_departed, gridDim.y * gridDim.z);
+      if (spread) GridReset(p.counters + 2 * cblock, s_departed, splits);
+    }
+  };
   const int qend = rows * (C::kCols / 4);  // the tile's groups of 4 columns
   int q0 = tid, q1 = qend, qstep = C::kThreads;
   if (cluster) {
@@ -446,16 +459,21 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
       }
     }
     __shared__ int s_part;  // what this block sums: -1 nothing, splits the whole tile, else its slice
-    int* ctr = p.counters + cblock * gridDim.x + mtile;
+    // A resident grid has one token tile: its spread words are 2 per column block.
+    int* ctr = p.counters + (spread ? 2 * cblock : cblock * gridDim.x + mtile);
     __syncthreads();
-    if (tid == 0) s_part = spread ? SpreadTicket(ctr, split, splits, p.wait_ns) : AtomicAddAcqRel(ctr, 1) == splits - 1 ? splits : -1;
+    if (tid == 0) {
+      if (spread) {
+        s_part = SpreadTicket(ctr, split, splits, p.wait_ns);
+        s_departed = GridDeparture(ctr);
+      } else {
+        s_part = AtomicAddAcqRel(ctr, 1) == splits - 1 ? splits : -1;
+        if (s_part == splits) *ctr = 0;
+      }
+    }
     __syncthreads();
     const int part = s_part;
-    if (tid == 0) {
-      if (spread) SpreadDepart(ctr, splits);
-      else if (part == splits) *ctr = 0;
-    }
-    if (part < 0) return;
+    if (part < 0) return finish();
     if (part < splits) {
       const int per = (qend + splits - 1) / splits;
       q0 = part * per + tid;
@@ -502,6 +520,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   else if (cluster || splits == 1) sum_store(I1{}, I4{});
   else sum_store(I4{}, I4{});
   if (cluster) ClusterSyncExit();  // no block leaves while another still reads its tile
+  finish();
 #else
   __trap();
 #endif
