@@ -118,19 +118,6 @@ __device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
-// `bytes` from global memory to the same shared address of the cluster blocks in `mask`, each completing on its
-// mbarrier at `bar`.
-__device__ __forceinline__ void BulkCopyMulticast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint16_t mask) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar), "h"(mask)
-               : "memory");
-}
-// Arrives on the mbarrier at shared address `bar` of cluster block `rank`.
-__device__ __forceinline__ void MbarArriveRemote(uint32_t bar, int rank) {
-  asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}\n" ::"r"(bar),
-               "r"(rank)
-               : "memory");
-}
 // A 2D tensor-map box at (c0, c1) into shared memory, completing on mbarrier `bar`.
 __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
@@ -263,21 +250,15 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   // ---- copies: thread 0 issues a stage's packed X (one bulk copy of its shared-memory image), weights (one box)
   // and scale blocks (one bulk copy, where a group starts), completing on the slot's full mbarrier ----
   const int nstrips = min(C::kStrips, p.strips - strip0);
-  // Clusters: 2-split plans pair their split blocks (cluster y = 2, the split sum); with p.mcast the column blocks
-  // 2c, 2c + 1 pair too (cluster z = 2) and each copies half of every X stage into both (multicast), so a slot is
-  // refilled only once the warps of both blocks are done with it. Rank = y + ydim * z inside the cluster.
-  const int ydim = p.splits == 2 ? 2 : 1, zin = p.mcast ? cblock & 1 : 0;
-  const int peer = p.mcast ? split % ydim + ydim * (zin ^ 1) : 0;
   if (tid == 0) {
     if (sbase & 1023) __trap();  // the swizzled X panels need 1024-byte alignment
     for (int i = 0; i < S; ++i) {
-      WgMbarInit(full_bar(i), 1);                                 // thread 0's expect_tx, then the copies' bytes
-      WgMbarInit(empty_bar(i), C::kWarps * (p.mcast ? 2 : 1));   // every warp (of both blocks) done with the stage
+      WgMbarInit(full_bar(i), 1);            // thread 0's expect_tx, then the copies' bytes
+      WgMbarInit(empty_bar(i), C::kWarps);   // every warp done with the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if (p.mcast) ClusterSync();  // the peer's barriers exist before its copies reach them
-  else __syncthreads();
+  __syncthreads();
   Cursor pc;  // producer: the stage issued next
   range_start(pc, 0);
   const char* xsrc = static_cast<const char*>(p.xpack) + size_t(mtile) * PackedXStages(p) * C::kXBytes;
@@ -291,14 +272,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
                nstrips * kSzBlockBytes, bar);
   };
   auto issue_x = [&](int slot) {
-    const char* src = xsrc + size_t(pc.j / kSubSteps) * C::kXBytes;
-    if (p.mcast) {
-      constexpr int kHalf = C::kXBytes / 2;
-      BulkCopyMulticast(ring + slot * C::kStageBytes + zin * kHalf, src + zin * kHalf, kHalf, full_bar(slot),
-                        uint16_t((1u << (split % ydim)) | (1u << (split % ydim + ydim))));
-    } else {
-      BulkCopy(ring + slot * C::kStageBytes, src, C::kXBytes, full_bar(slot));
-    }
+    BulkCopy(ring + slot * C::kStageBytes, xsrc + size_t(pc.j / kSubSteps) * C::kXBytes, C::kXBytes, full_bar(slot));
     advance(pc);
   };
 
@@ -362,10 +336,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     }
     WgmmaWait<0>();
     __syncwarp();
-    if (lane == 0) {  // the stage's X is read and its weights are in registers
-      WgMbarArrive(empty_bar(slot));
-      if (p.mcast) MbarArriveRemote(empty_bar(slot), peer);
-    }
+    if (lane == 0) WgMbarArrive(empty_bar(slot));  // the stage's X is read and its weights are in registers
     keep_a(0);
     keep_a(1);
 #pragma unroll
@@ -435,9 +406,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     });
     slot = slot + 1 == S ? 0 : slot + 1;
   }
-  __syncthreads();  // the buffers are free: they hold the split's fp32 tile next (every copy into them has landed)
-  // No block of a multicast pair leaves while the other may still arrive on its barriers (finish waits).
-  if (p.mcast && p.splits != 2) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+  __syncthreads();  // the buffers are free: they hold the split's fp32 tile next
 
   // ---- the split's sum w0 + w1 into the tile [row][column], then the splits in order 0..S-1 ----
   float* tile = reinterpret_cast<float*>(smem);
@@ -461,7 +430,6 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   const bool cluster = splits == 2, spread = splits > 2 && p.xready != nullptr;
   const size_t stride = size_t(p.M) * p.N;
   auto finish = [&] {
-    if (p.mcast && !cluster) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
     if (tid == 0) {
       if (p.xready) GridReset(p.xready, x_departed, gridDim.y * gridDim.z);
       if (spread) GridReset(p.counters + 2 * cblock, s_departed, splits);
@@ -514,7 +482,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   }
   T* y = static_cast<T*>(p.y);
   auto load4 = [&](int sp, int r, int c4) -> float4 {
-    if (cluster) return LdClusterF4(tbase + uint32_t(r * C::kTileLd + c4) * 4, sp + 2 * zin);
+    if (cluster) return LdClusterF4(tbase + uint32_t(r * C::kTileLd + c4) * 4, sp);
     if (splits == 1) return *reinterpret_cast<const float4*>(tile + r * C::kTileLd + c4);
     const float* src = p.partial + sp * stride + size_t(m0 + r) * p.N + ncol0 + c4;
     if (vec) return __ldcg(reinterpret_cast<const float4*>(src));
@@ -604,37 +572,34 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
   cudaLaunchAttribute at[3];
   // xready: the blocks pack X themselves and wait for each other, only where the device holds the whole grid at once
   // (a cooperative launch guarantees that too, but cost about 0.6 µs per call on the H200). resident: blocks the device
-  // holds at once with each cluster shape (1 x ydim x zdim, index ydim - 1 + 2 (zdim - 1)), + 1, asked once per device.
-  static std::atomic<int> resident[4][kMaxDevices] = {};
-  static const bool no_mcast = std::getenv("FLASHQ_GEMM_NOMCAST") != nullptr;  // bench knob (A/B)
+  // holds at once with 2-block clusters or without, + 1, asked once per device.
+  static std::atomic<int> resident[2][kMaxDevices] = {};
   int dev = 0;
   e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
-  auto launch_main = [&](const QLinearParams& args) {
-    QLinearParams q = args;
+  auto launch_main = [&](const QLinearParams& q) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((q.M + C::kRows - 1) / C::kRows, q.splits, (q.N + C::kCols - 1) / C::kCols);
     cfg.blockDim = dim3(C::kThreads);
     cfg.dynamicSmemBytes = C::kSmemBytes;
     cfg.stream = stream;
     cfg.attrs = at;
-    q.mcast = !no_mcast && cfg.gridDim.z % 2 == 0;
-    const unsigned ydim = q.splits == 2 ? 2 : 1, zdim = q.mcast ? 2 : 1;
-    if (ydim * zdim > 1) {
+    const bool cluster = q.splits == 2;
+    if (cluster) {
       at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-      at[cfg.numAttrs++].val.clusterDim = {1, ydim, zdim};
+      at[cfg.numAttrs++].val.clusterDim = {1, 2, 1};
     }
     if (q.xready) {
       if (dev >= kMaxDevices) return cudaErrorNotSupported;
-      std::atomic<int>& fits = resident[ydim - 1 + 2 * (zdim - 1)][dev];
+      std::atomic<int>& fits = resident[cluster][dev];
       int fit = fits.load(std::memory_order_relaxed) - 1;
       if (fit < 0) {
-        if (ydim * zdim > 1 ? cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess
-                            : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, C::kThreads, C::kSmemBytes) != cudaSuccess) {
+        if (cluster ? cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess
+                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, C::kThreads, C::kSmemBytes) != cudaSuccess) {
           (void)cudaGetLastError();
           fit = 0;
         }
-        fit *= ydim * zdim > 1 ? int(ydim * zdim) : CurrentDevice().sms;
+        fit *= cluster ? 2 : CurrentDevice().sms;
         fits.store(fit + 1, std::memory_order_relaxed);
       }
       if (long(fit) < long(cfg.gridDim.x) * cfg.gridDim.y * cfg.gridDim.z) return cudaErrorNotSupported;
