@@ -172,32 +172,22 @@ __device__ __forceinline__ void GridReset(int* ctr, int departed, int n) {
 // (r % 8) (128B swizzle), chunk q = words t = 0..3 of channels 8t + 2q, +1: k16 chunk ks holds channels 8t + 4ks +
 // {0..3} where the A fragment of thread t expects them. One thread per (row, k32 step); rows >= M and channels >= K
 // are zeros.
-// X's channels 32 jj + 8t .. +7 (t = 0..3) of row m, zeros past M or K.
+// Item i = (row m, k32 step jj) of the packing below.
 template <typename T>
-__device__ __forceinline__ void PackXLoad(const QLinearParams& p, int m, int jj, uint4 (&in)[4]) {
+__device__ __forceinline__ void PackXItem(const QLinearParams& p, int i, int nsteps) {
+  const int jj = i % nsteps, m = i / nsteps;
+  uint4 in[4];  // channels 32 jj + 8t .. +7
 #pragma unroll
   for (int t = 0; t < 4; ++t) {
     const int k = jj * kStepK + 8 * t;
     in[t] = m < p.M && k < p.K ? LdCached16(static_cast<const T*>(p.x) + size_t(m) * p.K + k) : make_uint4(0u, 0u, 0u, 0u);
   }
-}
-// Them as step s of row r of a stage's image (two panels of 64 rows x 128 B).
-__device__ __forceinline__ void PackXStore(uint4* stage, int r, int s, const uint4 (&in)[4]) {
-  uint4* dst = stage + (s / 2) * (WgCfg::kRows * 8) + r * 8;
+  const int mt = m / WgCfg::kRows, r = m % WgCfg::kRows, stage = jj / kSubSteps, s = jj % kSubSteps;
+  uint4* dst = static_cast<uint4*>(p.xpack) + ((size_t(mt) * PackedXStages(p) + stage) * 2 + s / 2) * (WgCfg::kRows * 8) + r * 8;
   dst[((s % 2) * 4 + 0) ^ (r & 7)] = make_uint4(in[0].x, in[1].x, in[2].x, in[3].x);
   dst[((s % 2) * 4 + 1) ^ (r & 7)] = make_uint4(in[0].y, in[1].y, in[2].y, in[3].y);
   dst[((s % 2) * 4 + 2) ^ (r & 7)] = make_uint4(in[0].z, in[1].z, in[2].z, in[3].z);
   dst[((s % 2) * 4 + 3) ^ (r & 7)] = make_uint4(in[0].w, in[1].w, in[2].w, in[3].w);
-}
-// Item i = (row m, k32 step jj) of the packing below.
-template <typename T>
-__device__ __forceinline__ void PackXItem(const QLinearParams& p, int i, int nsteps) {
-  const int jj = i % nsteps, m = i / nsteps;
-  uint4 in[4];
-  PackXLoad<T>(p, m, jj, in);
-  const int mt = m / WgCfg::kRows, stage = jj / kSubSteps;
-  PackXStore(static_cast<uint4*>(p.xpack) + (size_t(mt) * PackedXStages(p) + stage) * (2 * WgCfg::kRows * 8), m % WgCfg::kRows,
-             jj % kSubSteps, in);
 }
 template <typename T>
 __global__ void __launch_bounds__(256) PackXKernel(const QLinearParams p) {
@@ -272,10 +262,10 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   Cursor pc;  // producer: the stage issued next
   range_start(pc, 0);
   const char* xsrc = static_cast<const char*>(p.xpack) + size_t(mtile) * PackedXStages(p) * C::kXBytes;
-  auto issue_w = [&](int slot, bool with_x) {  // with_x: the stage's X comes by bulk copy as well
+  auto issue_w = [&](int slot) {
     const uint32_t base = ring + slot * C::kStageBytes, bar = full_bar(slot);
     const bool gs = group_start(pc);
-    WgMbarExpect(bar, uint32_t(C::kWBytes + (with_x ? C::kXBytes : 0) + (gs ? nstrips * kSzBlockBytes : 0)));
+    WgMbarExpect(bar, uint32_t(C::kWBytes + C::kXBytes + (gs ? nstrips * kSzBlockBytes : 0)));
     TmaLoad2d(base + C::kXBytes, &wmap, pc.j * 64, strip0, bar);
     if (gs)
       BulkCopy(base + C::kXBytes + C::kWBytes, static_cast<const char*>(p.sz) + (size_t(pc.g) * p.strips + strip0) * kSzBlockBytes,
@@ -365,80 +355,56 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
 
   // ---- pipeline, no block barrier: each warp waits for its stage's copies and computes it; after its first wgmmas,
   // thread 0 refills the slot of stage st - 1 (once every warp is done with it) with stage st + S - 1. ----
-  // With p.xready (one token tile, a grid the device holds at once, checked by the launcher) each block packs the X of
-  // its first S stages straight into their slots; where it has more stages, the blocks also pack all of X, each an
-  // equal share, into the workspace in place of PackXKernel and its grid boundary, and wait for each other on the
-  // xready counters only before the first refill (the last block past the wait zeroes them). A block that has waited
-  // p.wait_ns there (the grid was not resident after all) packs all of X itself: the same bytes, so nothing can hang.
-  const int nfirst = min(S, ntot);
-  const bool self = p.xready != nullptr, shared_x = self && ntot > S;
   LaunchDependents();
   if (tid == 0) {
     Cursor save = pc;
-    for (int st = 0; st < nfirst; ++st) {
-      issue_w(st, !self);
+    for (int st = 0; st < S && st < ntot; ++st) {
+      issue_w(st);
       advance(pc);
     }
-    if (!self) pc = save;  // the X copies below follow
+    pc = save;
   }
   GridDependencyWait();  // X (or PackXKernel's packed X) comes from the kernel before
   int x_departed = -1, s_departed = -1;  // thread 0: GridDeparture's results, taken at the end (`finish`)
-  const int nblk = gridDim.y * gridDim.z, nsteps = PackedXStages(p) * kSubSteps, items = C::kRows * nsteps;
-  auto pack = [&](int i0, int i1) {
-    for (int i = i0 + tid; i < i1; i += C::kThreads) PackXItem<T>(p, i, nsteps);
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");  // these generic stores before the TMA reads
-    __syncthreads();
-  };
-  __shared__ int s_all;
-  if (self) {
-    constexpr int kItems = C::kRows * kSubSteps;  // (row, step) items of a stage
-    static_assert(S * kItems % C::kThreads == 0, "whole items per thread");
-    uint4 in[S * kItems / C::kThreads][4];
-#pragma unroll
-    for (int k = 0; k < S * kItems / C::kThreads; ++k) {
-      const int i = tid + k * C::kThreads, q = i / kItems, r = (i % kItems) / kSubSteps, s = i % kSubSteps;
-      Cursor c;
-      range_start(c, 0);
-      for (int n = 0; n < q; ++n) advance(c);
-      PackXLoad<T>(p, m0 + r, c.j + s, in[k]);
-    }
-#pragma unroll
-    for (int k = 0; k < S * kItems / C::kThreads; ++k) {
-      const int i = tid + k * C::kThreads, q = i / kItems;
-      if (q < nfirst) PackXStore(reinterpret_cast<uint4*>(smem + q * C::kStageBytes), (i % kItems) / kSubSteps, i % kSubSteps, in[k]);
-    }
-    FenceProxyAsyncShared();  // these generic stores before the wgmma reads
-    if (shared_x) {
-      const int b = blockIdx.y + gridDim.y * blockIdx.z, per = (items + nblk - 1) / nblk;
-      pack(b * per, min(items, (b + 1) * per));
-      if (tid == 0) RedAddRelease(p.xready, 1);  // releases this block's share
-    } else {
+  if (p.xready) {
+    // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, each an
+    // equal share of the items, and wait for each other on the xready counters, in place of PackXKernel and its grid
+    // boundary; the last block past the wait zeroes them. A block that has waited p.wait_ns (the grid was not
+    // resident after all) packs all of X itself: the same bytes, so nothing can hang.
+    int* ctr = p.xready;
+    const int nblk = gridDim.y * gridDim.z, b = blockIdx.y + gridDim.y * blockIdx.z;
+    const int nsteps = PackedXStages(p) * kSubSteps, items = C::kRows * nsteps, per = (items + nblk - 1) / nblk;
+    auto pack = [&](int i0, int i1) {
+      for (int i = i0 + tid; i < i1; i += C::kThreads) PackXItem<T>(p, i, nsteps);
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");  // these generic stores before the TMA reads
       __syncthreads();
+    };
+    pack(b * per, min(items, (b + 1) * per));
+    __shared__ int s_all;
+    if (tid == 0) {
+      RedAddRelease(ctr, 1);  // releases this block's share
+      const int packed = WaitCount(ctr, ~0, nblk, p.wait_ns);
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      s_all = packed >= nblk;
+      x_departed = GridDeparture(ctr);
     }
-  } else if (tid == 0) {
-    for (int st = 0; st < nfirst; ++st) issue_x(st);
+    __syncthreads();
+    if (!s_all) pack(0, items);
   }
+  if (tid == 0)
+    for (int st = 0; st < S && st < ntot; ++st) issue_x(st);
   int slot = 0;
   for (int st = 0; st < ntot; ++st) {
     WgMbarWait(full_bar(slot), (st / S) & 1);
     compute(slot, [&] {
-      if (tid == 0 && st == 0 && shared_x) {  // the blocks' shares of X, needed from the first refill on
-        s_all = WaitCount(p.xready, ~0, nblk, p.wait_ns) >= nblk;
-        asm volatile("fence.proxy.async.global;\n" ::: "memory");
-        x_departed = GridDeparture(p.xready);
-      }
       if (tid == 0 && st > 0 && st + S - 1 < ntot) {
         const int ws = slot == 0 ? S - 1 : slot - 1;
         WgMbarWait(empty_bar(ws), ((st - 1) / S) & 1);
-        issue_w(ws, true);
+        issue_w(ws);
         issue_x(ws);
       }
     });
     slot = slot + 1 == S ? 0 : slot + 1;
-    if (st == 0 && shared_x) {
-      __syncthreads();
-      if (!s_all) pack(0, items);
-    }
   }
   __syncthreads();  // the buffers are free: they hold the split's fp32 tile next
 
@@ -465,7 +431,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   const size_t stride = size_t(p.M) * p.N;
   auto finish = [&] {
     if (tid == 0) {
-      if (shared_x) GridReset(p.xready, x_departed, nblk);
+      if (p.xready) GridReset(p.xready, x_departed, gridDim.y * gridDim.z);
       if (spread) GridReset(p.counters + 2 * cblock, s_departed, splits);
     }
   };
