@@ -17,6 +17,7 @@
 #include <memory>
 
 #include "kernels/common/status.h"
+#include "kernels/gemm/gemm_tiles.h"
 #include "kernels/gemm/quant_formats.h"
 
 #ifdef FLASHQ_HAVE_CUDA
@@ -98,8 +99,8 @@ class W4A16Weights {
 size_t W4A16WorkspaceBytes(const W4A16Weights& w, int max_m, bool batch_invariant);
 // run_w4a16 and run_w8a16 take a small-M kernel up to this many rows per launch (one
 // instantiation for M <= 8, one for M <= 16) and a 32-token kernel above it (int4 on sm_90 above
-// M = 32: a wgmma kernel where the plan has at most 4 splits). A warm-up at M = 1, kSmallMMaxRows,
-// kWgmmaMinRows - 1 and one larger M loads every kernel a layer can reach.
+// M = 32: a wgmma kernel, for 8-split plans only up to kWgmmaTileRows). A warm-up at M = 1, kSmallMMaxRows,
+// kWgmmaMinRows - 1, kWgmmaTileRows and one larger M loads every kernel a layer can reach.
 constexpr int kSmallMMaxRows = 16;
 constexpr int kWgmmaMinRows = 33;
 // M at or above which the non-invariant mode dequantizes W and calls cuBLASLt.

@@ -1070,7 +1070,7 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush>, p);
 }
 
-// The sm_90a wgmma kernel for int4 M > 32 with plans of at most 4 splits (qlinear_wgmma.cuh, included by the int4
+// The sm_90a wgmma kernel for int4 M > 32 (qlinear_wgmma.cuh, included by the int4
 // stage-flush instantiations; UseWgmma says when).
 inline bool UseWgmma(const QLinearParams& p);
 template <typename T>

@@ -1,7 +1,8 @@
-// W4A16 for M > 32 on sm_90a with plans of at most 4 splits: QLinearKernel's arithmetic (plan warp ranges, k32
-// steps, g128 flush units, fixed-order split sums) with the k16 chunks on wgmma m64n64k16 instead of mma.sync
-// m16n8k16. H200 (bench/results/gemm-nvidia-h200-2026-11-25-wgmma-tma.md): 4096x14336 M = 64 / 128 19% / 12% and
-// 8192² 3% / 6% faster than QLinearKernel; slower at M = 32 and with 8-split plans, which keep QLinearKernel.
+// W4A16 for M > 32 on sm_90a with plans of at most 4 splits, or of 8 splits at one token tile: QLinearKernel's
+// arithmetic (plan warp ranges, k32 steps, g128 flush units, fixed-order split sums) with the k16 chunks on wgmma
+// m64n64k16 instead of mma.sync m16n8k16. H200 (bench/results/gemm-nvidia-h200-2026-11-25-wgmma-tma.md and
+// -spread.md): at M = 64 24% faster than QLinearKernel on 4096x14336, 8192² and 14336x4096; slower at M = 32, and
+// with 8-split plans above one token tile, which keep QLinearKernel.
 //
 // Bits: wgmma with A from registers in the m16n8k16 A-fragment layout gives the very bits of chained mma.sync over
 // the same k16 chunks, in any k order inside a chunk (bench/results/gemm-probe-h200-2026-11-24.md). So each warp builds
@@ -23,7 +24,8 @@
 // its wgmmas at the end of each stage before it folds them: ptxas serializes every wgmma (C7514) if an accumulator
 // is read while another chain is open, so the 4 warpgroups keep the tensor cores busy between them.
 // Split sums: 2-split plans through a 2-block cluster (distributed shared memory), larger plans through the
-// workspace and the last block of the tile (acq_rel ticket); clusters of 4 and 8 full-SM blocks do not fit one wave.
+// workspace: each block sums a slice of the tile where the grid is resident, else the last block of the tile (acq_rel
+// ticket) sums it; clusters of 4 and 8 full-SM blocks do not fit one wave.
 // Where the time goes at M = 64 (bench/results/gemm-nvidia-h200-2026-11-25-wgmma-costs.md): without memory waits a
 // stage takes about the probe's 0.7 µs; the packing of X, the split sum and the memory waits each cost several µs.
 // Limits: sm_90a, int4 with groups of a multiple of 4 k32 steps (kStageFlush), M per launch <= kMaxRowsPerLaunch.
@@ -526,9 +528,10 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
 #endif
 }
 
-// The wgmma path: int4 stage-flush launches of more than 32 rows on sm_90 with plans of at most 4 splits, when the
-// caller's workspace holds packed X. At M <= 32 half the 64-token tile is empty, and 8-split plans (4096², 14336 x
-// 4096) pay a serial split sum: QLinearKernel is faster there (H200). Bench knob FLASHQ_GEMM_WGMMA_MIN_M=n: the
+// The wgmma path: int4 stage-flush launches of more than 32 rows on sm_90 with plans of at most 4 splits, or of 8
+// splits at one token tile (the launcher also needs the grid resident for them), when the caller's workspace holds
+// packed X. At M <= 32 half the 64-token tile is empty, and 8-split plans above one token tile (4096², 14336 x 4096)
+// would pay a serial split sum: QLinearKernel is faster there (H200). Bench knob FLASHQ_GEMM_WGMMA_MIN_M=n: the
 // smallest M it takes (n > 16, where the workspace was sized for M >= kWgmmaMinRows; 1000000 turns it off), for A/B.
 inline bool UseWgmma(const QLinearParams& p) {
   static const int min_rows = [] {

@@ -440,10 +440,11 @@ class CudaLinear : public LinearExecutor {
     }
     FQ_CUDA_OK(cudaDeviceSynchronize());
     // Warm-up: every path once, on each GPU, at the row counts that select the kernels
-    // (gemm::kSmallMMaxRows, gemm::kWgmmaMinRows - 1) and at the largest the server will use.
+    // (gemm::kSmallMMaxRows, gemm::kWgmmaMinRows - 1, gemm::kWgmmaTileRows) and at the largest the server will use.
     std::mt19937 rng(7);
     std::normal_distribution<float> nd;
-    for (int m : {1, std::min(gemm::kSmallMMaxRows, e->max_rows_), std::min(gemm::kWgmmaMinRows - 1, e->max_rows_), e->max_rows_}) {
+    for (int m : {1, std::min(gemm::kSmallMMaxRows, e->max_rows_), std::min(gemm::kWgmmaMinRows - 1, e->max_rows_),
+                  std::min(gemm::kWgmmaTileRows, e->max_rows_), e->max_rows_}) {
       std::vector<float> x(size_t(m) * w.K);
       for (float& f : x) f = nd(rng);
       for (DType t : {DType::kF16, DType::kBF16}) {
