@@ -410,13 +410,27 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   }
   __syncthreads();  // the buffers are free: they hold the split's fp32 tile next
 
-  // ---- the split's sum w0 + w1 into the tile [row][column], then the splits in order 0..S-1 ----
+  // ---- the split's sum w0 + w1 into the tile [row][column] (S > 2: straight into the workspace as the split's
+  // partial), then the splits in order 0..S-1 ----
   float* tile = reinterpret_cast<float*>(smem);
   const int colw = bs * kWarpN + 16 * u + g;  // column inside the block of acc[i], i = 4j + e: + 8 (e >> 1)
+  const int rows = min(C::kRows, p.M - m0);
+  const int ncol0 = cblock * C::kCols;
+  const int splits = p.splits;
+  const size_t stride = size_t(p.M) * p.N;
+  if (splits > 2) {
+    float* dst = p.partial + split * stride + size_t(m0) * p.N + ncol0 + colw;
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int row = 8 * (i >> 2) + 2 * t + (i & 1);
-    tile[row * C::kTileLd + colw + 8 * ((i >> 1) & 1)] = park[i * C::kThreads + tid] + acc[i];
+    for (int i = 0; i < 32; ++i) {
+      const int row = 8 * (i >> 2) + 2 * t + (i & 1), col = 8 * ((i >> 1) & 1);
+      if (row < rows && ncol0 + colw + col < p.N) dst[size_t(row) * p.N + col] = park[i * C::kThreads + tid] + acc[i];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int row = 8 * (i >> 2) + 2 * t + (i & 1);
+      tile[row * C::kTileLd + colw + 8 * ((i >> 1) & 1)] = park[i * C::kThreads + tid] + acc[i];
+    }
   }
   // Split sums, the same fp32 sum in the same order (SumSplits) whichever way: S = 1 from this block's tile; S = 2 over
   // a 2-block cluster's tiles (distributed shared memory, each block every second float4); S > 2 through the workspace.
@@ -424,13 +438,9 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   // of the tile once all S partials are in (SpreadTicket: H200 M = 64 14336 x 4096 with 8 splits 35.8 -> 27.9 µs,
   // 8192² 31.3 -> 30.0; through it the 2-split plan was 1 µs slower than its cluster), and otherwise the last block of
   // the tile (acq_rel ticket) adds them all.
-  const int rows = min(C::kRows, p.M - m0);
-  const int ncol0 = cblock * C::kCols;
   const uint32_t tbase = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
   const bool vec = (p.N & 3) == 0;
-  const int splits = p.splits;
   const bool cluster = splits == 2, spread = splits > 2 && p.xready != nullptr;
-  const size_t stride = size_t(p.M) * p.N;
   auto finish = [&] {
     if (tid == 0) {
       if (p.xready) GridReset(p.xready, x_departed, gridDim.y * gridDim.z);
@@ -444,26 +454,12 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     q0 = split + 2 * tid;
     qstep = 2 * C::kThreads;
   } else {
-    __syncthreads();
+    __syncthreads();  // the tile, or every thread's part of the partial before thread 0's ticket
   }
-  if (splits > 1 && !cluster) {  // this split's partial to the workspace
-    float* dst = p.partial + split * stride + size_t(m0) * p.N + ncol0;
-#pragma unroll 1
-    for (int q = tid; q < qend; q += C::kThreads) {
-      const int r = q / (C::kCols / 4), c4 = 4 * (q % (C::kCols / 4));
-      const float4 v = *reinterpret_cast<const float4*>(tile + r * C::kTileLd + c4);
-      float* d = dst + size_t(r) * p.N + c4;
-      if (vec && ncol0 + c4 < p.N) *reinterpret_cast<float4*>(d) = v;
-      else if (!vec) {
-        const float e[4] = {v.x, v.y, v.z, v.w};
-        for (int k = 0; k < 4; ++k)
-          if (ncol0 + c4 + k < p.N) d[k] = e[k];
-      }
-    }
+  if (splits > 2) {
     __shared__ int s_part;  // what this block sums: -1 nothing, splits the whole tile, else its slice
     // A resident grid has one token tile: its spread words are 2 per column block.
     int* ctr = p.counters + (spread ? 2 * cblock : cblock * gridDim.x + mtile);
-    __syncthreads();
     if (tid == 0) {
       if (spread) {
         s_part = SpreadTicket(ctr, split, splits, p.wait_ns);
