@@ -131,7 +131,8 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Orders this thread's generic-proxy global accesses with the async proxy's (the TMA reads of packed X).
+__device__ __forceinline__ void FenceProxyAsyncGlobal() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 // Thread 0 of a block of a resident grid: polls *ctr (acquire) until (value & mask) >= target or wait_ns have
 // passed; returns the last value read.
 __device__ __forceinline__ int WaitCount(const int* ctr, int mask, int target, uint32_t wait_ns) {
@@ -146,7 +147,7 @@ __device__ __forceinline__ int WaitCount(const int* ctr, int mask, int target, u
 __device__ __forceinline__ void RedAddRelease(int* ptr, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
 }
-// The spread split sum's word per tile: arrivals (bits 0-7) and blocks that gave up (16-23). Thread 0, after the
+// The spread split sum's word per tile: arrivals (bits 0-7) and blocks that gave up (8-15). Thread 0, after the
 // block's partial is in the workspace: returns what the block sums, its slice `split` once all `splits` partials are
 // in, or nothing (-1) when it has waited wait_ns (the grid was not resident after all, e.g. under an MPS SM limit) and
 // gives up, so that its SM frees for the blocks still to come. A block that sees every partial in and some block given
@@ -156,8 +157,8 @@ __device__ __forceinline__ void RedAddRelease(int* ptr, int v) {
 __device__ __forceinline__ int SpreadTicket(int* ctr, int split, int splits, uint32_t wait_ns) {
   RedAddRelease(ctr, 1);  // releases this block's partial
   int v = WaitCount(ctr, 0xff, splits, wait_ns);
-  if ((v & 0xff) < splits) v = AtomicAddAcqRel(ctr, 1 << 16);  // give up, unless every partial is in after all
-  return (v & 0xff) < splits ? -1 : (v >> 16) != 0 ? splits : split;
+  if ((v & 0xff) < splits) v = AtomicAddAcqRel(ctr, 1 << 8);  // give up, unless every partial is in after all
+  return (v & 0xff) < splits ? -1 : (v >> 8) != 0 ? splits : split;
 }
 // A block done waiting on `ctr` (count `n`) departs on ctr[1]: the result, taken at the block's end, says whether it
 // was the last of the n, which then zeroes both words for the next call. The round trip overlaps the block's work.
@@ -378,7 +379,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     const int nsteps = PackedXStages(p) * kSubSteps, items = C::kRows * nsteps, per = (items + nblk - 1) / nblk;
     auto pack = [&](int i0, int i1) {
       for (int i = i0 + tid; i < i1; i += C::kThreads) PackXItem<T>(p, i, nsteps);
-      asm volatile("fence.proxy.async.global;\n" ::: "memory");  // these generic stores before the TMA reads
+      FenceProxyAsyncGlobal();  // these generic stores before the TMA reads
       __syncthreads();
     };
     pack(b * per, min(items, (b + 1) * per));
@@ -386,7 +387,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     if (tid == 0) {
       RedAddRelease(ctr, 1);  // releases this block's share
       const int packed = WaitCount(ctr, ~0, nblk, p.wait_ns);
-      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      FenceProxyAsyncGlobal();
       s_all = packed >= nblk;
       x_departed = GridDeparture(ctr);
     }
@@ -441,10 +442,11 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   const uint32_t tbase = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
   const bool vec = (p.N & 3) == 0;
   const bool cluster = splits == 2, spread = splits > 2 && p.xready != nullptr;
+  int* const sctr = p.counters + 2 * cblock;  // a resident grid has one token tile: its spread words, 2 per column block
   auto finish = [&] {
     if (tid == 0) {
       if (p.xready) GridReset(p.xready, x_departed, gridDim.y * gridDim.z);
-      if (spread) GridReset(p.counters + 2 * cblock, s_departed, splits);
+      if (spread) GridReset(sctr, s_departed, splits);
     }
   };
   const int qend = rows * (C::kCols / 4);  // the tile's groups of 4 columns
@@ -458,8 +460,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   }
   if (splits > 2) {
     __shared__ int s_part;  // what this block sums: -1 nothing, splits the whole tile, else its slice
-    // A resident grid has one token tile: its spread words are 2 per column block.
-    int* ctr = p.counters + (spread ? 2 * cblock : cblock * gridDim.x + mtile);
+    int* ctr = spread ? sctr : p.counters + cblock * gridDim.x + mtile;
     if (tid == 0) {
       if (spread) {
         s_part = SpreadTicket(ctr, split, splits, p.wait_ns);
@@ -535,7 +536,7 @@ inline bool UseWgmma(const QLinearParams& p) {
     const int v = e ? std::atoi(e) : 0;
     return v > kSmallMMaxRows ? v : kWgmmaMinRows;
   }();
-  const bool sums = p.splits <= kWgmmaMaxSplits || (p.splits <= kMaxSplits && p.xready != nullptr && p.M <= kWgmmaTileRows);
+  const bool sums = p.splits <= kWgmmaMaxSplits || (p.xready != nullptr && p.M <= kWgmmaTileRows);
   return p.M >= min_rows && p.xpack != nullptr && sums && DeviceMajor() >= 9;
 }
 
