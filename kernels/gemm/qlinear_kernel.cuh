@@ -854,28 +854,17 @@ struct DirectCfg {
   // Steps in flight per warp, in registers: (kWChunks + NT) * 4 words each.
   static constexpr int kDepth = kWChunks + NT > 2 ? 4 : 8;
   static_assert(kDepth % kSub == 0 && kSubSteps % kSub == 0, "ring slots follow the flush units");
-#ifndef FLASHQ_DIRECT_XDEPTH
-#define FLASHQ_DIRECT_XDEPTH 4
-#endif
-  // int4 with two token tiles keeps the weights' depth and fewer steps of X (from L2) in flight.
-  static constexpr int kWDepth = !kFp8 && NT == 2 ? 8 : kDepth;
-  static constexpr int kXDepth = !kFp8 && NT == 2 ? FLASHQ_DIRECT_XDEPTH : kDepth;
-  static_assert(kWDepth % kXDepth == 0, "an X ring pass divides a weight ring pass");
 };
 
 template <typename T, int NT, bool kFp8, bool kStageFlush>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
   using C = DirectCfg<kFp8, NT>;
-  constexpr int kSub = C::kSub;
-  // Ring depths (weight steps kD, X steps kDX in flight): a scale block per step costs registers.
-  constexpr int kD = kFp8 || kStageFlush ? C::kWDepth : 4, kDX = kFp8 || kStageFlush ? C::kXDepth : kD;
-  constexpr bool kXOwnRing = kDX != kD;  // X refilled a step at a time, apart from the weights
+  constexpr int kSub = C::kSub, kD = kFp8 || kStageFlush ? C::kDepth : 4;  // a scale block per step costs registers
   constexpr int kRefill = kD >= 2 * kSubSteps ? kSubSteps : 1;
   // Where each slot is refilled on its own, the load pointers stay put for a whole pass of the ring
   // and slot r loads at a constant offset from them (H200: int4 M = 16 up to 3.5% faster than moving
   // them at every load); stage refills move them at every load (there the offsets made M = 1 slower).
   constexpr bool kSlotAddr = kRefill == 1;
-  static_assert(!(kSlotAddr && kXOwnRing), "slot addressing moves X and weights together");
   // Scale blocks in flight: one per flush unit of the ring (stage flush), else one per step.
   constexpr int kSzSlots = kFp8 ? 1 : kStageFlush ? kD / kSub : kD;
   extern __shared__ float red[];  // [warp][NT * 8][32] accumulators, for the block's sum
@@ -906,7 +895,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   }
 
   uint4 wb[kD][C::kWChunks];
-  uint4 xb[kDX][NT];
+  uint4 xb[kD][NT];
   uint2 sbs[kSzSlots];
   uint32_t sbz[kSzSlots];
   const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
@@ -988,7 +977,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
     if (r < spw) load_w(r, r, std::false_type{});
   GridDependencyWait();
 #pragma unroll
-  for (int r = 0; r < kDX; ++r)
+  for (int r = 0; r < kD; ++r)
     if (r < spw) load_x(r, r, std::false_type{});
   next_pass();
 
@@ -1008,7 +997,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
       for (int cc = 0; cc < C::kWChunks; ++cc) {
         wv[4 * cc] = wb[r][cc].x; wv[4 * cc + 1] = wb[r][cc].y; wv[4 * cc + 2] = wb[r][cc].z; wv[4 * cc + 3] = wb[r][cc].w;
       }
-      StepMma<T, NT, kFp8>(wv, xb[r % kDX], nzm, !kStageFlush || r % kSub == 0, c, acc);
+      StepMma<T, NT, kFp8>(wv, xb[r], nzm, !kStageFlush || r % kSub == 0, c, acc);
       if (!kFp8 && (!kStageFlush || r % kSub == kSub - 1)) Flush<NT>(scl, c, acc);
       // Refill kRefill slots at once: a whole stage (2 KB of int4 weights, contiguous per warp)
       // when the ring holds two or more stages, else each slot as soon as it is consumed.
@@ -1017,23 +1006,14 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
         if (jn0 + kRefill <= nfast) {
 #pragma unroll
           for (int q = 0; q < kRefill; ++q) load_w(jn0 + q, r - (kRefill - 1) + q, std::true_type{});
-          if constexpr (!kXOwnRing) {
 #pragma unroll
-            for (int q = 0; q < kRefill; ++q) load_x(jn0 + q, r - (kRefill - 1) + q, std::true_type{});
-          }
+          for (int q = 0; q < kRefill; ++q) load_x(jn0 + q, r - (kRefill - 1) + q, std::true_type{});
         } else if (jn0 < spw) {
 #pragma unroll
           for (int q = 0; q < kRefill; ++q) load_w(jn0 + q, r - (kRefill - 1) + q, std::false_type{});
-          if constexpr (!kXOwnRing) {
 #pragma unroll
-            for (int q = 0; q < kRefill; ++q) load_x(jn0 + q, r - (kRefill - 1) + q, std::false_type{});
-          }
+          for (int q = 0; q < kRefill; ++q) load_x(jn0 + q, r - (kRefill - 1) + q, std::false_type{});
         }
-      }
-      if constexpr (kXOwnRing) {
-        const int jx = j + kDX;
-        if (jx < nfast) load_x(jx, r % kDX, std::true_type{});
-        else if (jx < spw) load_x(jx, r % kDX, std::false_type{});
       }
     }
     next_pass();
