@@ -871,12 +871,9 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int strip = blockIdx.x;
-  // A warp runs rpw consecutive plan warp ranges (the launcher's choice, 1 or 2) as one stream of steps, its
-  // accumulators stored and restarted from zero where a range ends: the same arithmetic per range.
-  const int rpw = kWarpsK * p.splits * 32 / blockDim.x;
-  const int spw = p.steps_per_warp, nsteps = rpw * spw;
-  const int j0 = warp * nsteps;                 // == (split * kWarpsK + kw) * spw of QLinearKernel
-  const int nvalid = min(nsteps, p.nk32 - j0);  // real k32 steps of this warp (may be <= 0)
+  const int spw = p.steps_per_warp;
+  const int j0 = warp * spw;                 // == (split * kWarpsK + kw) * spw of QLinearKernel
+  const int nvalid = min(spw, p.nk32 - j0);  // real k32 steps of this warp (may be <= 0)
   // Steps [0, nfast) need no predicate: inside the warp's weights and inside K for every lane.
   const int nfast = max(0, min(nvalid, p.K / kStepK - j0));
 
@@ -977,30 +974,19 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // a programmatic launch they stream in while it finishes; X only after the wait. ----
 #pragma unroll
   for (int r = 0; r < kD; ++r)
-    if (r < nsteps) load_w(r, r, std::false_type{});
+    if (r < spw) load_w(r, r, std::false_type{});
   GridDependencyWait();
 #pragma unroll
   for (int r = 0; r < kD; ++r)
-    if (r < nsteps) load_x(r, r, std::false_type{});
+    if (r < spw) load_x(r, r, std::false_type{});
   next_pass();
 
   // ---- main loop: step j computes from slot j % kD, then refills it with step j + kD ----
-  int jend = rpw > 1 ? spw : nsteps;  // where the current range ends
-  for (int i = 0; i < nsteps; i += kD) {
+  for (int i = 0; i < spw; i += kD) {
 #pragma unroll
     for (int r = 0; r < kD; ++r) {
       const int j = i + r;
-      if (r % kSubSteps == 0 && j >= jend) {  // spw is a multiple of kSubSteps
-        if (j >= nsteps) break;
-        StoreAcc<NT>(red, warp * rpw, lane, acc);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int u = 0; u < 2; ++u)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[nt][u][e] = 0.0f;
-        jend = nsteps;
-      }
+      if (r % kSubSteps == 0 && j >= spw) break;  // spw is a multiple of kSubSteps
       if (!kFp8 && (!kStageFlush || r % kSub == 0)) {
         const int sr = kStageFlush ? r / kSub : r;
         if (j < nvalid && (j == 0 || j == cnext)) GroupRegs<T>(sbs[sr], sbz[sr], scl, nzm);
@@ -1022,7 +1008,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
           for (int q = 0; q < kRefill; ++q) load_w(jn0 + q, r - (kRefill - 1) + q, std::true_type{});
 #pragma unroll
           for (int q = 0; q < kRefill; ++q) load_x(jn0 + q, r - (kRefill - 1) + q, std::true_type{});
-        } else if (jn0 < nsteps) {
+        } else if (jn0 < spw) {
 #pragma unroll
           for (int q = 0; q < kRefill; ++q) load_w(jn0 + q, r - (kRefill - 1) + q, std::false_type{});
 #pragma unroll
@@ -1036,7 +1022,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // ---- sum the warps in QLinearKernel's order ----
   if constexpr (!kEarlyTrigger) LaunchDependents();  // the next kernel's blocks may start their weight prefetch
   constexpr int kNA = NT * 8;  // accumulators per lane
-  StoreAcc<NT>(red, warp * rpw + rpw - 1, lane, acc);
+  StoreAcc<NT>(red, warp, lane, acc);
   __syncthreads();
   T* y = static_cast<T*>(p.y);
   // Output o (accumulator (nt, u, e) of lane l) of the block's sum; fs: the fp8 channel scale of its column.
@@ -1075,12 +1061,7 @@ template <typename T, int NT, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((p.N + kWarpN - 1) / kWarpN);
-  static const int rpw_knob = [] {
-    const char* e = std::getenv("FLASHQ_GEMM_DIRECT_RPW");
-    return e ? std::atoi(e) : 1;
-  }();
-  const int rpw = rpw_knob == 2 && p.splits >= 2 ? 2 : 1;
-  cfg.blockDim = dim3(32 * kWarpsK * p.splits / rpw);
+  cfg.blockDim = dim3(32 * kWarpsK * p.splits);
   cfg.dynamicSmemBytes = size_t(kWarpsK) * p.splits * NT * 8 * 32 * sizeof(float);
   cfg.stream = stream;
   cudaLaunchAttribute at[1];
