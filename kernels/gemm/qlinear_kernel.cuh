@@ -914,7 +914,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
           szp += szstride;
           gnext += p.gsteps;
         }
-        if (jn < nvalid && (jn == 0 || jn + p.gsteps == gnext)) {
+        if ((fast || jn < nvalid) && (jn == 0 || jn + p.gsteps == gnext)) {
           sbs[sr] = __ldg(reinterpret_cast<const uint2*>(szp) + g);
           sbz[sr] = __ldg(reinterpret_cast<const uint32_t*>(szp + kSzZeros) + g);
         }
@@ -981,15 +981,16 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
     if (r < spw) load_x(r, r, std::false_type{});
   next_pass();
 
-  // ---- main loop: step j computes from slot j % kD, then refills it with step j + kD ----
-  for (int i = 0; i < spw; i += kD) {
+  // ---- main loop: step j computes from slot j % kD, then refills it with step j + kD. A pass of the
+  // ring is `steady` where every step it computes and loads lies in [0, nfast): no bounds checks. ----
+  auto pass = [&](int i, auto steady) {
 #pragma unroll
     for (int r = 0; r < kD; ++r) {
       const int j = i + r;
-      if (r % kSubSteps == 0 && j >= spw) break;  // spw is a multiple of kSubSteps
+      if (!steady && r % kSubSteps == 0 && j >= spw) break;  // spw is a multiple of kSubSteps
       if (!kFp8 && (!kStageFlush || r % kSub == 0)) {
         const int sr = kStageFlush ? r / kSub : r;
-        if (j < nvalid && (j == 0 || j == cnext)) GroupRegs<T>(sbs[sr], sbz[sr], scl, nzm);
+        if ((steady || j < nvalid) && (j == 0 || j == cnext)) GroupRegs<T>(sbs[sr], sbz[sr], scl, nzm);
         if (j == cnext) cnext += p.gsteps;
       }
       uint32_t wv[4 * C::kWChunks];
@@ -1003,7 +1004,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
       // when the ring holds two or more stages, else each slot as soon as it is consumed.
       if (r % kRefill == kRefill - 1) {
         const int jn0 = j - (kRefill - 1) + kD;
-        if (jn0 + kRefill <= nfast) {
+        if (steady || jn0 + kRefill <= nfast) {
 #pragma unroll
           for (int q = 0; q < kRefill; ++q) load_w(jn0 + q, r - (kRefill - 1) + q, std::true_type{});
 #pragma unroll
@@ -1017,7 +1018,16 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
       }
     }
     next_pass();
+  };
+  // Steady passes first, where they paid on the H200 (bench/gemm/NOTES.md v6.3): int4 with stage flush, blocks of
+  // fewer than kMaxSplits splits (4096 x 14336 and 8192², M = 1-16, 2.5-5% faster). With one 512-thread block per SM
+  // they cost 3-4% (14336 x 4096); fp8 lost 1-3%, and the step-flush instances spilled registers.
+  int i = 0;
+  if constexpr (!kFp8 && kStageFlush) {
+    if (p.splits < kMaxSplits)
+      for (; i + 2 * kD <= nfast; i += kD) pass(i, std::true_type{});
   }
+  for (; i < spw; i += kD) pass(i, std::false_type{});
 
   // ---- sum the warps in QLinearKernel's order ----
   if constexpr (!kEarlyTrigger) LaunchDependents();  // the next kernel's blocks may start their weight prefetch
