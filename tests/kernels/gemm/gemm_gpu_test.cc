@@ -218,6 +218,17 @@ TEST(GemmGpu, W4A16InvariantWithSeveralSplitsPerBlock) {
     }
 }
 
+// The small-M kernel's steady passes (int4 groups of 128, plans of fewer than 8 splits). 2040 x 14344 plans 2 splits of
+// 16 k32 steps per warp range; K ends inside a step and N inside a strip, so the last warp range's last passes are
+// checked ones. Rows of M = 12 (two token tiles) and M = 40 against the f64 reference and bitwise equal to
+// single-row calls.
+TEST(GemmGpu, W4A16SteadyPassesKeepTheBits) {
+  for (int M : {12, 40}) {
+    SCOPED_TRACE("M=" + std::to_string(M));
+    CheckRowsInvariant(2040, 14344, 128, M, {0, 5, M - 1});
+  }
+}
+
 // The wgmma kernel's fallbacks for a grid that the occupancy API calls resident but is not (in-kernel X packing:
 // a block packs all of X itself; spread split sum: a block gives up and the last to arrive sums the whole tile).
 // With no wait they run on most blocks of every call, and must give the bits of the normal path. On an H200 these
