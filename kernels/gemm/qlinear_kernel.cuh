@@ -145,21 +145,6 @@ __device__ __forceinline__ void ClusterSyncExit() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n barrier.cluster.wait.aligned;\n" ::: "memory");
 #endif
 }
-// The shared::cluster address of shared address `addr` in cluster block `rank`, and a float load from one.
-__device__ __forceinline__ uint32_t ClusterAddr(uint32_t addr, int rank) {
-  uint32_t remote = addr;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
-#endif
-  return remote;
-}
-__device__ __forceinline__ float LdClusterF32(uint32_t addr) {
-  float v = 0.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
-#endif
-  return v;
-}
 // Reads a float4 at shared address `addr` of cluster block `rank`.
 __device__ __forceinline__ float4 LdClusterF4(uint32_t addr, int rank) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -871,7 +856,7 @@ struct DirectCfg {
   static_assert(kDepth % kSub == 0 && kSubSteps % kSub == 0, "ring slots follow the flush units");
 };
 
-template <typename T, int NT, bool kFp8, bool kStageFlush, bool kPair>
+template <typename T, int NT, bool kFp8, bool kStageFlush>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
   using C = DirectCfg<kFp8, NT>;
   constexpr int kSub = C::kSub, kD = kFp8 || kStageFlush ? C::kDepth : 4;  // a scale block per step costs registers
@@ -885,14 +870,9 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   extern __shared__ float red[];  // [warp][NT * 8][32] accumulators, for the block's sum
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  // The block sums strip blockIdx.x. Paired (kPair: 2-block clusters, plans of kMaxSplits splits), block h of the
-  // cluster runs warp ranges h * S .. h * S + S - 1 (S = kMaxSplits) of both strips of the pair, so that warps w and
-  // w + S read the same X and share it through L1; each block then sums its strip over both blocks' shared memory.
-  const int strip = kPair ? (blockIdx.x & ~1) + warp / kMaxSplits : blockIdx.x;
-  const int range = kPair ? (blockIdx.x & 1) * kMaxSplits + warp % kMaxSplits : warp;
-  const int ostrip = blockIdx.x;  // the strip this block sums
+  const int strip = blockIdx.x;
   const int spw = p.steps_per_warp;
-  const int j0 = range * spw;                // == (split * kWarpsK + kw) * spw of QLinearKernel
+  const int j0 = warp * spw;                 // == (split * kWarpsK + kw) * spw of QLinearKernel
   const int nvalid = min(spw, p.nk32 - j0);  // real k32 steps of this warp (may be <= 0)
   // Steps [0, nfast) need no predicate: inside the warp's weights and inside K for every lane.
   const int nfast = max(0, min(nvalid, p.K / kStepK - j0));
@@ -981,7 +961,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
       const int o = threadIdx.x + it * blockDim.x;
       const int cg = 2 * ((o >> 7) & 1) + ((o >> 6) & 1);
       if (o < NT * 8 * 32)
-        fsv[it] = __ldg(p.fscales + (size_t(ostrip) * 8 + ((o & 31) >> 2)) * 4 + cg) * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
+        fsv[it] = __ldg(p.fscales + (size_t(strip) * 8 + ((o & 31) >> 2)) * 4 + cg) * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
     }
   }
 
@@ -1053,15 +1033,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   if constexpr (!kEarlyTrigger) LaunchDependents();  // the next kernel's blocks may start their weight prefetch
   constexpr int kNA = NT * 8;  // accumulators per lane
   StoreAcc<NT>(red, warp, lane, acc);
-  if constexpr (kPair) ClusterSync();  // both blocks' accumulators are in
-  else __syncthreads();
-  // Paired: range r of this block's strip is warp (blockIdx.x & 1) * S + r % S of cluster block r / S.
-  uint32_t pair_base[2] = {0u, 0u};
-  if constexpr (kPair) {
-    const uint32_t own = static_cast<uint32_t>(__cvta_generic_to_shared(red)) + (blockIdx.x & 1) * kMaxSplits * kNA * 32 * 4;
-    pair_base[0] = ClusterAddr(own, 0);
-    pair_base[1] = ClusterAddr(own, 1);
-  }
+  __syncthreads();
   T* y = static_cast<T*>(p.y);
   // Output o (accumulator (nt, u, e) of lane l) of the block's sum; fs: the fp8 channel scale of its column.
   auto out = [&](int o, float fs) {
@@ -1069,7 +1041,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
     const int e = i & 3, u = (i >> 2) & 1, nt = i >> 3;
     const int row = nt * 8 + 2 * (l & 3) + (e & 1);
     const int cs = 16 * u + 8 * (e >> 1) + (l >> 2);  // column inside the strip
-    const int col = ostrip * kWarpN + cs;
+    const int col = strip * kWarpN + cs;
     // Rounded adds and multiplies (no fma contraction): QLinearKernel rounds each split's sum
     // to fp32 in memory before it adds the next.
     // Unrolled over kMaxSplits, so that all the shared-memory loads issue before the adds (H200: int4
@@ -1078,13 +1050,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 #pragma unroll
     for (int q = 0; q < kMaxSplits; ++q)
       if (q < p.splits) {
-        float v;
-        if constexpr (kPair) {
-          const uint32_t a = pair_base[2 * q / kMaxSplits] + ((2 * q % kMaxSplits) * kNA * 32 + o) * 4;
-          v = __fadd_rn(LdClusterF32(a), LdClusterF32(a + kNA * 32 * 4));
-        } else {
-          v = __fadd_rn(red[2 * q * kNA * 32 + o], red[(2 * q + 1) * kNA * 32 + o]);
-        }
+        float v = __fadd_rn(red[2 * q * kNA * 32 + o], red[(2 * q + 1) * kNA * 32 + o]);
         if constexpr (kFp8) v = __fmul_rn(v, fs);
         sum = q == 0 ? v : __fadd_rn(sum, v);
       }
@@ -1099,51 +1065,19 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   } else {
     for (int o = threadIdx.x; o < kNA * 32; o += blockDim.x) out(o, 1.0f);
   }
-  if constexpr (kPair) ClusterSyncExit();  // no block leaves while the other still reads its shared memory
-}
-
-// Paired strips (see the kernel): plans of kMaxSplits splits, whose one 512-thread block per SM otherwise reads all of X
-// alone, an even number of strips, sm_90, and only where the device holds all the grid's clusters at once. Bench knob
-// FLASHQ_GEMM_PAIR_MAXM=n: the largest M that pairs (0: never).
-inline bool PairStrips(const QLinearParams& p) {
-  static const int max_m = [] {
-    const char* e = std::getenv("FLASHQ_GEMM_PAIR_MAXM");
-    return e ? std::atoi(e) : 0;
-  }();
-  return p.M <= max_m && p.splits == kMaxSplits && p.strips % 2 == 0 && DeviceMajor() >= 9;
 }
 
 template <typename T, int NT, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
-  auto* kernel = QLinearDirectKernel<T, NT, kFp8, kStageFlush, false>;
-  auto* paired = QLinearDirectKernel<T, NT, kFp8, kStageFlush, true>;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.strips);
+  cfg.gridDim = dim3((p.N + kWarpN - 1) / kWarpN);
   cfg.blockDim = dim3(32 * kWarpsK * p.splits);
   cfg.dynamicSmemBytes = size_t(kWarpsK) * p.splits * NT * 8 * 32 * sizeof(float);
   cfg.stream = stream;
-  cudaLaunchAttribute at[2];
+  cudaLaunchAttribute at[1];
   cfg.attrs = at;
-  if (PairStrips(p)) {
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim = {2, 1, 1};
-    cfg.numAttrs = 1;
-    // Clusters the device holds at once, + 1, asked once per device (the block size is fixed by the plan).
-    static std::atomic<int> fits[kMaxDevices] = {};
-    int dev = 0, fit = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess && dev < kMaxDevices) fit = fits[dev].load(std::memory_order_relaxed) - 1;
-    if (fit < 0) {
-      if (cudaOccupancyMaxActiveClusters(&fit, paired, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        fit = 0;
-      }
-      fits[dev].store(fit + 1, std::memory_order_relaxed);
-    }
-    if (2 * fit >= p.strips) kernel = paired;
-    else cfg.numAttrs = 0;
-  }
   AddPdl(&cfg);
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush>, p);
 }
 
 // The sm_90a wgmma kernel for int4 M > 32 (qlinear_wgmma.cuh, included by the int4
