@@ -229,6 +229,43 @@ TEST(GemmGpu, W4A16SteadyPassesKeepTheBits) {
   }
 }
 
+// The small-M kernel on a plan of 8 splits (one 512-thread block per strip) against QLinearKernel: 4096² at M = 1, 4
+// (one token tile) and 12 (two), int4 (groups of 128: stage flush; 64: step flush) and W8A16, against the f64
+// reference and bitwise equal to the first rows of M = 32.
+TEST(GemmGpu, EightSplitSmallMMatchesQLinearKernel) {
+  const int K = 4096, N = 4096;
+  Acts x = MakeActs(32, K, ActType::kBF16, 8);
+  auto rows = [&](int M) {
+    Acts r;
+    r.f.assign(x.f.begin(), x.f.begin() + size_t(M) * K);
+    r.bits.assign(x.bits.begin(), x.bits.begin() + size_t(M) * K);
+    return r;
+  };
+  for (int g : {128, 64}) {
+    Int4Weights w = QuantizeInt4(RandomVec(size_t(N) * K, 7).data(), N, K, g, false);
+    std::unique_ptr<W4A16Weights> dw;
+    OK(W4A16Weights::Create(w, &dw));
+    auto big = RunW4(*dw, x, 32, ActType::kBF16, true, nullptr);
+    for (int M : {1, 4, 12}) {
+      SCOPED_TRACE("w4a16 g" + std::to_string(g) + " M=" + std::to_string(M));
+      Acts r = rows(M);
+      auto y = RunW4(*dw, r, M, ActType::kBF16, true, nullptr);
+      ExpectClose(y, RefInt4(r, M, w), ActType::kBF16, 0, "w4a16 4096^2");
+      ASSERT_EQ(0, std::memcmp(y.data(), big.data(), y.size() * sizeof(float)));
+    }
+  }
+  Fp8Weights w = QuantizeFp8(RandomVec(size_t(N) * K, 9).data(), N, K, true);
+  std::unique_ptr<Fp8DeviceWeights> dw;
+  OK(Fp8DeviceWeights::Create(w, &dw));
+  auto big = RunW8(*dw, x.bits.data(), 32, ActType::kBF16);
+  for (int M : {1, 4, 12}) {
+    SCOPED_TRACE("w8a16 M=" + std::to_string(M));
+    auto y = RunW8(*dw, x.bits.data(), M, ActType::kBF16);
+    ExpectClose(y, GemmF64(rows(M).f, M, K, DequantizeFp8(w), N), ActType::kBF16, 0, "w8a16 4096^2");
+    ASSERT_EQ(0, std::memcmp(y.data(), big.data(), y.size() * sizeof(float)));
+  }
+}
+
 // The wgmma kernel's fallbacks for a grid that the occupancy API calls resident but is not (in-kernel X packing:
 // a block packs all of X itself; spread split sum: a block gives up and the last to arrive sums the whole tile).
 // With no wait they run on most blocks of every call, and must give the bits of the normal path. On an H200 these
