@@ -111,12 +111,6 @@ __device__ __forceinline__ void WgMbarWait(uint32_t bar, int parity) {
       "r"(parity)
       : "memory");
 }
-__device__ __forceinline__ bool WgMbarTest(uint32_t bar, int parity) {
-  uint32_t done;
-  asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-               : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  return done != 0;
-}
 __device__ __forceinline__ void WgMbarArrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
@@ -305,7 +299,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   // This thread's weights and scale block inside a stage.
   const uint32_t w_off = C::kXBytes + bs * (kSubSteps * 512) + lane * 16 + u * 8;
   const uint32_t sz_off = C::kXBytes + C::kWBytes + bs * kSzBlockBytes;
-  auto compute = [&](int slot, auto after_step) {
+  auto compute = [&](int slot, auto after_first) {
     const unsigned char* sb = smem + slot * C::kStageBytes;
     // The stage's weight words first, all four steps: their loads then overlap the scale block's and the issue below.
     // Steps past the weights (past K or past the warp range) are zero words, as in the other kernels (the same mma
@@ -341,7 +335,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
       for (int ks = 0; ks < 2; ++ks)  // the flush unit starts from zero (Mma0)
         WgmmaRsK<T>(c, a[b][ks], desc0 + uint64_t(((s / 2) * (C::kRows * 128) + (s % 2) * 64 + ks * 32) >> 4), s > 0 || ks > 0);
       WgmmaCommit();
-      after_step(s);
+      if (s == 0) after_first();
     }
     WgmmaWait<0>();
     __syncwarp();
@@ -405,23 +399,12 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   int slot = 0;
   for (int st = 0; st < ntot; ++st) {
     WgMbarWait(full_bar(slot), (st / S) & 1);
-#ifndef FLASHQ_WG_REFILL
-#define FLASHQ_WG_REFILL 0
-#endif
-    bool pending = tid == 0 && st > 0 && st + S - 1 < ntot;
-    compute(slot, [&](int s) {
-      const int ws = slot == 0 ? S - 1 : slot - 1;
-      if (FLASHQ_WG_REFILL < kSubSteps) {
-        if (s == FLASHQ_WG_REFILL && pending) {
-          WgMbarWait(empty_bar(ws), ((st - 1) / S) & 1);
-          issue_w(ws);
-          issue_x(ws);
-        }
-      } else if (pending && (s == kSubSteps - 1 ? (WgMbarWait(empty_bar(ws), ((st - 1) / S) & 1), true)
-                                                : WgMbarTest(empty_bar(ws), ((st - 1) / S) & 1))) {
+    compute(slot, [&] {
+      if (tid == 0 && st > 0 && st + S - 1 < ntot) {
+        const int ws = slot == 0 ? S - 1 : slot - 1;
+        WgMbarWait(empty_bar(ws), ((st - 1) / S) & 1);
         issue_w(ws);
         issue_x(ws);
-        pending = false;
       }
     });
     slot = slot + 1 == S ? 0 : slot + 1;
