@@ -840,12 +840,6 @@ __device__ __forceinline__ uint4 LdStream(const void* ptr) {
                : "l"(ptr));
   return v;
 }
-// Asks the L2 for `bytes` (a multiple of 16) at ptr, with no destination and nothing to wait for (sm_90).
-__device__ __forceinline__ void PrefetchL2(const void* ptr, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(ptr), "r"(bytes) : "memory");
-#endif
-}
 // Read-only 16-byte load that may stay in L1 (X: every block reads the same rows).
 __device__ __forceinline__ uint4 LdCached16(const void* ptr) {
   uint4 v;
@@ -978,16 +972,9 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   if constexpr (kEarlyTrigger) LaunchDependents();
   // ---- prologue: steps 0 .. kD-1. Weights and scales do not depend on the previous kernel: with
   // a programmatic launch they stream in while it finishes; X only after the wait. ----
-#ifndef FLASHQ_PF
-#define FLASHQ_PF 0
-#endif
-  const char* wrest = reinterpret_cast<const char*>(wp - lane) + kD * C::kWChunks * 512;  // the warp's steps past the ring
 #pragma unroll
   for (int r = 0; r < kD; ++r)
     if (r < spw) load_w(r, r, std::false_type{});
-  constexpr uint32_t kStepBytes = C::kWChunks * 512;  // a warp's weights per step
-  if (FLASHQ_PF && lane == 0 && nvalid > kD)
-    PrefetchL2(wrest, uint32_t((FLASHQ_PF == 1 ? nvalid : min(nvalid, 3 * kD)) - kD) * kStepBytes);
   GridDependencyWait();
 #pragma unroll
   for (int r = 0; r < kD; ++r)
@@ -997,8 +984,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // ---- main loop: step j computes from slot j % kD, then refills it with step j + kD. A pass of the
   // ring is `steady` where every step it computes and loads lies in [0, nfast): no bounds checks. ----
   auto pass = [&](int i, auto steady) {
-    if (FLASHQ_PF == 2 && lane == 0 && i + 3 * kD < nvalid)
-      PrefetchL2(wrest + size_t(i + 2 * kD) * kStepBytes, uint32_t(min(nvalid, i + 4 * kD) - (i + 3 * kD)) * kStepBytes);
 #pragma unroll
     for (int r = 0; r < kD; ++r) {
       const int j = i + r;
