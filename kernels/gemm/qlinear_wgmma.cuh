@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     if (sbase & 1023) __trap();  // the swizzled X panels need 1024-byte alignment
     for (int i = 0; i < S; ++i) {
       WgMbarInit(full_bar(i), 1);            // thread 0's expect_tx, then the copies' bytes
-      WgMbarInit(empty_bar(i), C::kWarps);   // every warp done with the stage
+      WgMbarInit(empty_bar(i), C::kThreads);  // every thread done with the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -339,7 +339,11 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     }
     WgmmaWait<0>();
     __syncwarp();
-    if (lane == 0) WgMbarArrive(empty_bar(slot));  // the stage's X is read and its weights are in registers
+    // The stage's X is read and its weights and scale block are in registers. Every thread arrives for its own
+    // shared-memory reads: with one arrival per warp after __syncwarp, compute-sanitizer racecheck reports the next
+    // refill's bulk copy as racing with the other lanes' reads (H200: every thread arriving costs 0.5-0.8 µs at
+    // M = 40-64 on the three large shapes; bench/results/gemm-nvidia-h200-2026-11-25-s18.md, calls 4-6).
+    WgMbarArrive(empty_bar(slot));
     keep_a(0);
     keep_a(1);
 #pragma unroll
