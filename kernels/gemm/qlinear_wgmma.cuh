@@ -338,7 +338,6 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
       if (s == 0) after_first();
     }
     WgmmaWait<0>();
-    __syncwarp();
     // The stage's X is read and its weights and scale block are in registers. Every thread arrives for its own
     // shared-memory reads: with one arrival per warp after __syncwarp, compute-sanitizer racecheck reports the next
     // refill's bulk copy as racing with the other lanes' reads (H200: every thread arriving costs 0.5-0.8 µs at
