@@ -46,14 +46,7 @@ namespace flashq::gemm::detail {
 constexpr int kWgmmaMaxSplits = 4;
 
 struct WgCfg {
-  static constexpr int kThreads = 512;                                // 4 consumer warpgroups of 64 columns (2 strips)
-  static constexpr int kProducerThreads = 128;                        // 1 producer warpgroup: the copies
-  static constexpr int kBlockThreads = kThreads + kProducerThreads;
-  // setmaxnreg moves registers inside the block's pool, 640 x 96 (the launch bound's allocation): 512 x 112 + 128 x 32.
-  static constexpr int kPoolRegs = 65536 / kBlockThreads / 8 * 8 * kBlockThreads;
-  static constexpr int kConsumerRegs = 112;
-  static constexpr int kProducerRegs = (kPoolRegs - kThreads * kConsumerRegs) / kProducerThreads / 8 * 8;
-  static_assert(kProducerRegs >= 24 && kThreads * kConsumerRegs + kProducerThreads * kProducerRegs <= kPoolRegs, "registers");
+  static constexpr int kThreads = 512;                                // 4 warpgroups of 64 columns (2 strips)
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kStrips = 8;
   static constexpr int kCols = kStrips * kWarpN;
@@ -138,14 +131,6 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   return t;
 }
-// 4 bytes by cp.async, zero-filled (nothing read) where !ok.
-__device__ __forceinline__ void CpAsync4Zfill(uint32_t smem, const void* gmem, bool ok) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem), "r"(ok ? 4 : 0) : "memory");
-}
-__device__ __forceinline__ void CpAsyncMbarArrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Orders this thread's generic-proxy global accesses with the async proxy's (the TMA reads of packed X).
 __device__ __forceinline__ void FenceProxyAsyncGlobal() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 // Thread 0 of a block of a resident grid: polls *ctr (acquire) until (value & mask) >= target or wait_ns have
@@ -220,7 +205,7 @@ __global__ void __launch_bounds__(256) PackXKernel(const QLinearParams p) {
 // wmap: the packed weights [strips][nk32 x 512 B] in boxes of the block's 8 strips x 2 KB (4 k32 steps), zero-filled
 // outside the tensor. X comes packed by PackXKernel, or (p.xready) the blocks pack it below.
 template <typename T>
-__global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(const QLinearParams p, const __grid_constant__ CUtensorMap wmap) {
+__global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const QLinearParams p, const __grid_constant__ CUtensorMap wmap) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgCfg;
   constexpr int S = C::kStages;
@@ -271,76 +256,28 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   if (tid == 0) {
     if (sbase & 1023) __trap();  // the swizzled X panels need 1024-byte alignment
     for (int i = 0; i < S; ++i) {
-      WgMbarInit(full_bar(i), 1 + C::kProducerThreads);  // the expect_tx, then each producer thread's X copies
+      WgMbarInit(full_bar(i), 1);            // thread 0's expect_tx, then the copies' bytes
       WgMbarInit(empty_bar(i), C::kThreads);  // every thread done with the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  auto issue_w = [&](int slot, const Cursor& pc) {
+  Cursor pc;  // producer: the stage issued next
+  range_start(pc, 0);
+  const char* xsrc = static_cast<const char*>(p.xpack) + size_t(mtile) * PackedXStages(p) * C::kXBytes;
+  auto issue_w = [&](int slot) {
     const uint32_t base = ring + slot * C::kStageBytes, bar = full_bar(slot);
     const bool gs = group_start(pc);
-    WgMbarExpect(bar, uint32_t(C::kWBytes + (gs ? nstrips * kSzBlockBytes : 0)));
+    WgMbarExpect(bar, uint32_t(C::kWBytes + C::kXBytes + (gs ? nstrips * kSzBlockBytes : 0)));
     TmaLoad2d(base + C::kXBytes, &wmap, pc.j * 64, strip0, bar);
     if (gs)
       BulkCopy(base + C::kXBytes + C::kWBytes, static_cast<const char*>(p.sz) + (size_t(pc.g) * p.strips + strip0) * kSzBlockBytes,
                nstrips * kSzBlockBytes, bar);
   };
-  LaunchDependents();
-
-  if (tid >= C::kThreads) {
-    // ---- producer warpgroup. Thread kThreads issues each stage's weights (one TMA box) and, where a group starts,
-    // its scale blocks (one bulk copy) with the slot's expect_tx; every producer thread copies its rows of the stage's
-    // X (rows pw + 4i) from X as it is in memory into the slot's image by 4-byte cp.async (lane l: channels 2l, 2l + 1
-    // of each 64-channel panel, so a warp reads 128 contiguous bytes and writes one 128-byte row), and arrives on the
-    // full barrier once they land. Panel P row r holds steps 2P, 2P + 1 in 16-byte chunks ((s % 2) * 4 + q) ^ (r % 8)
-    // of words t = 0..3 = channels 8t + 2q, +1: k16 chunk ks holds channels 8t + 4ks + {0..3} where the A fragment of
-    // thread t expects them (the packed weights' k order, see qlinear_kernel.cuh). Rows >= M and channels >= K are
-    // zero-filled. ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
-    const int ptid = tid - C::kThreads, pw = ptid >> 5;
-    Cursor pc;
-    range_start(pc, 0);
-    if (ptid == 0) {
-      Cursor wc = pc;
-      for (int st = 0; st < S && st < ntot; ++st) {
-        issue_w(st, wc);
-        advance(wc);
-      }
-    }
-    GridDependencyWait();  // X comes from the kernel before
-    const int c0 = (lane >> 4) * 4 + (lane & 3);
-    const uint32_t d0 = uint32_t(pw * 128 + (c0 ^ pw) * 16 + ((lane >> 2) & 3) * 4);
-    const uint32_t d1 = uint32_t((pw + 4) * 128 + (c0 ^ (pw + 4)) * 16 + ((lane >> 2) & 3) * 4) - 4 * 128;
-    const T* xr = static_cast<const T*>(p.x) + size_t(m0 + pw) * p.K + 2 * lane;
-    const int rows = min(C::kRows, p.M - m0);
-    int slot = 0;
-    for (int st = 0; st < ntot; ++st) {
-      if (st >= S) {
-        WgMbarWait(empty_bar(slot), (st / S - 1) & 1);
-        if (ptid == 0) issue_w(slot, pc);
-      }
-      const uint32_t dst = ring + slot * C::kStageBytes;
-#pragma unroll
-      for (int P = 0; P < 2; ++P) {
-        const int c = pc.j * kStepK + 64 * P;
-        const bool kin = c + 2 * lane < p.K;
-#pragma unroll
-        for (int i = 0; i < C::kRows / 4; ++i) {
-          const int r = pw + 4 * i;
-          const bool ok = kin && r < rows;
-          CpAsync4Zfill(dst + P * (C::kRows * 128) + 4 * i * 128 + ((i & 1) ? d1 : d0), ok ? xr + size_t(4 * i) * p.K + c : xr, ok);
-        }
-      }
-      CpAsyncMbarArrive(full_bar(slot));
-      advance(pc);
-      slot = slot + 1 == S ? 0 : slot + 1;
-    }
-    CpAsyncWait<0>();
-    return;
-  }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-  GridDependencyWait();  // the workspace and Y may still be in use by the kernel before
+  auto issue_x = [&](int slot) {
+    BulkCopy(ring + slot * C::kStageBytes, xsrc + size_t(pc.j / kSubSteps) * C::kXBytes, C::kXBytes, full_bar(slot));
+    advance(pc);
+  };
 
   // ---- math: warp w of warpgroup h: strip 2h + w / 2 of the block, half u = w % 2 ----
   const int h = warp >> 2, wi = warp & 3;
@@ -362,7 +299,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   // This thread's weights and scale block inside a stage.
   const uint32_t w_off = C::kXBytes + bs * (kSubSteps * 512) + lane * 16 + u * 8;
   const uint32_t sz_off = C::kXBytes + C::kWBytes + bs * kSzBlockBytes;
-  auto compute = [&](int slot) {
+  auto compute = [&](int slot, auto after_first) {
     const unsigned char* sb = smem + slot * C::kStageBytes;
     // The stage's weight words first, all four steps: their loads then overlap the scale block's and the issue below.
     // Steps past the weights (past K or past the warp range) are zero words, as in the other kernels (the same mma
@@ -398,6 +335,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
       for (int ks = 0; ks < 2; ++ks)  // the flush unit starts from zero (Mma0)
         WgmmaRsK<T>(c, a[b][ks], desc0 + uint64_t(((s / 2) * (C::kRows * 128) + (s % 2) * 64 + ks * 32) >> 4), s > 0 || ks > 0);
       WgmmaCommit();
+      if (s == 0) after_first();
     }
     WgmmaWait<0>();
     // The stage's X is read and its weights and scale block are in registers. Every thread arrives for its own
@@ -421,13 +359,57 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     advance(cc);
   };
 
-  // ---- pipeline, no block barrier: each consumer warp waits for its stage's copies and computes it ----
-  int s_departed = -1;  // thread 0: GridDeparture's result, taken at the end (`finish`)
+  // ---- pipeline, no block barrier: each warp waits for its stage's copies and computes it; after its first wgmmas,
+  // thread 0 refills the slot of stage st - 1 (once every warp is done with it) with stage st + S - 1. ----
+  LaunchDependents();
+  if (tid == 0) {
+    Cursor save = pc;
+    for (int st = 0; st < S && st < ntot; ++st) {
+      issue_w(st);
+      advance(pc);
+    }
+    pc = save;
+  }
+  GridDependencyWait();  // X (or PackXKernel's packed X) comes from the kernel before
+  int x_departed = -1, s_departed = -1;  // thread 0: GridDeparture's results, taken at the end (`finish`)
+  if (p.xready) {
+    // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, each an
+    // equal share of the items, and wait for each other on the xready counters, in place of PackXKernel and its grid
+    // boundary; the last block past the wait zeroes them. A block that has waited p.wait_ns (the grid was not
+    // resident after all) packs all of X itself: the same bytes, so nothing can hang.
+    int* ctr = p.xready;
+    const int nblk = gridDim.y * gridDim.z, b = blockIdx.y + gridDim.y * blockIdx.z;
+    const int nsteps = PackedXStages(p) * kSubSteps, items = C::kRows * nsteps, per = (items + nblk - 1) / nblk;
+    auto pack = [&](int i0, int i1) {
+      for (int i = i0 + tid; i < i1; i += C::kThreads) PackXItem<T>(p, i, nsteps);
+      FenceProxyAsyncGlobal();  // these generic stores before the TMA reads
+      __syncthreads();
+    };
+    pack(b * per, min(items, (b + 1) * per));
+    __shared__ int s_all;
+    if (tid == 0) {
+      RedAddRelease(ctr, 1);  // releases this block's share
+      const int packed = WaitCount(ctr, ~0, nblk, p.wait_ns);
+      FenceProxyAsyncGlobal();
+      s_all = packed >= nblk;
+      x_departed = GridDeparture(ctr);
+    }
+    __syncthreads();
+    if (!s_all) pack(0, items);
+  }
+  if (tid == 0)
+    for (int st = 0; st < S && st < ntot; ++st) issue_x(st);
   int slot = 0;
   for (int st = 0; st < ntot; ++st) {
     WgMbarWait(full_bar(slot), (st / S) & 1);
-    FenceProxyAsyncShared();  // the producer's cp.async (generic proxy) writes before the wgmma (async proxy) reads
-    compute(slot);
+    compute(slot, [&] {
+      if (tid == 0 && st > 0 && st + S - 1 < ntot) {
+        const int ws = slot == 0 ? S - 1 : slot - 1;
+        WgMbarWait(empty_bar(ws), ((st - 1) / S) & 1);
+        issue_w(ws);
+        issue_x(ws);
+      }
+    });
     slot = slot + 1 == S ? 0 : slot + 1;
   }
   __syncthreads();  // the buffers are free: they hold the split's fp32 tile next
@@ -466,6 +448,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   int* const sctr = p.counters + 2 * cblock;  // a resident grid has one token tile: its spread words, 2 per column block
   auto finish = [&] {
     if (tid == 0) {
+      if (p.xready) GridReset(p.xready, x_departed, gridDim.y * gridDim.z);
       if (spread) GridReset(sctr, s_departed, splits);
     }
   };
@@ -600,7 +583,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
   auto launch_main = [&](const QLinearParams& q) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((q.M + C::kRows - 1) / C::kRows, q.splits, (q.N + C::kCols - 1) / C::kCols);
-    cfg.blockDim = dim3(C::kBlockThreads);
+    cfg.blockDim = dim3(C::kThreads);
     cfg.dynamicSmemBytes = C::kSmemBytes;
     cfg.stream = stream;
     cfg.attrs = at;
@@ -615,7 +598,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
       int fit = fits.load(std::memory_order_relaxed) - 1;
       if (fit < 0) {
         if (cluster ? cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess
-                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, C::kBlockThreads, C::kSmemBytes) != cudaSuccess) {
+                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, C::kThreads, C::kSmemBytes) != cudaSuccess) {
           (void)cudaGetLastError();
           fit = 0;
         }
@@ -635,6 +618,15 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
   if (p.splits > kWgmmaMaxSplits) return cudaErrorNotSupported;  // their sum needs the whole grid resident
   QLinearParams q = p;
   q.xready = nullptr;
+  cudaLaunchConfig_t pack = {};
+  const long threads = long((p.M + C::kRows - 1) / C::kRows) * C::kRows * PackedXStages(p) * kSubSteps;
+  pack.gridDim = dim3(unsigned((threads + 255) / 256));
+  pack.blockDim = dim3(256);
+  pack.stream = stream;
+  pack.attrs = at;
+  AddPdl(&pack);
+  e = cudaLaunchKernelEx(&pack, PackXKernel<T>, p);
+  if (e != cudaSuccess) return e;
   return launch_main(q);
 }
 
