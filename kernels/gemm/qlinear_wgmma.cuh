@@ -46,14 +46,7 @@ namespace flashq::gemm::detail {
 constexpr int kWgmmaMaxSplits = 4;
 
 struct WgCfg {
-  static constexpr int kThreads = 512;                                // 4 consumer warpgroups of 64 columns (2 strips)
-  static constexpr int kProducerThreads = 128;                        // 1 producer warpgroup: the copies
-  static constexpr int kBlockThreads = kThreads + kProducerThreads;
-  // setmaxnreg moves registers inside the block's pool, 640 x 96 (the launch bound's allocation): 512 x 112 + 128 x 32.
-  static constexpr int kPoolRegs = 65536 / kBlockThreads / 8 * 8 * kBlockThreads;
-  static constexpr int kConsumerRegs = 112;
-  static constexpr int kProducerRegs = (kPoolRegs - kThreads * kConsumerRegs) / kProducerThreads / 8 * 8;
-  static_assert(kProducerRegs >= 24 && kThreads * kConsumerRegs + kProducerThreads * kProducerRegs <= kPoolRegs, "registers");
+  static constexpr int kThreads = 512;                                // 4 warpgroups of 64 columns (2 strips)
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kStrips = 8;
   static constexpr int kCols = kStrips * kWarpN;
@@ -138,12 +131,6 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   return t;
 }
-// 16 bytes by cp.async (L1-allocating: an instruction reads every other 16 bytes of its sectors), zero-filled (nothing
-// read) where !ok.
-__device__ __forceinline__ void CpAsync16Zfill(uint32_t smem, const void* gmem, bool ok) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(ok ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Orders this thread's generic-proxy global accesses with the async proxy's (the TMA reads of packed X).
 __device__ __forceinline__ void FenceProxyAsyncGlobal() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 // Thread 0 of a block of a resident grid: polls *ctr (acquire) until (value & mask) >= target or wait_ns have
@@ -218,7 +205,7 @@ __global__ void __launch_bounds__(256) PackXKernel(const QLinearParams p) {
 // wmap: the packed weights [strips][nk32 x 512 B] in boxes of the block's 8 strips x 2 KB (4 k32 steps), zero-filled
 // outside the tensor. X comes packed by PackXKernel, or (p.xready) the blocks pack it below.
 template <typename T>
-__global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(const QLinearParams p, const __grid_constant__ CUtensorMap wmap) {
+__global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const QLinearParams p, const __grid_constant__ CUtensorMap wmap) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgCfg;
   constexpr int S = C::kStages;
@@ -269,102 +256,28 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   if (tid == 0) {
     if (sbase & 1023) __trap();  // the swizzled X panels need 1024-byte alignment
     for (int i = 0; i < S; ++i) {
-      WgMbarInit(full_bar(i), 1 + C::kProducerThreads);  // the expect_tx, then each producer thread's transposes
+      WgMbarInit(full_bar(i), 1);            // thread 0's expect_tx, then the copies' bytes
       WgMbarInit(empty_bar(i), C::kThreads);  // every thread done with the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  auto issue_w = [&](int slot, const Cursor& pc) {
+  Cursor pc;  // producer: the stage issued next
+  range_start(pc, 0);
+  const char* xsrc = static_cast<const char*>(p.xpack) + size_t(mtile) * PackedXStages(p) * C::kXBytes;
+  auto issue_w = [&](int slot) {
     const uint32_t base = ring + slot * C::kStageBytes, bar = full_bar(slot);
     const bool gs = group_start(pc);
-    WgMbarExpect(bar, uint32_t(C::kWBytes + (gs ? nstrips * kSzBlockBytes : 0)));
+    WgMbarExpect(bar, uint32_t(C::kWBytes + C::kXBytes + (gs ? nstrips * kSzBlockBytes : 0)));
     TmaLoad2d(base + C::kXBytes, &wmap, pc.j * 64, strip0, bar);
     if (gs)
       BulkCopy(base + C::kXBytes + C::kWBytes, static_cast<const char*>(p.sz) + (size_t(pc.g) * p.strips + strip0) * kSzBlockBytes,
                nstrips * kSzBlockBytes, bar);
   };
-  LaunchDependents();
-
-  if (tid >= C::kThreads) {
-    // ---- producer warpgroup. Thread kThreads issues each stage's weights (one TMA box) and, where a group starts,
-    // its scale blocks (one bulk copy) with the slot's expect_tx. Warp pw copies rows 16 pw .. 16 pw + 15 of the stage's
-    // X as they are in memory, 16-byte chunk c of step s at chunk position ((s % 2) * 4 + c) ^ (r % 8) of panel s / 2's
-    // 128-byte row r (cp.async; rows >= M and channels >= K zero-filled), and once they land each lane transposes the
-    // 4 x 4 words of its two (row, step) items in place: chunk q then holds words t = 0..3 = channels 8t + 2q, +1, so that
-    // k16 chunk ks holds channels 8t + 4ks + {0..3} where the A fragment of thread t expects them (the packed weights'
-    // k order, see qlinear_kernel.cuh), and arrives on the full barrier. Copies run S stages ahead (as the slots free),
-    // transposes one stage ahead of the consumers. ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
-    const int ptid = tid - C::kThreads, pw = ptid >> 5;
-    Cursor pc;  // the stage whose X is copied next
-    range_start(pc, 0);
-    if (ptid == 0) {
-      Cursor wc = pc;
-      for (int st = 0; st < S && st < ntot; ++st) {
-        issue_w(st, wc);
-        advance(wc);
-      }
-    }
-    GridDependencyWait();  // X comes from the kernel before
-    // Lane l, item h: row 16 pw + l / 4 + 8h, step l % 4. It copies the item's 4 chunks (64 contiguous bytes) and
-    // later transposes them, so each lane reads back only its own copies.
-    const int ts = lane & 3;
-    const uint32_t toff = uint32_t((ts >> 1) * (C::kRows * 128) + (16 * pw + (lane >> 2)) * 128);
-    const int tpos = ((ts & 1) * 4) ^ ((lane >> 2) & 7);
-    const T* xs = static_cast<const T*>(p.x) + size_t(m0 + 16 * pw + (lane >> 2)) * p.K + kStepK * ts;
-    const int rows_left = min(C::kRows, p.M - m0) - (16 * pw + (lane >> 2));
-    auto copy_x = [&](int slot) {
-      const int k = pc.j * kStepK;
-      const uint32_t dst = ring + slot * C::kStageBytes + toff;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const bool ok = 8 * h < rows_left && k + kStepK * ts + 8 * c < p.K;
-          CpAsync16Zfill(dst + h * 8 * 128 + ((tpos ^ c) << 4), ok ? xs + size_t(8 * h) * p.K + k + 8 * c : xs, ok);
-        }
-      advance(pc);
-    };
-    auto transpose = [&](int slot) {
-      uint4* const base = reinterpret_cast<uint4*>(smem + slot * C::kStageBytes + toff);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint4* const row = base + h * 8 * 8;
-        uint4 v[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) v[c] = row[tpos ^ c];
-        row[tpos ^ 0] = make_uint4(v[0].x, v[1].x, v[2].x, v[3].x);
-        row[tpos ^ 1] = make_uint4(v[0].y, v[1].y, v[2].y, v[3].y);
-        row[tpos ^ 2] = make_uint4(v[0].z, v[1].z, v[2].z, v[3].z);
-        row[tpos ^ 3] = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
-      }
-      FenceProxyAsyncShared();  // these generic writes before the consumers' wgmma (async proxy) reads
-      WgMbarArrive(full_bar(slot));
-    };
-    for (int st = 0; st < S; ++st) {
-      if (st < ntot) copy_x(st);
-      CpAsyncCommit();  // one group per stage (empty past the last), so that the waits below count stages
-    }
-    CpAsyncWait<S - 1>();  // this lane's copies of stage 0 have landed
-    transpose(0);
-    for (int i = 0; i < ntot; ++i) {
-      if (i + 1 < ntot) {
-        CpAsyncWait<S - 2>();
-        transpose((i + 1) % S);
-      }
-      if (i + S < ntot) {
-        const int slot = i % S;
-        WgMbarWait(empty_bar(slot), (i / S) & 1);  // the consumers are done with stage i
-        if (ptid == 0) issue_w(slot, pc);
-        copy_x(slot);
-      }
-      CpAsyncCommit();
-    }
-    return;
-  }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-  GridDependencyWait();  // the workspace and Y may still be in use by the kernel before
+  auto issue_x = [&](int slot) {
+    BulkCopy(ring + slot * C::kStageBytes, xsrc + size_t(pc.j / kSubSteps) * C::kXBytes, C::kXBytes, full_bar(slot));
+    advance(pc);
+  };
 
   // ---- math: warp w of warpgroup h: strip 2h + w / 2 of the block, half u = w % 2 ----
   const int h = warp >> 2, wi = warp & 3;
@@ -386,7 +299,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   // This thread's weights and scale block inside a stage.
   const uint32_t w_off = C::kXBytes + bs * (kSubSteps * 512) + lane * 16 + u * 8;
   const uint32_t sz_off = C::kXBytes + C::kWBytes + bs * kSzBlockBytes;
-  auto compute = [&](int slot) {
+  auto compute = [&](int slot, auto after_first) {
     const unsigned char* sb = smem + slot * C::kStageBytes;
     // The stage's weight words first, all four steps: their loads then overlap the scale block's and the issue below.
     // Steps past the weights (past K or past the warp range) are zero words, as in the other kernels (the same mma
@@ -422,6 +335,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
       for (int ks = 0; ks < 2; ++ks)  // the flush unit starts from zero (Mma0)
         WgmmaRsK<T>(c, a[b][ks], desc0 + uint64_t(((s / 2) * (C::kRows * 128) + (s % 2) * 64 + ks * 32) >> 4), s > 0 || ks > 0);
       WgmmaCommit();
+      if (s == 0) after_first();
     }
     WgmmaWait<0>();
     // The stage's X is read and its weights and scale block are in registers. Every thread arrives for its own
@@ -445,13 +359,57 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     advance(cc);
   };
 
-  // ---- pipeline, no block barrier: each consumer warp waits for its stage's copies and computes it ----
-  int s_departed = -1;  // thread 0: GridDeparture's result, taken at the end (`finish`)
+  // ---- pipeline, no block barrier: each warp waits for its stage's copies and computes it; after its first wgmmas,
+  // thread 0 refills the slot of stage st - 1 (once every warp is done with it) with stage st + S - 1. ----
+  LaunchDependents();
+  if (tid == 0) {
+    Cursor save = pc;
+    for (int st = 0; st < S && st < ntot; ++st) {
+      issue_w(st);
+      advance(pc);
+    }
+    pc = save;
+  }
+  GridDependencyWait();  // X (or PackXKernel's packed X) comes from the kernel before
+  int x_departed = -1, s_departed = -1;  // thread 0: GridDeparture's results, taken at the end (`finish`)
+  if (p.xready) {
+    // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, each an
+    // equal share of the items, and wait for each other on the xready counters, in place of PackXKernel and its grid
+    // boundary; the last block past the wait zeroes them. A block that has waited p.wait_ns (the grid was not
+    // resident after all) packs all of X itself: the same bytes, so nothing can hang.
+    int* ctr = p.xready;
+    const int nblk = gridDim.y * gridDim.z, b = blockIdx.y + gridDim.y * blockIdx.z;
+    const int nsteps = PackedXStages(p) * kSubSteps, items = C::kRows * nsteps, per = (items + nblk - 1) / nblk;
+    auto pack = [&](int i0, int i1) {
+      for (int i = i0 + tid; i < i1; i += C::kThreads) PackXItem<T>(p, i, nsteps);
+      FenceProxyAsyncGlobal();  // these generic stores before the TMA reads
+      __syncthreads();
+    };
+    pack(b * per, min(items, (b + 1) * per));
+    __shared__ int s_all;
+    if (tid == 0) {
+      RedAddRelease(ctr, 1);  // releases this block's share
+      const int packed = WaitCount(ctr, ~0, nblk, p.wait_ns);
+      FenceProxyAsyncGlobal();
+      s_all = packed >= nblk;
+      x_departed = GridDeparture(ctr);
+    }
+    __syncthreads();
+    if (!s_all) pack(0, items);
+  }
+  if (tid == 0)
+    for (int st = 0; st < S && st < ntot; ++st) issue_x(st);
   int slot = 0;
   for (int st = 0; st < ntot; ++st) {
     WgMbarWait(full_bar(slot), (st / S) & 1);
-    FenceProxyAsyncShared();  // the producer's cp.async (generic proxy) writes before the wgmma (async proxy) reads
-    compute(slot);
+    compute(slot, [&] {
+      if (tid == 0 && st > 0 && st + S - 1 < ntot) {
+        const int ws = slot == 0 ? S - 1 : slot - 1;
+        WgMbarWait(empty_bar(ws), ((st - 1) / S) & 1);
+        issue_w(ws);
+        issue_x(ws);
+      }
+    });
     slot = slot + 1 == S ? 0 : slot + 1;
   }
   __syncthreads();  // the buffers are free: they hold the split's fp32 tile next
@@ -490,6 +448,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   int* const sctr = p.counters + 2 * cblock;  // a resident grid has one token tile: its spread words, 2 per column block
   auto finish = [&] {
     if (tid == 0) {
+      if (p.xready) GridReset(p.xready, x_departed, gridDim.y * gridDim.z);
       if (spread) GridReset(sctr, s_departed, splits);
     }
   };
@@ -624,7 +583,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
   auto launch_main = [&](const QLinearParams& q) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((q.M + C::kRows - 1) / C::kRows, q.splits, (q.N + C::kCols - 1) / C::kCols);
-    cfg.blockDim = dim3(C::kBlockThreads);
+    cfg.blockDim = dim3(C::kThreads);
     cfg.dynamicSmemBytes = C::kSmemBytes;
     cfg.stream = stream;
     cfg.attrs = at;
@@ -639,7 +598,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
       int fit = fits.load(std::memory_order_relaxed) - 1;
       if (fit < 0) {
         if (cluster ? cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess
-                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, C::kBlockThreads, C::kSmemBytes) != cudaSuccess) {
+                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, C::kThreads, C::kSmemBytes) != cudaSuccess) {
           (void)cudaGetLastError();
           fit = 0;
         }
@@ -659,6 +618,15 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
   if (p.splits > kWgmmaMaxSplits) return cudaErrorNotSupported;  // their sum needs the whole grid resident
   QLinearParams q = p;
   q.xready = nullptr;
+  cudaLaunchConfig_t pack = {};
+  const long threads = long((p.M + C::kRows - 1) / C::kRows) * C::kRows * PackedXStages(p) * kSubSteps;
+  pack.gridDim = dim3(unsigned((threads + 255) / 256));
+  pack.blockDim = dim3(256);
+  pack.stream = stream;
+  pack.attrs = at;
+  AddPdl(&pack);
+  e = cudaLaunchKernelEx(&pack, PackXKernel<T>, p);
+  if (e != cudaSuccess) return e;
   return launch_main(q);
 }
 
