@@ -1081,13 +1081,12 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
 }
 
 // The sm_90a wgmma kernel for int4 M > 32 (qlinear_wgmma.cuh, included by the int4
-// stage-flush instantiations; UseWgmma says when).
-inline bool UseWgmma(const QLinearParams& p);
+// stage-flush instantiations): cudaErrorNotSupported, with nothing launched, where it does not apply.
 template <typename T>
 cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream);
 
 // One instantiation file per (T, kFp8, kStageFlush) calls this: M <= 8 and M <= 16 take the
-// small-M kernel with one or two 8-token tiles, larger M the wgmma kernel (where UseWgmma allows) or the
+// small-M kernel with one or two 8-token tiles, larger M the wgmma kernel (where it applies) or the
 // 32-token split-K kernel.
 template <typename T, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
@@ -1095,10 +1094,8 @@ cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
   static_assert(kSmallMMaxRows == 16, "the small-M kernel's widest instantiation holds two 8-token tiles");
   if (p.M <= kSmallMMaxRows) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
   if constexpr (!kFp8 && kStageFlush) {
-    if (UseWgmma(p)) {
-      const cudaError_t e = LaunchQLinearWgmma<T>(p, stream);
-      if (e != cudaErrorNotSupported) return e;
-    }
+    const cudaError_t e = LaunchQLinearWgmma<T>(p, stream);
+    if (e != cudaErrorNotSupported) return e;
   }
   using C = Cfg<kFp8, 4, kStageFlush, true>;
   QLinearParams q = p;

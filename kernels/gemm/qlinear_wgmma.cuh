@@ -557,12 +557,14 @@ inline bool EncodeMap2d(CUtensorMap* map, CUtensorMapDataType type, const void* 
                 CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// cudaErrorNotSupported (nothing launched) where the tensor map cannot be made: the caller takes QLinearKernel.
+// cudaErrorNotSupported (nothing launched) where UseWgmma says no or the tensor map cannot be made: the caller takes
+// QLinearKernel.
 // The linear kernel alone (packing X itself) or PackXKernel and then the linear kernel, all with programmatic dependent
 // launch.
 template <typename T>
 cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
   using C = WgCfg;
+  if (!UseWgmma(args)) return cudaErrorNotSupported;
   QLinearParams p = args;
   p.wait_ns = grid_wait_ns.load(std::memory_order_relaxed);
   CUtensorMap wmap;
