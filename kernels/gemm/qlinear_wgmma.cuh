@@ -46,7 +46,15 @@ namespace flashq::gemm::detail {
 constexpr int kWgmmaMaxSplits = 4;
 
 struct WgCfg {
-  static constexpr int kThreads = 512;                                // 4 warpgroups of 64 columns (2 strips)
+  static constexpr int kThreads = 512;                                // 4 math warpgroups of 64 columns (2 strips)
+  static constexpr int kProducerThreads = 128;                        // 1 producer warpgroup: packing and copies
+  static constexpr int kBlockThreads = kThreads + kProducerThreads;
+  // setmaxnreg moves registers inside the block's pool, 640 x 96 (what the launch bound allocates), not the SM's 64K:
+  // 512 x 112 + 128 x 32.
+  static constexpr int kPoolRegs = 65536 / kBlockThreads / 8 * 8 * kBlockThreads;
+  static constexpr int kConsumerRegs = 112;
+  static constexpr int kProducerRegs = (kPoolRegs - kThreads * kConsumerRegs) / kProducerThreads / 8 * 8;
+  static_assert(kProducerRegs >= 24 && kThreads * kConsumerRegs + kProducerThreads * kProducerRegs <= kPoolRegs, "registers");
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kStrips = 8;
   static constexpr int kCols = kStrips * kWarpN;
@@ -205,7 +213,7 @@ __global__ void __launch_bounds__(256) PackXKernel(const QLinearParams p) {
 // wmap: the packed weights [strips][nk32 x 512 B] in boxes of the block's 8 strips x 2 KB (4 k32 steps), zero-filled
 // outside the tensor. X comes packed by PackXKernel, or (p.xready) the blocks pack it below.
 template <typename T>
-__global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const QLinearParams p, const __grid_constant__ CUtensorMap wmap) {
+__global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(const QLinearParams p, const __grid_constant__ CUtensorMap wmap) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgCfg;
   constexpr int S = C::kStages;
@@ -256,8 +264,8 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   if (tid == 0) {
     if (sbase & 1023) __trap();  // the swizzled X panels need 1024-byte alignment
     for (int i = 0; i < S; ++i) {
-      WgMbarInit(full_bar(i), 1);            // thread 0's expect_tx, then the copies' bytes
-      WgMbarInit(empty_bar(i), C::kThreads);  // every thread done with the stage
+      WgMbarInit(full_bar(i), 1);            // the producer's expect_tx, then the copies' bytes
+      WgMbarInit(empty_bar(i), C::kThreads);  // every math thread done with the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -278,6 +286,69 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     BulkCopy(ring + slot * C::kStageBytes, xsrc + size_t(pc.j / kSubSteps) * C::kXBytes, C::kXBytes, full_bar(slot));
     advance(pc);
   };
+  LaunchDependents();
+
+  if (tid >= C::kThreads) {
+    // ---- producer warpgroup: packs its block's share of X (resident grid), and its thread 0 issues every copy: a
+    // stage's packed X (one bulk copy), weights (one box) and, where a group starts, scale blocks, into a 4-slot ring
+    // with full / empty mbarriers, each slot refilled once the math warps are done with it, so no math warp issues
+    // copies or waits for the others (H200 M = 64: 4096 x 14336 28.1 -> 24.2 µs, 8192² 29.9 -> 26.0, 14336 x 4096
+    // 27.6 -> 25.1; bench/results/gemm-nvidia-h200-2026-11-25-s20.md). Its threads leave when done, so the math
+    // warpgroups synchronise among themselves (math_sync; a block barrier there hung under racecheck). ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
+    const int ptid = tid - C::kThreads;
+    if (ptid == 0) {
+      Cursor save = pc;
+      for (int st = 0; st < S && st < ntot; ++st) {
+        issue_w(st);
+        advance(pc);
+      }
+      pc = save;
+    }
+    GridDependencyWait();  // X (or PackXKernel's packed X) comes from the kernel before
+    int x_departed = -1;   // thread 0: GridDeparture's result, taken after its last copy
+    if (p.xready) {
+      // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, each
+      // an equal share of the items, and wait for each other on the xready counters, in place of PackXKernel and its
+      // grid boundary; the last block past the wait zeroes them. A block that has waited p.wait_ns (the grid was not
+      // resident after all) packs all of X itself: the same bytes, so nothing can hang.
+      int* ctr = p.xready;
+      const int nblk = gridDim.y * gridDim.z, b = blockIdx.y + gridDim.y * blockIdx.z;
+      const int nsteps = PackedXStages(p) * kSubSteps, items = C::kRows * nsteps, per = (items + nblk - 1) / nblk;
+      auto producers_sync = [] { asm volatile("bar.sync 1, %0;\n" ::"n"(C::kProducerThreads) : "memory"); };
+      auto pack = [&](int i0, int i1) {
+        for (int i = i0 + ptid; i < i1; i += C::kProducerThreads) PackXItem<T>(p, i, nsteps);
+        FenceProxyAsyncGlobal();  // these generic stores before the TMA reads
+        producers_sync();
+      };
+      pack(b * per, min(items, (b + 1) * per));
+      __shared__ int s_all;
+      if (ptid == 0) {
+        RedAddRelease(ctr, 1);  // releases this block's share
+        const int packed = WaitCount(ctr, ~0, nblk, p.wait_ns);
+        FenceProxyAsyncGlobal();
+        s_all = packed >= nblk;
+        x_departed = GridDeparture(ctr);
+      }
+      producers_sync();
+      if (!s_all) pack(0, items);
+    }
+    if (ptid == 0) {
+      for (int st = 0; st < S && st < ntot; ++st) issue_x(st);
+      for (int st = S; st < ntot; ++st) {
+        const int slot = st % S;
+        WgMbarWait(empty_bar(slot), (st / S - 1) & 1);  // the math warps are done with stage st - S
+        issue_w(slot);
+        issue_x(slot);
+      }
+      if (p.xready) GridReset(p.xready, x_departed, gridDim.y * gridDim.z);
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
+  GridDependencyWait();  // the workspace and Y may still be in use by the kernel before
+  // The math warpgroups' block barrier (the producer warpgroup has left).
+  auto math_sync = [] { asm volatile("bar.sync 2, %0;\n" ::"n"(C::kThreads) : "memory"); };
 
   // ---- math: warp w of warpgroup h: strip 2h + w / 2 of the block, half u = w % 2 ----
   const int h = warp >> 2, wi = warp & 3;
@@ -299,7 +370,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   // This thread's weights and scale block inside a stage.
   const uint32_t w_off = C::kXBytes + bs * (kSubSteps * 512) + lane * 16 + u * 8;
   const uint32_t sz_off = C::kXBytes + C::kWBytes + bs * kSzBlockBytes;
-  auto compute = [&](int slot, auto after_first) {
+  auto compute = [&](int slot) {
     const unsigned char* sb = smem + slot * C::kStageBytes;
     // The stage's weight words first, all four steps: their loads then overlap the scale block's and the issue below.
     // Steps past the weights (past K or past the warp range) are zero words, as in the other kernels (the same mma
@@ -335,7 +406,6 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
       for (int ks = 0; ks < 2; ++ks)  // the flush unit starts from zero (Mma0)
         WgmmaRsK<T>(c, a[b][ks], desc0 + uint64_t(((s / 2) * (C::kRows * 128) + (s % 2) * 64 + ks * 32) >> 4), s > 0 || ks > 0);
       WgmmaCommit();
-      if (s == 0) after_first();
     }
     WgmmaWait<0>();
     // The stage's X is read and its weights and scale block are in registers. Every thread arrives for its own
@@ -359,60 +429,15 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     advance(cc);
   };
 
-  // ---- pipeline, no block barrier: each warp waits for its stage's copies and computes it; after its first wgmmas,
-  // thread 0 refills the slot of stage st - 1 (once every warp is done with it) with stage st + S - 1. ----
-  LaunchDependents();
-  if (tid == 0) {
-    Cursor save = pc;
-    for (int st = 0; st < S && st < ntot; ++st) {
-      issue_w(st);
-      advance(pc);
-    }
-    pc = save;
-  }
-  GridDependencyWait();  // X (or PackXKernel's packed X) comes from the kernel before
-  int x_departed = -1, s_departed = -1;  // thread 0: GridDeparture's results, taken at the end (`finish`)
-  if (p.xready) {
-    // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, each an
-    // equal share of the items, and wait for each other on the xready counters, in place of PackXKernel and its grid
-    // boundary; the last block past the wait zeroes them. A block that has waited p.wait_ns (the grid was not
-    // resident after all) packs all of X itself: the same bytes, so nothing can hang.
-    int* ctr = p.xready;
-    const int nblk = gridDim.y * gridDim.z, b = blockIdx.y + gridDim.y * blockIdx.z;
-    const int nsteps = PackedXStages(p) * kSubSteps, items = C::kRows * nsteps, per = (items + nblk - 1) / nblk;
-    auto pack = [&](int i0, int i1) {
-      for (int i = i0 + tid; i < i1; i += C::kThreads) PackXItem<T>(p, i, nsteps);
-      FenceProxyAsyncGlobal();  // these generic stores before the TMA reads
-      __syncthreads();
-    };
-    pack(b * per, min(items, (b + 1) * per));
-    __shared__ int s_all;
-    if (tid == 0) {
-      RedAddRelease(ctr, 1);  // releases this block's share
-      const int packed = WaitCount(ctr, ~0, nblk, p.wait_ns);
-      FenceProxyAsyncGlobal();
-      s_all = packed >= nblk;
-      x_departed = GridDeparture(ctr);
-    }
-    __syncthreads();
-    if (!s_all) pack(0, items);
-  }
-  if (tid == 0)
-    for (int st = 0; st < S && st < ntot; ++st) issue_x(st);
+  // ---- pipeline, no block barrier: each math warp waits for its stage's copies and computes it ----
+  int s_departed = -1;  // thread 0: GridDeparture's result, taken at the end (`finish`)
   int slot = 0;
   for (int st = 0; st < ntot; ++st) {
     WgMbarWait(full_bar(slot), (st / S) & 1);
-    compute(slot, [&] {
-      if (tid == 0 && st > 0 && st + S - 1 < ntot) {
-        const int ws = slot == 0 ? S - 1 : slot - 1;
-        WgMbarWait(empty_bar(ws), ((st - 1) / S) & 1);
-        issue_w(ws);
-        issue_x(ws);
-      }
-    });
+    compute(slot);
     slot = slot + 1 == S ? 0 : slot + 1;
   }
-  __syncthreads();  // the buffers are free: they hold the split's fp32 tile next
+  math_sync();  // the buffers are free: they hold the split's fp32 tile next
 
   // ---- the split's sum w0 + w1 into the tile [row][column] (S > 2: straight into the workspace as the split's
   // partial), then the splits in order 0..S-1 ----
@@ -448,7 +473,6 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
   int* const sctr = p.counters + 2 * cblock;  // a resident grid has one token tile: its spread words, 2 per column block
   auto finish = [&] {
     if (tid == 0) {
-      if (p.xready) GridReset(p.xready, x_departed, gridDim.y * gridDim.z);
       if (spread) GridReset(sctr, s_departed, splits);
     }
   };
@@ -459,7 +483,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
     q0 = split + 2 * tid;
     qstep = 2 * C::kThreads;
   } else {
-    __syncthreads();  // the tile, or every thread's part of the partial before thread 0's ticket
+    math_sync();  // the tile, or every thread's part of the partial before thread 0's ticket
   }
   if (splits > 2) {
     __shared__ int s_part;  // what this block sums: -1 nothing, splits the whole tile, else its slice
@@ -473,7 +497,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) QLinearWgmmaKernel(const Q
         if (s_part == splits) *ctr = 0;
       }
     }
-    __syncthreads();
+    math_sync();
     const int part = s_part;
     if (part < 0) return finish();
     if (part < splits) {
@@ -585,7 +609,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
   auto launch_main = [&](const QLinearParams& q) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((q.M + C::kRows - 1) / C::kRows, q.splits, (q.N + C::kCols - 1) / C::kCols);
-    cfg.blockDim = dim3(C::kThreads);
+    cfg.blockDim = dim3(C::kBlockThreads);
     cfg.dynamicSmemBytes = C::kSmemBytes;
     cfg.stream = stream;
     cfg.attrs = at;
@@ -600,7 +624,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
       int fit = fits.load(std::memory_order_relaxed) - 1;
       if (fit < 0) {
         if (cluster ? cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess
-                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, C::kThreads, C::kSmemBytes) != cudaSuccess) {
+                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, C::kBlockThreads, C::kSmemBytes) != cudaSuccess) {
           (void)cudaGetLastError();
           fit = 0;
         }
