@@ -46,7 +46,7 @@ struct QLinearParams {
   int M = 0, N = 0, K = 0, nk32 = 0, strips = 0, gsteps = 1, splits = 1, steps_per_warp = 0;
   int pairs = 1;                   // QLinearKernel: range pairs (splits) per block, set by the launcher
   int cluster = 0;                 // set by the launcher: split-K blocks of a tile form a cluster (sm_90)
-  int* xready = nullptr;           // with xpack: [kPackCounters], zero on entry and exit; the wgmma launcher keeps it
+  int* xready = nullptr;           // with xpack: [1 + packed stages], zero on entry and exit; the wgmma launcher keeps it
                                    // only where the device holds the whole grid at once (qlinear_wgmma.cuh)
   uint32_t wait_ns = 0;            // set by the wgmma launcher: how long a block of such a grid waits for the others
                                    // before its fallback (grid_wait_ns)

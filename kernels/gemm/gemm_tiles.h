@@ -15,7 +15,6 @@ constexpr int kMaxSplits = 8;             // so a strip's 2 * splits warp ranges
 constexpr int kMaxRowsPerLaunch = 128;    // invariant path: rows per launch (bounds split-K scratch)
 constexpr int kWgmmaTileRows = 64;        // sm_90 wgmma kernel (M > 32): token tile, and X packed per tile and stage
 constexpr int kWgmmaXStageBytes = kWgmmaTileRows * kSubSteps * kStepK * 2;
-constexpr int kPackCounters = 2;          // the wgmma kernel's in-kernel X packing: blocks done packing, blocks past the wait
 // int4 scale block per (group, strip): 32 fp16 scales, then 32 uint8 zeros at kSzZeros.
 constexpr int kSzBlockBytes = 96;
 constexpr int kSzZeros = 64;

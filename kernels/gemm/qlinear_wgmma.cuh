@@ -306,42 +306,43 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
       pc = save;
     }
     GridDependencyWait();  // X (or PackXKernel's packed X) comes from the kernel before
-    int x_departed = -1;   // thread 0: GridDeparture's result, taken after its last copy
+    // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, in
+    // place of PackXKernel and its grid boundary. Each stage of a split's K range is packed by one of the split's
+    // column blocks, which then raises the stage's flag (p.xready[1 + stage]), and thread 0 waits for a stage's flag
+    // only before its copy: a block starts once its first stage is packed, not once all of X is. A block that has
+    // waited p.wait_ns for a flag (the grid was not resident after all) packs that stage itself: the same bytes, so
+    // nothing can hang. The last block done with its copies (departures in p.xready[0]) zeroes the words.
+    const int nsteps = PackedXStages(p) * kSubSteps, gs0 = split * ntot;  // the block's first stage of packed X
+    auto pack_stage = [&](int gs, int first, int stride) {
+      for (int q = first; q < C::kRows * kSubSteps; q += stride)
+        PackXItem<T>(p, (q / kSubSteps) * nsteps + gs * kSubSteps + q % kSubSteps, nsteps);
+      FenceProxyAsyncGlobal();  // these generic stores before the TMA reads
+    };
     if (p.xready) {
-      // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, each
-      // an equal share of the items, and wait for each other on the xready counters, in place of PackXKernel and its
-      // grid boundary; the last block past the wait zeroes them. A block that has waited p.wait_ns (the grid was not
-      // resident after all) packs all of X itself: the same bytes, so nothing can hang.
-      int* ctr = p.xready;
-      const int nblk = gridDim.y * gridDim.z, b = blockIdx.y + gridDim.y * blockIdx.z;
-      const int nsteps = PackedXStages(p) * kSubSteps, items = C::kRows * nsteps, per = (items + nblk - 1) / nblk;
-      auto producers_sync = [] { asm volatile("bar.sync 1, %0;\n" ::"n"(C::kProducerThreads) : "memory"); };
-      auto pack = [&](int i0, int i1) {
-        for (int i = i0 + ptid; i < i1; i += C::kProducerThreads) PackXItem<T>(p, i, nsteps);
-        FenceProxyAsyncGlobal();  // these generic stores before the TMA reads
-        producers_sync();
-      };
-      pack(b * per, min(items, (b + 1) * per));
-      __shared__ int s_all;
-      if (ptid == 0) {
-        RedAddRelease(ctr, 1);  // releases this block's share
-        const int packed = WaitCount(ctr, ~0, nblk, p.wait_ns);
-        FenceProxyAsyncGlobal();
-        s_all = packed >= nblk;
-        x_departed = GridDeparture(ctr);
+      for (int l = cblock; l < ntot; l += gridDim.z) {
+        pack_stage(gs0 + l, ptid, C::kProducerThreads);
+        asm volatile("bar.sync 1, %0;\n" ::"n"(C::kProducerThreads) : "memory");
+        if (ptid == 0) RedAddRelease(p.xready + 1 + gs0 + l, 1);  // releases the stage
       }
-      producers_sync();
-      if (!s_all) pack(0, items);
     }
     if (ptid == 0) {
-      for (int st = 0; st < S && st < ntot; ++st) issue_x(st);
+      auto issue_x_ready = [&](int st, int slot) {
+        if (p.xready) {
+          if (WaitCount(p.xready + 1 + gs0 + st, ~0, 1, p.wait_ns) < 1) pack_stage(gs0 + st, 0, 1);
+          FenceProxyAsyncGlobal();
+        }
+        issue_x(slot);
+      };
+      for (int st = 0; st < S && st < ntot; ++st) issue_x_ready(st, st);
       for (int st = S; st < ntot; ++st) {
         const int slot = st % S;
         WgMbarWait(empty_bar(slot), (st / S - 1) & 1);  // the math warps are done with stage st - S
         issue_w(slot);
-        issue_x(slot);
+        issue_x_ready(st, slot);
       }
-      if (p.xready) GridReset(p.xready, x_departed, gridDim.y * gridDim.z);
+      if (p.xready && atomicAdd(p.xready, 1) == gridDim.y * gridDim.z - 1) {
+        for (int i = 0; i <= PackedXStages(p); ++i) p.xready[i] = 0;
+      }
     }
     return;
   }

@@ -43,25 +43,27 @@ struct WsLayout {
   size_t counters = 0, partial = 0, xperm = 0, wdeq = 0, xready = 0, xpack = 0, total = 0;
 };
 
-// xpack: int4, whose launches of kWgmmaMinRows rows or more may take the sm_90 wgmma kernel, with X packed per
-// 64-row tile and 4-step stage, after xready: the counters of the kernel's own packing.
+// xready and xpack: int4, whose launches of kWgmmaMinRows rows or more may take the sm_90 wgmma kernel. xready holds
+// the words of the kernel's own packing (departures, a flag per stage), which the kernels leave zeroed; like the
+// counters, it sits where no other call's data can be, whatever its M (the regions after it move with M). xpack holds
+// X packed per 64-row tile and 4-step stage.
 WsLayout KernelWorkspace(int N, int K, const SplitPlan& plan, int max_m, bool act_order, bool dequant_path, bool xpack) {
   WsLayout l;
   size_t off = 0;
   l.counters = off;
   off = Align256(off + sizeof(int) * size_t(plan.n_blocks) * (kMaxRowsPerLaunch / 16));
+  const size_t stages = size_t(kWarpsK) * plan.splits * (plan.steps_per_warp / kSubSteps);  // of packed X per tile
+  l.xready = off;
+  if (xpack) off = Align256(off + sizeof(int) * (1 + stages));
   l.partial = off;
   if (plan.splits > 1) off = Align256(off + sizeof(float) * size_t(plan.splits) * std::min(max_m, kMaxRowsPerLaunch) * N);
   l.xperm = off;
   if (act_order) off = Align256(off + 2 * size_t(std::max(max_m, 1)) * K);
   l.wdeq = off;
   if (dequant_path) off = Align256(off + 2 * size_t(N) * K);
-  l.xready = l.xpack = off;
-  if (xpack && max_m >= kWgmmaMinRows) {
-    l.xpack = off = Align256(off + sizeof(int) * kPackCounters);
-    off = Align256(off + size_t((std::min(max_m, kMaxRowsPerLaunch) + kWgmmaTileRows - 1) / kWgmmaTileRows) * kWarpsK *
-                             plan.splits * (plan.steps_per_warp / kSubSteps) * kWgmmaXStageBytes);
-  }
+  l.xpack = off;
+  if (xpack && max_m >= kWgmmaMinRows)
+    off = Align256(off + size_t((std::min(max_m, kMaxRowsPerLaunch) + kWgmmaTileRows - 1) / kWgmmaTileRows) * stages * kWgmmaXStageBytes);
   l.total = off;
   return l;
 }

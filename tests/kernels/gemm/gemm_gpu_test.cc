@@ -113,8 +113,10 @@ struct Ctx {
   Ctx() { EXPECT_TRUE(BlasLt::Create(32 << 20, &blas).ok()); }
 };
 
-std::vector<float> RunW4(const W4A16Weights& w, const Acts& x, int M, ActType a, bool inv, BlasLt* blas) {
-  Dev xd(x.bits.size() * 2), ws(W4A16WorkspaceBytes(w, M, inv));
+// shared: a workspace kept across calls (else a fresh zero-filled one).
+std::vector<float> RunW4(const W4A16Weights& w, const Acts& x, int M, ActType a, bool inv, BlasLt* blas, Dev* shared = nullptr) {
+  Dev xd(x.bits.size() * 2), fresh(shared ? 0 : W4A16WorkspaceBytes(w, M, inv));
+  Dev& ws = shared ? *shared : fresh;
   EXPECT_EQ(cudaMemcpy(xd.p, x.bits.data(), x.bits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   return RunPoisoned(M, w.N(), a, [&](void* y) {
     LinearArgs args{xd.p, y, M, a, inv, ws.p, ws.n};
@@ -283,6 +285,25 @@ TEST(GemmGpu, W4A16ResidentGridFallbacksKeepTheBits) {
       auto fallback = RunW4(*dw, x, M, ActType::kBF16, true, nullptr);
       detail::grid_wait_ns = wait;
       ASSERT_EQ(0, std::memcmp(normal.data(), fallback.data(), normal.size() * sizeof(float)));
+    }
+  }
+}
+
+// One workspace through calls of different M, as a server's layer has: what a call leaves in it (split partials,
+// packed X) must not reach the next call, whatever its M. Each call's rows against a fresh workspace's, bitwise. On
+// an H200 these plans have 8 (4096²: spread split sum), 4 (8192²) and 2 (4096 x 14336) splits.
+TEST(GemmGpu, W4A16WorkspaceReuseAcrossM) {
+  for (auto [K, N] : {std::pair{4096, 4096}, std::pair{8192, 8192}, std::pair{4096, 14336}}) {
+    std::unique_ptr<W4A16Weights> dw;
+    OK(W4A16Weights::Create(QuantizeInt4(RandomVec(size_t(N) * K, 5).data(), N, K, 128, false), &dw));
+    Acts x = MakeActs(128, K, ActType::kBF16, 6);
+    Dev ws(W4A16WorkspaceBytes(*dw, 128, true));
+    for (int M : {64, 40, 128, 33, 64, 1, 40, 16, 64}) {
+      SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N) + " M=" + std::to_string(M));
+      Acts r = SliceRows(x, 128 - M, M, K);  // other rows each time
+      auto reused = RunW4(*dw, r, M, ActType::kBF16, true, nullptr, &ws);
+      auto fresh = RunW4(*dw, r, M, ActType::kBF16, true, nullptr);
+      ASSERT_EQ(0, std::memcmp(reused.data(), fresh.data(), fresh.size() * sizeof(float)));
     }
   }
 }
