@@ -220,11 +220,15 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   CK(cudaMalloc(&y, size_t(Mmax) * N * 2));
   CK(cudaMalloc(&xq, size_t(Mmax) * K));
   CK(cudaMalloc(&xs, size_t(Mmax) * 4));
-  size_t ws_bytes = std::max({W4A16WorkspaceBytes(*w4d[0], Mmax, false), W4A16WorkspaceBytes(*w4d[0], Mmax, true),
-                              W8A16WorkspaceBytes(*w8d[0], Mmax)});
-  void* ws;
+  // A workspace serves one weight's layout (the copies of a weight share one): W4A16 (both modes) and W8A16 each have
+  // their own.
+  const size_t ws_bytes = std::max(W4A16WorkspaceBytes(*w4d[0], Mmax, false), W4A16WorkspaceBytes(*w4d[0], Mmax, true));
+  const size_t ws8_bytes = W8A16WorkspaceBytes(*w8d[0], Mmax);
+  void *ws, *ws8;
   CK(cudaMalloc(&ws, ws_bytes));
   CK(cudaMemset(ws, 0, ws_bytes));
+  CK(cudaMalloc(&ws8, ws8_bytes));
+  CK(cudaMemset(ws8, 0, ws8_bytes));
 
   // ---- check first: M = 4 against the CPU references ----
   {
@@ -246,7 +250,7 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
     double e4 = RelErr(got, ref);
     LinearRefFp8W8A16<float>(xr.data(), M, w8, ref.data());
     CK(cudaMemset(y, 0xff, yh.size() * 2));
-    OK(run_w8a16(*w8d[0], LinearArgs{x, y, M, ActType::kBF16, true, ws, ws_bytes}, nullptr));
+    OK(run_w8a16(*w8d[0], LinearArgs{x, y, M, ActType::kBF16, true, ws8, ws8_bytes}, nullptr));
     fetch();
     double e8 = RelErr(got, ref);
     LinearRefBf16<float>(xr.data(), M, K, wb.data(), N, ref.data());
@@ -288,7 +292,7 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
       if (!inv && M >= kW4A16DequantMinM) OK(WarmBf16(blas, M, N, K, ActType::kBF16, false));
       Record("w4a16_g128", K, N, M, inv, TimeUs(q4, EstimateUs(q4)), w4_bytes);
     }
-    auto q8 = [&](int i) { OK(run_w8a16(*w8d[i % r8], LinearArgs{x, y, M, ActType::kBF16, true, ws, ws_bytes}, g_stream)); };
+    auto q8 = [&](int i) { OK(run_w8a16(*w8d[i % r8], LinearArgs{x, y, M, ActType::kBF16, true, ws8, ws8_bytes}, g_stream)); };
     Record("w8a16", K, N, M, true, TimeUs(q8, EstimateUs(q8)), w8_bytes);
     if (!g_w8a8) continue;
     // W8A8: GEMM only (activations already FP8, as torch._scaled_mm is timed).
@@ -317,6 +321,7 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   cudaFree(xq);
   cudaFree(xs);
   cudaFree(ws);
+  cudaFree(ws8);
 }
 
 // --profile [K N]: a few eager launches for ncu (default K=N=8192, group 128): W4A16 M=1, 4, 16, 64, W8A16 M=1.
@@ -331,15 +336,17 @@ void ProfileLaunches(int K, int N) {
   auto xf = Random(size_t(M) * K, 6);
   std::vector<uint16_t> xb(xf.size());
   for (size_t i = 0; i < xf.size(); ++i) xb[i] = FloatToBf16(xf[i]);
-  void *x, *y, *ws;
+  void *x, *y, *ws, *ws8;
   CK(cudaMalloc(&x, xb.size() * 2));
   CK(cudaMemcpy(x, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMalloc(&y, size_t(M) * N * 2));
-  const size_t wsb = std::max(W4A16WorkspaceBytes(*d4, M, true), W8A16WorkspaceBytes(*d8, M));
+  const size_t wsb = W4A16WorkspaceBytes(*d4, M, true), wsb8 = W8A16WorkspaceBytes(*d8, M);  // one per weight
   CK(cudaMalloc(&ws, wsb));
   CK(cudaMemset(ws, 0, wsb));
+  CK(cudaMalloc(&ws8, wsb8));
+  CK(cudaMemset(ws8, 0, wsb8));
   for (int m : {1, 1, 4, 16, 64}) OK(run_w4a16(*d4, LinearArgs{x, y, m, ActType::kBF16, true, ws, wsb}, nullptr, nullptr));
-  for (int m : {1, 1}) OK(run_w8a16(*d8, LinearArgs{x, y, m, ActType::kBF16, true, ws, wsb}, nullptr));
+  for (int m : {1, 1}) OK(run_w8a16(*d8, LinearArgs{x, y, m, ActType::kBF16, true, ws8, wsb8}, nullptr));
   CK(cudaDeviceSynchronize());
   std::printf("profile launches done\n");
 }

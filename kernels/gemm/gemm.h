@@ -106,7 +106,8 @@ constexpr int kWgmmaMinRows = 33;
 // M at or above which the non-invariant mode dequantizes W and calls cuBLASLt.
 constexpr int kW4A16DequantMinM = 256;
 // blas may be null when batch_invariant or M < kW4A16DequantMinM.
-// The workspace must be zero-filled once before first use (kernels leave it zeroed).
+// The workspace must be zero-filled once before first use (kernels leave it zeroed), and serves one weight (and
+// stream) at any M up to the max_m it was sized for: other weights' layouts put data where its words must stay zero.
 Status run_w4a16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaStream_t stream);
 
 // ---- FP8 E4M3 weights: W8A16 (our kernel) and W8A8 (cuBLASLt) ----
@@ -130,6 +131,7 @@ class Fp8DeviceWeights {
   std::unique_ptr<View> view_;
 };
 size_t W8A16WorkspaceBytes(const Fp8DeviceWeights& w, int max_m);
+// The workspace: as run_w4a16's.
 Status run_w8a16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t stream);
 
 // W8A8: x_fp8 [M][K] E4M3 with x_scale (device, M floats; all equal for per-tensor).
