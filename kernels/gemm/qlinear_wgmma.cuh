@@ -293,8 +293,9 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     // stage's packed X (one bulk copy), weights (one box) and, where a group starts, scale blocks, into a 4-slot ring
     // with full / empty mbarriers, each slot refilled once the math warps are done with it, so no math warp issues
     // copies or waits for the others (H200 M = 64: 4096 x 14336 28.1 -> 24.2 µs, 8192² 29.9 -> 26.0, 14336 x 4096
-    // 27.6 -> 25.1; bench/results/gemm-nvidia-h200-2026-11-25-s20.md). Its threads leave when done, so the math
-    // warpgroups synchronise among themselves (math_sync; a block barrier there hung under racecheck). ----
+    // 27.6 -> 25.1; with the stage flags below 23.9, 25.5, 23.9; bench/results/gemm-nvidia-h200-2026-11-25-s20.md).
+    // Its threads leave when done, so the math warpgroups synchronise among themselves (math_sync; a block barrier
+    // there hung under racecheck). ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
     const int ptid = tid - C::kThreads;
     if (ptid == 0) {
