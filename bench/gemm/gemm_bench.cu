@@ -356,7 +356,7 @@ void ProfileLaunches(int K, int N) {
 int main(int argc, char** argv) {
   std::string out = "gemm_bench.json";
   bool quick = false, bars = false;
-  std::string ms_arg;
+  std::string ms_arg, shapes_arg;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--out" && i + 1 < argc) out = argv[++i];
@@ -364,6 +364,7 @@ int main(int argc, char** argv) {
     if (a == "--no-w8a8") g_w8a8 = false;  // A/B calls on the int4 / fp8-weight kernels only
     if (a == "--bars") bars = true;  // all four shapes at M = 1, 4, 16, 32, 64, 128 (the issue's bars and the wgmma tiles)
     if (a == "--ms" && i + 1 < argc) ms_arg = argv[++i];  // comma-separated M values (A/B calls), e.g. --ms 64,128
+    if (a == "--shapes" && i + 1 < argc) shapes_arg = argv[++i];  // comma-separated KxN (A/B calls), e.g. 4096x4096
     if (a == "--profile") {
       const bool kn = i + 2 < argc;
       ProfileLaunches(kn ? std::atoi(argv[i + 1]) : 8192, kn ? std::atoi(argv[i + 2]) : 8192);
@@ -394,6 +395,17 @@ int main(int argc, char** argv) {
       Ms.push_back(std::atoi(ms_arg.c_str() + at));
       const size_t comma = ms_arg.find(',', at);
       at = comma == std::string::npos ? ms_arg.size() : comma + 1;
+    }
+  }
+  if (!shapes_arg.empty()) {
+    shapes.clear();
+    for (size_t at = 0; at < shapes_arg.size();) {
+      const int K = std::atoi(shapes_arg.c_str() + at);
+      const size_t x = shapes_arg.find('x', at);
+      if (x == std::string::npos) break;
+      shapes.emplace_back(K, std::atoi(shapes_arg.c_str() + x + 1));
+      const size_t comma = shapes_arg.find(',', at);
+      at = comma == std::string::npos ? shapes_arg.size() : comma + 1;
     }
   }
   for (auto [K, N] : shapes) BenchShape(K, N, Ms, blas.get());
