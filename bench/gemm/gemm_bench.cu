@@ -353,6 +353,17 @@ void ProfileLaunches(int K, int N) {
 
 }  // namespace
 
+// The non-empty comma-separated items of s ("64,128" -> "64", "128").
+std::vector<std::string> CommaItems(const std::string& s) {
+  std::vector<std::string> items;
+  for (size_t at = 0; at < s.size();) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    if (comma > at) items.push_back(s.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return items;
+}
+
 int main(int argc, char** argv) {
   std::string out = "gemm_bench.json";
   bool quick = false, bars = false;
@@ -391,21 +402,13 @@ int main(int argc, char** argv) {
   if (bars) Ms = {1, 4, 16, 32, 64, 128};
   if (!ms_arg.empty()) {
     Ms.clear();
-    for (size_t at = 0; at < ms_arg.size();) {
-      Ms.push_back(std::atoi(ms_arg.c_str() + at));
-      const size_t comma = ms_arg.find(',', at);
-      at = comma == std::string::npos ? ms_arg.size() : comma + 1;
-    }
+    for (const std::string& m : CommaItems(ms_arg)) Ms.push_back(std::atoi(m.c_str()));
   }
   if (!shapes_arg.empty()) {
     shapes.clear();
-    for (size_t at = 0; at < shapes_arg.size();) {
-      const int K = std::atoi(shapes_arg.c_str() + at);
-      const size_t x = shapes_arg.find('x', at);
-      if (x == std::string::npos) break;
-      shapes.emplace_back(K, std::atoi(shapes_arg.c_str() + x + 1));
-      const size_t comma = shapes_arg.find(',', at);
-      at = comma == std::string::npos ? shapes_arg.size() : comma + 1;
+    for (const std::string& kn : CommaItems(shapes_arg)) {
+      int K = 0, N = 0;
+      if (std::sscanf(kn.c_str(), "%dx%d", &K, &N) == 2) shapes.emplace_back(K, N);
     }
   }
   for (auto [K, N] : shapes) BenchShape(K, N, Ms, blas.get());
