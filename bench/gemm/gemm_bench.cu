@@ -351,8 +351,6 @@ void ProfileLaunches(int K, int N) {
   std::printf("profile launches done\n");
 }
 
-}  // namespace
-
 // The non-empty comma-separated items of s ("64,128" -> "64", "128").
 std::vector<std::string> CommaItems(const std::string& s) {
   std::vector<std::string> items;
@@ -363,6 +361,8 @@ std::vector<std::string> CommaItems(const std::string& s) {
   }
   return items;
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::string out = "gemm_bench.json";
