@@ -171,6 +171,14 @@ double RelErr(const std::vector<float>& y, const std::vector<float>& ref) {
   return std::sqrt(num / den);
 }
 
+// A kernel workspace, zero-filled once before first use as run_w4a16 / run_w8a16 require; the caller frees it.
+void* ZeroedWorkspace(size_t bytes) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, bytes));
+  CK(cudaMemset(p, 0, bytes));
+  return p;
+}
+
 void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   const int Mmax = *std::max_element(Ms.begin(), Ms.end());
   std::printf("== K=%d N=%d: preparing weights\n", K, N);
@@ -224,11 +232,8 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   // their own.
   const size_t ws_bytes = std::max(W4A16WorkspaceBytes(*w4d[0], Mmax, false), W4A16WorkspaceBytes(*w4d[0], Mmax, true));
   const size_t ws8_bytes = W8A16WorkspaceBytes(*w8d[0], Mmax);
-  void *ws, *ws8;
-  CK(cudaMalloc(&ws, ws_bytes));
-  CK(cudaMemset(ws, 0, ws_bytes));
-  CK(cudaMalloc(&ws8, ws8_bytes));
-  CK(cudaMemset(ws8, 0, ws8_bytes));
+  void* ws = ZeroedWorkspace(ws_bytes);
+  void* ws8 = ZeroedWorkspace(ws8_bytes);
 
   // ---- check first: M = 4 against the CPU references ----
   {
@@ -336,15 +341,13 @@ void ProfileLaunches(int K, int N) {
   auto xf = Random(size_t(M) * K, 6);
   std::vector<uint16_t> xb(xf.size());
   for (size_t i = 0; i < xf.size(); ++i) xb[i] = FloatToBf16(xf[i]);
-  void *x, *y, *ws, *ws8;
+  void *x, *y;
   CK(cudaMalloc(&x, xb.size() * 2));
   CK(cudaMemcpy(x, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMalloc(&y, size_t(M) * N * 2));
   const size_t wsb = W4A16WorkspaceBytes(*d4, M, true), wsb8 = W8A16WorkspaceBytes(*d8, M);  // one per weight
-  CK(cudaMalloc(&ws, wsb));
-  CK(cudaMemset(ws, 0, wsb));
-  CK(cudaMalloc(&ws8, wsb8));
-  CK(cudaMemset(ws8, 0, wsb8));
+  void* ws = ZeroedWorkspace(wsb);
+  void* ws8 = ZeroedWorkspace(wsb8);
   for (int m : {1, 1, 4, 16, 64}) OK(run_w4a16(*d4, LinearArgs{x, y, m, ActType::kBF16, true, ws, wsb}, nullptr, nullptr));
   for (int m : {1, 1}) OK(run_w8a16(*d8, LinearArgs{x, y, m, ActType::kBF16, true, ws8, wsb8}, nullptr));
   CK(cudaDeviceSynchronize());

@@ -15,6 +15,8 @@ constexpr int kMaxSplits = 8;             // so a strip's 2 * splits warp ranges
 constexpr int kMaxRowsPerLaunch = 128;    // invariant path: rows per launch (bounds split-K scratch)
 constexpr int kWgmmaTileRows = 64;        // sm_90 wgmma kernel (M > 32): token tile, and X packed per tile and stage
 constexpr int kWgmmaXStageBytes = kWgmmaTileRows * kSubSteps * kStepK * 2;
+// Stages of packed X per 64-row tile for a plan: every warp range's kSubSteps-step stages, in order.
+constexpr int PackedXStages(int splits, int steps_per_warp) { return kWarpsK * splits * (steps_per_warp / kSubSteps); }
 // int4 scale block per (group, strip): 32 fp16 scales, then 32 uint8 zeros at kSzZeros.
 constexpr int kSzBlockBytes = 96;
 constexpr int kSzZeros = 64;

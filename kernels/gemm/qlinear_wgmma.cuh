@@ -75,7 +75,7 @@ struct WgCfg {
 };
 
 // Stages of packed X per 64-row tile: every warp range of the plan, K padded with zeros.
-inline __host__ __device__ int PackedXStages(const QLinearParams& p) { return kWarpsK * p.splits * (p.steps_per_warp / kSubSteps); }
+inline __host__ __device__ int PackedXStages(const QLinearParams& p) { return gemm::PackedXStages(p.splits, p.steps_per_warp); }
 
 // wgmma m64n64k16, A from registers, B K-major from shared memory (tnsp-b = 0), fp32 accumulators.
 template <typename T>

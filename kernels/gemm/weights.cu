@@ -52,7 +52,7 @@ WsLayout KernelWorkspace(int N, int K, const SplitPlan& plan, int max_m, bool ac
   size_t off = 0;
   l.counters = off;
   off = Align256(off + sizeof(int) * size_t(plan.n_blocks) * (kMaxRowsPerLaunch / 16));
-  const size_t stages = size_t(kWarpsK) * plan.splits * (plan.steps_per_warp / kSubSteps);  // of packed X per tile
+  const size_t stages = PackedXStages(plan.splits, plan.steps_per_warp);  // of packed X per tile
   l.xready = off;
   if (xpack) off = Align256(off + sizeof(int) * (1 + stages));
   l.partial = off;
