@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/gemm_tiles.h"
@@ -55,6 +56,17 @@ struct QLinearParams {
 // The wgmma kernel's wait for the other blocks of a resident grid (in-kernel X packing, spread split sum) before it
 // falls back to work that needs no other block; tests set 0 to run the fallbacks.
 inline std::atomic<uint32_t> grid_wait_ns{1000000};
+
+// The staged small-M kernel (qlinear_staged.cuh) takes launches of at most kStagedMaxRows rows: one 8-token tile. With
+// two it ran 0.5-0.7 µs slower than QLinearDirectKernel at 4096² M = 12-16 (H200,
+// bench/results/gemm-nvidia-h200-2026-11-27-s22.md). staged_max_rows lowers that (bench knob FLASHQ_GEMM_STAGED_MAX_M;
+// tests set 0 to compare with QLinearDirectKernel); staged_launches counts its launches (tests check that it ran).
+constexpr int kStagedMaxRows = 8;
+inline std::atomic<int> staged_max_rows{[] {
+  const char* e = std::getenv("FLASHQ_GEMM_STAGED_MAX_M");
+  return e ? std::atoi(e) : kStagedMaxRows;
+}()};
+inline std::atomic<long> staged_launches{0};
 
 // One launch covers at most kMaxRowsPerLaunch rows.
 cudaError_t LaunchW4A16F16(const QLinearParams& p, cudaStream_t s);

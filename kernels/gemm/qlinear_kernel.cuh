@@ -173,6 +173,28 @@ __device__ __forceinline__ void LaunchDependents() {
 #endif
 }
 
+// mbarriers and bulk copies (the staged small-M kernel and the wgmma kernel).
+__device__ __forceinline__ void MbarInit(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarExpect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// `bytes` (a multiple of 16) from global to shared memory, completing on mbarrier `bar`.
+__device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
 // atomicAdd with acquire-release semantics at GPU scope: returns the old value.
 __device__ __forceinline__ int AtomicAddAcqRel(int* ptr, int v) {
   int old;
@@ -832,6 +854,48 @@ cudaError_t LaunchQLinearNT(const QLinearParams& p0, cudaStream_t stream) {
 // ---------------------------------------------------------------------------------------------
 constexpr int kDirectMaxThreads = 64 * kMaxSplits;
 
+// The small-M kernels' block sum: each warp's accumulators to shared memory `red`, then the warp ranges of the strip
+// added in QLinearKernel's order ((w0 + w1) [* fp8 scale] + (w2 + w3) [* scale] + ...) and Y stored. fsv: the fp8
+// channel scales of the outputs o = threadIdx.x + it * blockDim.x (unused for int4).
+template <typename T, int NT, bool kFp8, int kOutIter>
+__device__ __forceinline__ void BlockSum(float* red, const QLinearParams& p, int strip, int warp, int lane,
+                                         const float (&acc)[NT][2][4], const float (&fsv)[kOutIter]) {
+  constexpr int kNA = NT * 8;  // accumulators per lane
+  StoreAcc<NT>(red, warp, lane, acc);
+  __syncthreads();
+  T* y = static_cast<T*>(p.y);
+  // Output o (accumulator (nt, u, e) of lane l) of the block's sum; fs: the fp8 channel scale of its column.
+  auto out = [&](int o, float fs) {
+    const int i = o >> 5, l = o & 31;
+    const int e = i & 3, u = (i >> 2) & 1, nt = i >> 3;
+    const int row = nt * 8 + 2 * (l & 3) + (e & 1);
+    const int cs = 16 * u + 8 * (e >> 1) + (l >> 2);  // column inside the strip
+    const int col = strip * kWarpN + cs;
+    // Rounded adds and multiplies (no fma contraction): QLinearKernel rounds each split's sum
+    // to fp32 in memory before it adds the next.
+    // Unrolled over kMaxSplits, so that all the shared-memory loads issue before the adds (H200: int4
+    // M <= 16 1-4% faster than the loop over p.splits).
+    float sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kMaxSplits; ++q)
+      if (q < p.splits) {
+        float v = __fadd_rn(red[2 * q * kNA * 32 + o], red[(2 * q + 1) * kNA * 32 + o]);
+        if constexpr (kFp8) v = __fmul_rn(v, fs);
+        sum = q == 0 ? v : __fadd_rn(sum, v);
+      }
+    if (row < p.M && col < p.N) y[size_t(row) * p.N + col] = T(sum);
+  };
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int it = 0; it < kOutIter; ++it) {
+      const int o = threadIdx.x + it * blockDim.x;
+      if (o < kNA * 32) out(o, fsv[it]);
+    }
+  } else {
+    for (int o = threadIdx.x; o < kNA * 32; o += blockDim.x) out(o, 1.0f);
+  }
+}
+
 // Streaming 16-byte load of read-only data that is used once (weights: no L1 allocation).
 __device__ __forceinline__ uint4 LdStream(const void* ptr) {
   uint4 v;
@@ -1031,40 +1095,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 
   // ---- sum the warps in QLinearKernel's order ----
   if constexpr (!kEarlyTrigger) LaunchDependents();  // the next kernel's blocks may start their weight prefetch
-  constexpr int kNA = NT * 8;  // accumulators per lane
-  StoreAcc<NT>(red, warp, lane, acc);
-  __syncthreads();
-  T* y = static_cast<T*>(p.y);
-  // Output o (accumulator (nt, u, e) of lane l) of the block's sum; fs: the fp8 channel scale of its column.
-  auto out = [&](int o, float fs) {
-    const int i = o >> 5, l = o & 31;
-    const int e = i & 3, u = (i >> 2) & 1, nt = i >> 3;
-    const int row = nt * 8 + 2 * (l & 3) + (e & 1);
-    const int cs = 16 * u + 8 * (e >> 1) + (l >> 2);  // column inside the strip
-    const int col = strip * kWarpN + cs;
-    // Rounded adds and multiplies (no fma contraction): QLinearKernel rounds each split's sum
-    // to fp32 in memory before it adds the next.
-    // Unrolled over kMaxSplits, so that all the shared-memory loads issue before the adds (H200: int4
-    // M <= 16 1-4% faster than the loop over p.splits).
-    float sum = 0.0f;
-#pragma unroll
-    for (int q = 0; q < kMaxSplits; ++q)
-      if (q < p.splits) {
-        float v = __fadd_rn(red[2 * q * kNA * 32 + o], red[(2 * q + 1) * kNA * 32 + o]);
-        if constexpr (kFp8) v = __fmul_rn(v, fs);
-        sum = q == 0 ? v : __fadd_rn(sum, v);
-      }
-    if (row < p.M && col < p.N) y[size_t(row) * p.N + col] = T(sum);
-  };
-  if constexpr (kFp8) {
-#pragma unroll
-    for (int it = 0; it < kOutIter; ++it) {
-      const int o = threadIdx.x + it * blockDim.x;
-      if (o < kNA * 32) out(o, fsv[it]);
-    }
-  } else {
-    for (int o = threadIdx.x; o < kNA * 32; o += blockDim.x) out(o, 1.0f);
-  }
+  BlockSum<T, NT, kFp8>(red, p, strip, warp, lane, acc, fsv);
 }
 
 template <typename T, int NT, bool kFp8, bool kStageFlush>
@@ -1080,16 +1111,27 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush>, p);
 }
 
+// The sm_90 staged small-M kernel for int4 8-split plans (qlinear_staged.cuh, included by the int4 stage-flush
+// instantiations): cudaErrorNotSupported, with nothing launched, where it does not apply.
+template <typename T>
+cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream);
+
 // The sm_90a wgmma kernel for int4 M > 32 (qlinear_wgmma.cuh, included by the int4
 // stage-flush instantiations): cudaErrorNotSupported, with nothing launched, where it does not apply.
 template <typename T>
 cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream);
 
-// One instantiation file per (T, kFp8, kStageFlush) calls this: M <= 8 and M <= 16 take the
-// small-M kernel with one or two 8-token tiles, larger M the wgmma kernel (where it applies) or the
+// One instantiation file per (T, kFp8, kStageFlush) calls this: M <= 8 takes the staged kernel (int4 8-split plans on
+// sm_90, where it applies), else M <= 8 and M <= 16 take the small-M kernel with one or two 8-token tiles, larger M the wgmma kernel (where it applies) or the
 // 32-token split-K kernel.
 template <typename T, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
+  if constexpr (!kFp8 && kStageFlush) {
+    if (p.M <= kStagedMaxRows) {
+      const cudaError_t e = LaunchQLinearStaged<T>(p, stream);
+      if (e != cudaErrorNotSupported) return e;
+    }
+  }
   if (p.M <= 8) return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(p, stream);
   static_assert(kSmallMMaxRows == 16, "the small-M kernel's widest instantiation holds two 8-token tiles");
   if (p.M <= kSmallMMaxRows) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);

@@ -106,28 +106,6 @@ using attention::detail::WgmmaWait;
 __device__ __forceinline__ uint64_t SwizzledDesc(uint32_t addr) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
-// mbarrier and bulk copies (async proxy: the wgmma reads need no proxy fence after them).
-__device__ __forceinline__ void WgMbarInit(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void WgMbarExpect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void WgMbarWait(uint32_t bar, int parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void WgMbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// `bytes` (a multiple of 16) from global to shared memory, completing on mbarrier `bar`.
-__device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
 // A 2D tensor-map box at (c0, c1) into shared memory, completing on mbarrier `bar`.
 __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
@@ -264,8 +242,8 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   if (tid == 0) {
     if (sbase & 1023) __trap();  // the swizzled X panels need 1024-byte alignment
     for (int i = 0; i < S; ++i) {
-      WgMbarInit(full_bar(i), 1);            // the producer's expect_tx, then the copies' bytes
-      WgMbarInit(empty_bar(i), C::kThreads);  // every math thread done with the stage
+      MbarInit(full_bar(i), 1);            // the producer's expect_tx, then the copies' bytes
+      MbarInit(empty_bar(i), C::kThreads);  // every math thread done with the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -276,7 +254,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   auto issue_w = [&](int slot) {
     const uint32_t base = ring + slot * C::kStageBytes, bar = full_bar(slot);
     const bool gs = group_start(pc);
-    WgMbarExpect(bar, uint32_t(C::kWBytes + C::kXBytes + (gs ? nstrips * kSzBlockBytes : 0)));
+    MbarExpect(bar, uint32_t(C::kWBytes + C::kXBytes + (gs ? nstrips * kSzBlockBytes : 0)));
     TmaLoad2d(base + C::kXBytes, &wmap, pc.j * 64, strip0, bar);
     if (gs)
       BulkCopy(base + C::kXBytes + C::kWBytes, static_cast<const char*>(p.sz) + (size_t(pc.g) * p.strips + strip0) * kSzBlockBytes,
@@ -337,7 +315,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
       for (int st = 0; st < S && st < ntot; ++st) issue_x_ready(st, st);
       for (int st = S; st < ntot; ++st) {
         const int slot = st % S;
-        WgMbarWait(empty_bar(slot), (st / S - 1) & 1);  // the math warps are done with stage st - S
+        MbarWait(empty_bar(slot), (st / S - 1) & 1);  // the math warps are done with stage st - S
         issue_w(slot);
         issue_x_ready(st, slot);
       }
@@ -414,7 +392,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     // shared-memory reads: with one arrival per warp after __syncwarp, compute-sanitizer racecheck reports the next
     // refill's bulk copy as racing with the other lanes' reads (H200: every thread arriving costs 0.5-0.8 µs at
     // M = 40-64 on the three large shapes; bench/results/gemm-nvidia-h200-2026-11-25-s18.md, calls 4-6).
-    WgMbarArrive(empty_bar(slot));
+    MbarArrive(empty_bar(slot));
     keep_a(0);
     keep_a(1);
 #pragma unroll
@@ -435,7 +413,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   int s_departed = -1;  // thread 0: GridDeparture's result, taken at the end (`finish`)
   int slot = 0;
   for (int st = 0; st < ntot; ++st) {
-    WgMbarWait(full_bar(slot), (st / S) & 1);
+    MbarWait(full_bar(slot), (st / S) & 1);
     compute(slot);
     slot = slot + 1 == S ? 0 : slot + 1;
   }

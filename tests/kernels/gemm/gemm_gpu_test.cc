@@ -268,6 +268,41 @@ TEST(GemmGpu, EightSplitSmallMMatchesQLinearKernel) {
   }
 }
 
+// The staged small-M kernel (8-split plans, M <= kStagedMaxRows, sm_90) against QLinearDirectKernel, bitwise, and against the
+// f64 reference: 4096² (2 stages per warp range), 5496 x 1000 (K a multiple of neither the step nor the group: 172 k32
+// steps over 16 warp ranges of 12, so the last ranges hold part of a stage or nothing; N not a multiple of the strip)
+// and 8192 x 2048 (4 stages per range). Where X does not fit beside the weights, or M is past kStagedMaxRows, the
+// direct kernel runs.
+TEST(GemmGpu, W4A16StagedKernelKeepsTheBits) {
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  // fits: the most rows whose X fits beside the weights in the H200's 227 KB of shared memory per block.
+  for (auto [K, N, fits] : {std::tuple{4096, 4096, 16}, std::tuple{5496, 1000, 10}, std::tuple{8192, 2048, 6}}) {
+    Int4Weights w = QuantizeInt4(RandomVec(size_t(N) * K, 11).data(), N, K, 128, false);
+    std::unique_ptr<W4A16Weights> dw;
+    OK(W4A16Weights::Create(w, &dw));
+    ASSERT_EQ(PlanFor(K, N).splits, 8);
+    const auto deq = DequantizeInt4(w);
+    for (ActType act : {ActType::kBF16, ActType::kF16}) {
+      for (int M : {1, 3, 4, 8, 9, 16}) {
+        SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N) + (act == ActType::kF16 ? " f16" : " bf16") +
+                     " M=" + std::to_string(M));
+        Acts x = MakeActs(M, K, act, 5 + M);
+        const long before = detail::staged_launches.load();
+        auto staged = RunW4(*dw, x, M, act, true, nullptr);
+        const int limit = std::min({fits, detail::staged_max_rows.load(), detail::kStagedMaxRows});  // the knob may lower it
+        EXPECT_EQ(detail::staged_launches.load() - before, major >= 9 && M <= limit ? 1 : 0);
+        const int rows = detail::staged_max_rows.exchange(0);
+        auto direct = RunW4(*dw, x, M, act, true, nullptr);
+        detail::staged_max_rows = rows;
+        ExpectClose(staged, GemmF64(x.f, M, K, deq, N), act, 0, "staged");
+        ASSERT_EQ(0, std::memcmp(staged.data(), direct.data(), staged.size() * sizeof(float)));
+      }
+    }
+  }
+}
+
 // The wgmma kernel's fallbacks for a grid that the occupancy API calls resident but is not (in-kernel X packing:
 // a block packs all of X itself; spread split sum: a block gives up and the last to arrive sums the whole tile).
 // With no wait they run on most blocks of every call, and must give the bits of the normal path. On an H200 these

@@ -1,0 +1,268 @@
+// Small-M W4A16 for 8-split plans on sm_90, M <= 8 (one 8-token tile): QLinearDirectKernel's blocks, warp ranges,
+// arithmetic and sum, with the strip's weights and X brought into shared memory by bulk copies, so that each warp
+// dequantizes its first stage before X has arrived.
+//
+// Why: an 8-split plan runs one 512-thread block per SM (4096² on the H200), whose 16 warps leave the shared memory
+// idle. Every step's dequantization, about two thirds of a step's instructions, depends only on the weights, which
+// stream in before griddepcontrol.wait; X only after it. QLinearDirectKernel keeps both in one register ring, so its
+// warps dequantize only once X is there, and the whole issue-bound compute sits after X on the call's critical path
+// (a timing probe of the 4096² call: 0.8 µs launch, wait and exit, 1.7 µs of compute alone,
+// bench/results/gemm-nvidia-h200-2026-11-25-s21.md). Here each warp's lane 0 requests the warp's own weights by bulk
+// copies, a stage per mbarrier, and after the wait the warp's lanes copy its columns of X (16 bytes per copy); the
+// warp dequantizes stage 0 into registers, then waits for X. No thread issues another warp's copies, and no block
+// barrier comes before the sum: the first form of this kernel, with thread 0 issuing all of the block's copies, ran
+// 1.9 µs slower than the direct kernel (s21 record, call 8).
+// Measured (H200, bench/results/gemm-nvidia-h200-2026-11-27-s22.md): 4096² M = 4 4.87 -> 4.62 µs, M = 8 5.14 -> 4.85,
+// M = 1 unchanged (4.38 / 4.41). With two token tiles (M = 9-16) it was 0.5-0.7 µs slower than the direct kernel, so it
+// takes one (kStagedMaxRows).
+//
+// Bits: the same DequantPair values, the same mma chains per flush unit from zero (Mma0), Flush's fma, and the same
+// block sum as QLinearDirectKernel; weight steps past the strip's K and X columns past K read zeros, as that kernel
+// loads them. So row i of Y is bitwise the small-M kernel's for any M (GPU test W4A16StagedKernelKeepsTheBits).
+// Limits (UseStaged): sm_90, int4 with stage flush, M <= kStagedMaxRows, plans of kMaxSplits splits with at most
+// kStagedMaxStages stages per warp range, K % 8 == 0 (16-byte rows of X), and the weights plus X within the block's
+// shared memory.
+#pragma once
+
+#include "kernels/gemm/qlinear_kernel.cuh"
+
+namespace flashq::gemm::detail {
+
+constexpr int kStagedMaxStages = 4;  // stages of kSubSteps k32 steps per warp range
+
+// Shared memory: the strip's weight steps [0, warps * spw) as in global memory (512 bytes each), then X rows 0..M-1
+// of warps * spw * 32 columns each (columns past K zero), 64 bytes apart beyond 128-byte multiples so that the two
+// rows of a quarter warp's 16-byte reads fall in different banks; then each warp's mbarriers (X, weight stage 0, 1,
+// ...). A warp copies, waits for and reads only its own steps and columns: no block barrier before the sum.
+struct StagedLayout {
+  uint32_t w_bytes = 0, x_stride = 0, bars = 0, total = 0;
+};
+constexpr uint32_t kStagedBarBytes = 8u * (1 + kStagedMaxStages);  // a warp's mbarriers
+inline StagedLayout StagedLayoutFor(const QLinearParams& p) {
+  StagedLayout l;
+  const uint32_t warps = uint32_t(kWarpsK) * p.splits, steps = warps * p.steps_per_warp;
+  l.w_bytes = steps * 512u;
+  l.x_stride = steps * kStepK * 2u + 64u;
+  l.bars = l.w_bytes + uint32_t(p.M) * l.x_stride;
+  l.total = l.bars + warps * kStagedBarBytes;
+  return l;
+}
+
+__device__ __forceinline__ uint4 LdShared16(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(const QLinearParams p, const StagedLayout l) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int NT = 1;  // one 8-token tile (kStagedMaxRows)
+  extern __shared__ __align__(128) uint4 staged_smem[];
+  LaunchDependents();  // as the int4 small-M kernel: the next kernel may start its weight prefetch at once
+  const int lane = threadIdx.x & 31;
+  // The warp index through a shuffle: ptxas then knows that it is the same in every lane, and keeps the copies'
+  // addresses in uniform registers (no loop over the lanes around each bulk copy and barrier init).
+  const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x >> 5), 0);
+  const int g = lane >> 2, t = lane & 3;
+  const int strip = blockIdx.x;
+  const int spw = p.steps_per_warp, nst = spw / kSubSteps;
+  const int j0 = warp * spw;
+  const int nvalid = min(spw, p.nk32 - j0);  // real k32 steps of this warp (may be <= 0)
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(staged_smem));
+  const uint32_t wbase = base + uint32_t(j0) * 512u;           // the warp's weight steps
+  const uint32_t xs0 = base + l.w_bytes + uint32_t(j0) * 64u;  // its columns of X row 0
+  const uint32_t bar_x = base + l.bars + uint32_t(warp) * kStagedBarBytes;
+  auto bar_w = [&](int s) { return bar_x + 8u * (1 + s); };
+
+  // Scale blocks of the stages where a group starts (stage flush: groups are whole stages), bit s of `fresh`: first,
+  // as their loads are the longest wait before stage 0.
+  uint2 sbs[kStagedMaxStages];
+  uint32_t sbz[kStagedMaxStages];
+  uint32_t fresh = 0;
+  {
+    const int grp = j0 / p.gsteps;
+    int gnext = (grp + 1) * p.gsteps - j0;  // the next group start, relative to j0
+    const char* szp = static_cast<const char*>(p.sz) + (size_t(grp) * p.strips + strip) * kSzBlockBytes;
+#pragma unroll
+    for (int s = 0; s < kStagedMaxStages; ++s) {
+      const int j = kSubSteps * s;
+      if (s < nst && j < nvalid) {
+        const bool start = j == gnext;
+        if (start) {
+          szp += size_t(p.strips) * kSzBlockBytes;
+          gnext += p.gsteps;
+        }
+        if (start || j == 0) {
+          sbs[s] = __ldg(reinterpret_cast<const uint2*>(szp) + g);
+          sbz[s] = __ldg(reinterpret_cast<const uint32_t*>(szp + kSzZeros) + g);
+          fresh |= 1u << s;
+        }
+      }
+    }
+  }
+
+  // Zeros where QLinearDirectKernel loads zeros: the warp's steps past nk32, its X columns past K (chunks of 8).
+  const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+  for (int i = max(nvalid, 0) * 32 + lane; i < spw * 32; i += 32) staged_smem[(wbase - base) / 16 + i] = zero4;
+  const int xk = max(0, min(spw * kStepK, p.K - j0 * kStepK));  // the warp's columns of X inside K
+  if (xk < spw * kStepK)
+    for (int m = 0; m < p.M; ++m)
+      for (int c = xk / 8 + lane; c < spw * 4; c += 32) staged_smem[(xs0 - base + m * l.x_stride) / 16 + c] = zero4;
+
+  // Lane 0: the warp's barriers (X: an arrival per lane), then its weights, a stage per barrier (a stage past nk32
+  // completes with no bytes).
+  const char* wsrc = static_cast<const char*>(p.qw) + (size_t(strip) * p.nk32 + j0) * 512;
+  if (lane == 0) {
+    MbarInit(bar_x, 32);
+#pragma unroll
+    for (int s = 0; s < kStagedMaxStages; ++s) MbarInit(bar_w(s), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < kStagedMaxStages; ++s) {
+      if (s < nst) {
+        const uint32_t bytes = uint32_t(max(0, min(kSubSteps, nvalid - kSubSteps * s))) * 512u;
+        MbarExpect(bar_w(s), bytes);
+        if (bytes) BulkCopy(wbase + uint32_t(s) * 2048u, wsrc + s * 2048, bytes, bar_w(s));
+      }
+    }
+  }
+  __syncwarp();  // every lane sees the barriers and reads the zeros of every lane
+
+  // X after the wait: rows 0..M-1 of the warp's columns, 16 bytes per lane and copy, each lane's copies arriving on
+  // the X barrier (many small copies from all lanes issue faster than a bulk copy per row from one).
+  GridDependencyWait();
+  {
+    const T* xsrc = static_cast<const T*>(p.x) + j0 * kStepK;
+    for (int m = 0; m < p.M; ++m)
+      for (int c = lane; c < xk / 8; c += 32)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(xs0 + uint32_t(m) * l.x_stride + uint32_t(c) * 16u),
+                     "l"(xsrc + size_t(m) * p.K + c * 8)
+                     : "memory");
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_x) : "memory");
+  }
+
+  float acc[NT][2][4], c[NT][2][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][u][e] = 0.0f;
+  float scl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  uint32_t nzm[4] = {0u, 0u, 0u, 0u};
+  // Lane (g, t) reads its weight words at step j, and X row 8nt + g (rows past M read row M - 1) at k 8t..8t+7.
+  const uint32_t wrow = wbase + uint32_t(lane) * 16u;
+  uint32_t xrow[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) xrow[nt] = xs0 + uint32_t(min(nt * 8 + g, p.M - 1)) * l.x_stride + uint32_t(8 * t) * 2u;
+
+  // Stage 0: A fragments before X. The wait for X takes its address from every fragment (times a runtime zero), so
+  // that ptxas cannot sink the dequantization past it.
+  MbarWait(bar_w(0), 0);
+  if (fresh & 1u) GroupRegs<T>(sbs[0], sbz[0], scl, nzm);
+  uint32_t a[kSubSteps][2][2][4];
+  uint32_t dep = 0;
+#pragma unroll
+  for (int r = 0; r < kSubSteps; ++r) {
+    const uint4 w = LdShared16(wrow + uint32_t(r) * 512u);
+    const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        a[r][ks][u][0] = DequantPair<T>(wv[2 * u], 2 * ks, nzm[2 * u]);
+        a[r][ks][u][1] = DequantPair<T>(wv[2 * u + 1], 2 * ks, nzm[2 * u + 1]);
+        a[r][ks][u][2] = DequantPair<T>(wv[2 * u], 2 * ks + 1, nzm[2 * u]);
+        a[r][ks][u][3] = DequantPair<T>(wv[2 * u + 1], 2 * ks + 1, nzm[2 * u + 1]);
+        dep ^= a[r][ks][u][0] ^ a[r][ks][u][1] ^ a[r][ks][u][2] ^ a[r][ks][u][3];
+      }
+  }
+  MbarWait(bar_x + (dep & (uint32_t(p.M) >> 16)), 0);  // M <= kMaxRowsPerLaunch: the mask is 0
+#pragma unroll
+  for (int r = 0; r < kSubSteps; ++r) {
+    uint4 xv[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) xv[nt] = LdShared16(xrow[nt] + uint32_t(r) * (kStepK * 2u));
+    // StepMma's mma order: k16 half ks, then 16-column half u, then token tile.
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint32_t b0 = ks ? xv[nt].z : xv[nt].x, b1 = ks ? xv[nt].w : xv[nt].y;
+          if (ks == 0 && r == 0) Mma0<T>(c[nt][u], a[r][ks][u], b0, b1);
+          else Mma<T>(c[nt][u], a[r][ks][u], b0, b1);
+        }
+  }
+  Flush<NT>(scl, c, acc);
+
+  // The other stages: StepMma as QLinearDirectKernel runs it (unrolled: the scale registers are indexed by constants).
+#pragma unroll
+  for (int s = 1; s < kStagedMaxStages; ++s) {
+    if (s >= nst) break;
+    MbarWait(bar_w(s), 0);
+    if (fresh & (1u << s)) GroupRegs<T>(sbs[s], sbz[s], scl, nzm);
+#pragma unroll
+    for (int r = 0; r < kSubSteps; ++r) {
+      const int j = kSubSteps * s + r;
+      const uint4 w = LdShared16(wrow + uint32_t(j) * 512u);
+      const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+      uint4 xv[NT];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) xv[nt] = LdShared16(xrow[nt] + uint32_t(j) * (kStepK * 2u));
+      StepMma<T, NT, false>(wv, xv, nzm, r == 0, c, acc);
+    }
+    Flush<NT>(scl, c, acc);
+  }
+
+  __syncthreads();  // every warp is done with its weights: their space takes the block's sum
+  const float unused[1] = {1.0f};
+  BlockSum<T, NT, false>(reinterpret_cast<float*>(staged_smem), p, strip, warp, lane, acc, unused);
+#endif
+}
+
+// Whether the staged kernel can take this launch (see the header comment; the shared memory is checked at launch);
+// its shared memory in *l.
+inline bool UseStaged(const QLinearParams& p, StagedLayout* l) {
+  if (p.M > std::min(staged_max_rows.load(std::memory_order_relaxed), kStagedMaxRows) || p.splits != kMaxSplits ||
+      p.steps_per_warp > kSubSteps * kStagedMaxStages || p.K % 8 != 0 || DeviceMajor() < 9)
+    return false;
+  *l = StagedLayoutFor(p);
+  return true;
+}
+
+// cudaErrorNotSupported (nothing launched) where UseStaged says no or the block's shared memory cannot hold the
+// weights and X: the caller takes QLinearDirectKernel.
+template <typename T>
+cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
+  StagedLayout l;
+  if (!UseStaged(p, &l)) return cudaErrorNotSupported;
+  auto* kernel = QLinearStagedKernel<T>;
+  static_assert(kStagedMaxRows <= 8, "the staged kernel runs one 8-token tile");
+  // The opt-in shared memory per block, + 1, once the kernel's limit is raised to it on the device: once, not per launch.
+  static std::atomic<int> optin[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= kMaxDevices) return cudaErrorNotSupported;
+  int bytes = optin[dev].load(std::memory_order_acquire) - 1;
+  if (bytes < 0) {
+    cudaError_t e = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) return e;
+    optin[dev].store(bytes + 1, std::memory_order_release);
+  }
+  if (l.total > uint32_t(bytes)) return cudaErrorNotSupported;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((p.N + kWarpN - 1) / kWarpN);
+  cfg.blockDim = dim3(32 * kWarpsK * p.splits);
+  cfg.dynamicSmemBytes = l.total;
+  cfg.stream = stream;
+  cudaLaunchAttribute at[1];
+  cfg.attrs = at;
+  AddPdl(&cfg);
+  staged_launches.fetch_add(1, std::memory_order_relaxed);
+  return cudaLaunchKernelEx(&cfg, kernel, p, l);
+}
+
+}  // namespace flashq::gemm::detail
