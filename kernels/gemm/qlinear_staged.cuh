@@ -129,19 +129,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   }
   __syncwarp();  // every lane sees the barriers and reads the zeros of every lane
 
-  // X after the wait: rows 0..M-1 of the warp's columns, 16 bytes per lane and copy, each lane's copies arriving on
-  // the X barrier (many small copies from all lanes issue faster than a bulk copy per row from one).
-  GridDependencyWait();
-  {
-    const T* xsrc = static_cast<const T*>(p.x) + j0 * kStepK;
-    for (int m = 0; m < p.M; ++m)
-      for (int c = lane; c < xk / 8; c += 32)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(xs0 + uint32_t(m) * l.x_stride + uint32_t(c) * 16u),
-                     "l"(xsrc + size_t(m) * p.K + c * 8)
-                     : "memory");
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_x) : "memory");
-  }
-
   float acc[NT][2][4], c[NT][2][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -178,7 +165,24 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
         dep ^= a[r][ks][u][0] ^ a[r][ks][u][1] ^ a[r][ks][u][2] ^ a[r][ks][u][3];
       }
   }
-  MbarWait(bar_x + (dep & (uint32_t(p.M) >> 16)), 0);  // M <= kMaxRowsPerLaunch: the mask is 0
+  // Only now the wait for the previous kernel, so that the dequantization overlaps its last blocks. ptxas sinks
+  // arithmetic below griddepcontrol.wait even when the wait names it as an operand, but not below a shared-memory
+  // store that needs it: one that never happens (M <= kMaxRowsPerLaunch, so the mask is 0).
+  if (dep & (uint32_t(p.M) >> 16)) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(bar_x), "r"(dep) : "memory");
+  GridDependencyWait();
+  // X after the wait: rows 0..M-1 of the warp's columns, 16 bytes per lane and copy, each lane's copies arriving on
+  // the X barrier (many small copies from all lanes issue faster than a bulk copy per row from one).
+  {
+    const T* xsrc = static_cast<const T*>(p.x) + j0 * kStepK;
+    for (int m = 0; m < p.M; ++m)
+      for (int c = lane; c < xk / 8; c += 32)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(xs0 + uint32_t(m) * l.x_stride + uint32_t(c) * 16u),
+                     "l"(xsrc + size_t(m) * p.K + c * 8)
+                     : "memory");
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_x) : "memory");
+  }
+
+  MbarWait(bar_x, 0);
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
     uint4 xv[NT];
