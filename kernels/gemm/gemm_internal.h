@@ -67,6 +67,12 @@ inline std::atomic<int> staged_max_rows{[] {
   return e ? std::atoi(e) : kStagedMaxRows;
 }()};
 inline std::atomic<long> staged_launches{0};
+// Launches of at most this many rows dequantize their first stage before griddepcontrol.wait, larger ones after it
+// (qlinear_staged.cuh says why; bench knob FLASHQ_GEMM_STAGED_EARLY_M).
+inline std::atomic<int> staged_dequant_first_rows{[] {
+  const char* e = std::getenv("FLASHQ_GEMM_STAGED_EARLY_M");
+  return e ? std::atoi(e) : 2;
+}()};
 
 // One launch covers at most kMaxRowsPerLaunch rows.
 cudaError_t LaunchW4A16F16(const QLinearParams& p, cudaStream_t s);

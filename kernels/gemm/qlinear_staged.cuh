@@ -12,8 +12,9 @@
 // warp dequantizes stage 0 into registers, then waits for X. No thread issues another warp's copies, and no block
 // barrier comes before the sum: the first form of this kernel, with thread 0 issuing all of the block's copies, ran
 // 1.9 µs slower than the direct kernel (s21 record, call 8).
+// Launches of at most staged_dequant_first_rows rows dequantize before griddepcontrol.wait (see the kernel).
 // Measured (H200, bench/results/gemm-nvidia-h200-2026-11-27-s22.md): 4096² M = 4 4.87 -> 4.62 µs, M = 8 5.14 -> 4.85,
-// M = 1 unchanged (4.38 / 4.41). With two token tiles (M = 9-16) it was 0.5-0.7 µs slower than the direct kernel, so it
+// with the dequantization before the wait M = 1 4.38 -> 4.19. With two token tiles (M = 9-16) it was 0.5-0.7 µs slower than the direct kernel, so it
 // takes one (kStagedMaxRows).
 //
 // Bits: the same DequantPair values, the same mma chains per flush unit from zero (Mma0), Flush's fma, and the same
@@ -34,8 +35,10 @@ constexpr int kStagedMaxStages = 4;  // stages of kSubSteps k32 steps per warp r
 // of warps * spw * 32 columns each (columns past K zero), 64 bytes apart beyond 128-byte multiples so that the two
 // rows of a quarter warp's 16-byte reads fall in different banks; then each warp's mbarriers (X, weight stage 0, 1,
 // ...). A warp copies, waits for and reads only its own steps and columns: no block barrier before the sum.
+// dequant_first: the order of a launch (see the kernel).
 struct StagedLayout {
   uint32_t w_bytes = 0, x_stride = 0, bars = 0, total = 0;
+  bool dequant_first = false;
 };
 constexpr uint32_t kStagedBarBytes = 8u * (1 + kStagedMaxStages);  // a warp's mbarriers
 inline StagedLayout StagedLayoutFor(const QLinearParams& p) {
@@ -45,6 +48,7 @@ inline StagedLayout StagedLayoutFor(const QLinearParams& p) {
   l.x_stride = steps * kStepK * 2u + 64u;
   l.bars = l.w_bytes + uint32_t(p.M) * l.x_stride;
   l.total = l.bars + warps * kStagedBarBytes;
+  l.dequant_first = p.M <= staged_dequant_first_rows.load(std::memory_order_relaxed);
   return l;
 }
 
@@ -129,6 +133,26 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   }
   __syncwarp();  // every lane sees the barriers and reads the zeros of every lane
 
+  // The wait for the previous kernel, then X: rows 0..M-1 of the warp's columns, 16 bytes per lane and copy, each
+  // lane's copies arriving on the X barrier (many small copies from all lanes issue faster than a bulk copy per row
+  // from one).
+  auto wait_and_copy_x = [&] {
+    GridDependencyWait();
+    const T* xsrc = static_cast<const T*>(p.x) + j0 * kStepK;
+    for (int m = 0; m < p.M; ++m)
+      for (int c = lane; c < xk / 8; c += 32)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(xs0 + uint32_t(m) * l.x_stride + uint32_t(c) * 16u),
+                     "l"(xsrc + size_t(m) * p.K + c * 8)
+                     : "memory");
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_x) : "memory");
+  };
+  // Stage 0 is dequantized into registers before X is waited for. With few rows (dequant_first), X arrives soon after
+  // the wait, and the dequantization goes before the wait, overlapping the previous kernel's last blocks; with more,
+  // X takes longer from L2 (every block reads all of it), and the wait and copies go first, so that the
+  // dequantization overlaps X's arrival (H200, 4096²: dequantization first 4.40 -> 4.19 µs at M = 1, but 4.64 -> 4.73
+  // at M = 4 and 4.88 -> 5.38 at M = 8; bench/results/gemm-nvidia-h200-2026-11-27-s22.md).
+  if (!l.dequant_first) wait_and_copy_x();
+
   float acc[NT][2][4], c[NT][2][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -165,24 +189,13 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
         dep ^= a[r][ks][u][0] ^ a[r][ks][u][1] ^ a[r][ks][u][2] ^ a[r][ks][u][3];
       }
   }
-  // Only now the wait for the previous kernel, so that the dequantization overlaps its last blocks. ptxas sinks
-  // arithmetic below griddepcontrol.wait even when the wait names it as an operand, but not below a shared-memory
-  // store that needs it: one that never happens (M <= kMaxRowsPerLaunch, so the mask is 0).
-  if (dep & (uint32_t(p.M) >> 16)) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(bar_x), "r"(dep) : "memory");
-  GridDependencyWait();
-  // X after the wait: rows 0..M-1 of the warp's columns, 16 bytes per lane and copy, each lane's copies arriving on
-  // the X barrier (many small copies from all lanes issue faster than a bulk copy per row from one).
-  {
-    const T* xsrc = static_cast<const T*>(p.x) + j0 * kStepK;
-    for (int m = 0; m < p.M; ++m)
-      for (int c = lane; c < xk / 8; c += 32)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(xs0 + uint32_t(m) * l.x_stride + uint32_t(c) * 16u),
-                     "l"(xsrc + size_t(m) * p.K + c * 8)
-                     : "memory");
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_x) : "memory");
+  if (l.dequant_first) {
+    // ptxas sinks arithmetic below griddepcontrol.wait, even when the wait names it as an operand, but not below a
+    // shared-memory store that needs it: one that never happens (M <= kMaxRowsPerLaunch, so the mask is 0).
+    if (dep & (uint32_t(p.M) >> 16)) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(bar_x), "r"(dep) : "memory");
+    wait_and_copy_x();
   }
-
-  MbarWait(bar_x, 0);
+  MbarWait(bar_x + (dep & (uint32_t(p.M) >> 16)), 0);
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
     uint4 xv[NT];
