@@ -71,5 +71,5 @@ if __name__ == "__main__":
         {"attention": attention, "gemm": gemm}[sys.argv[1]](sys.argv[2], sys.argv[3])
     else:
         attention("attention-h200-2026-11-23.json", "attention-h200-2026-11-23.png")
-        gemm("gemm-nvidia-h200-2026-11-25-r8.json", "gemm-nvidia-h200-2026-11-25-r8.png")
+        gemm("gemm-nvidia-h200-2026-11-27.json", "gemm-nvidia-h200-2026-11-27.png")
     print("wrote", R)
