@@ -57,22 +57,22 @@ struct QLinearParams {
 // falls back to work that needs no other block; tests set 0 to run the fallbacks.
 inline std::atomic<uint32_t> grid_wait_ns{1000000};
 
+// A bench knob "NAME=n" in the environment, or `fallback` where it is not set.
+inline int KnobInt(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  return e ? std::atoi(e) : fallback;
+}
+
 // The staged small-M kernel (qlinear_staged.cuh) takes launches of at most kStagedMaxRows rows: one 8-token tile. With
 // two it ran 0.5-0.7 µs slower than QLinearDirectKernel at 4096² M = 12-16 (H200,
 // bench/results/gemm-nvidia-h200-2026-11-27-s22.md). staged_max_rows lowers that (bench knob FLASHQ_GEMM_STAGED_MAX_M;
 // tests set 0 to compare with QLinearDirectKernel); staged_launches counts its launches (tests check that it ran).
 constexpr int kStagedMaxRows = 8;
-inline std::atomic<int> staged_max_rows{[] {
-  const char* e = std::getenv("FLASHQ_GEMM_STAGED_MAX_M");
-  return e ? std::atoi(e) : kStagedMaxRows;
-}()};
+inline std::atomic<int> staged_max_rows{KnobInt("FLASHQ_GEMM_STAGED_MAX_M", kStagedMaxRows)};
 inline std::atomic<long> staged_launches{0};
 // Launches of at most this many rows dequantize their first stage before griddepcontrol.wait, larger ones after it
 // (qlinear_staged.cuh says why; bench knob FLASHQ_GEMM_STAGED_EARLY_M).
-inline std::atomic<int> staged_dequant_first_rows{[] {
-  const char* e = std::getenv("FLASHQ_GEMM_STAGED_EARLY_M");
-  return e ? std::atoi(e) : 2;
-}()};
+inline std::atomic<int> staged_dequant_first_rows{KnobInt("FLASHQ_GEMM_STAGED_EARLY_M", 2)};
 
 // One launch covers at most kMaxRowsPerLaunch rows.
 cudaError_t LaunchW4A16F16(const QLinearParams& p, cudaStream_t s);

@@ -268,11 +268,11 @@ TEST(GemmGpu, EightSplitSmallMMatchesQLinearKernel) {
   }
 }
 
-// The staged small-M kernel (8-split plans, M <= kStagedMaxRows, sm_90) against QLinearDirectKernel, bitwise, and against the
-// f64 reference: 4096² (2 stages per warp range), 5496 x 1000 (K a multiple of neither the step nor the group: 172 k32
-// steps over 16 warp ranges of 12, so the last ranges hold part of a stage or nothing; N not a multiple of the strip)
-// and 8192 x 2048 (4 stages per range). Where X does not fit beside the weights, or M is past kStagedMaxRows, the
-// direct kernel runs.
+// The staged small-M kernel (8-split plans, M <= kStagedMaxRows, sm_90) against QLinearDirectKernel, bitwise, and
+// against the f64 reference: 4096² (2 stages per warp range), 5496 x 1000 (K a multiple of neither the step nor the
+// group: 172 k32 steps over 16 warp ranges of 12, so the last ranges hold part of a stage or nothing; N not a multiple
+// of the strip) and 8192 x 2048 (4 stages per range). M = 1 dequantizes before the grid wait, M = 3-8 after it. Where X
+// does not fit beside the weights, or M is past kStagedMaxRows, the direct kernel runs.
 TEST(GemmGpu, W4A16StagedKernelKeepsTheBits) {
   int dev = 0, major = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
