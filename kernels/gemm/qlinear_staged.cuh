@@ -14,8 +14,8 @@
 // 1.9 µs slower than the direct kernel (s21 record, call 8).
 // Launches of at most staged_dequant_first_rows rows dequantize before griddepcontrol.wait (see the kernel).
 // Measured (H200, bench/results/gemm-nvidia-h200-2026-11-27-s22.md): 4096² M = 4 4.87 -> 4.62 µs, M = 8 5.14 -> 4.85,
-// with the dequantization before the wait M = 1 4.38 -> 4.19. With two token tiles (M = 9-16) it was 0.5-0.7 µs
-// slower than the direct kernel, so it takes one (kStagedMaxRows).
+// and with the dequantization before the wait M = 1 4.40 -> 4.19 (call 2). With two token tiles (M = 9-16) it was
+// 0.5-0.7 µs slower than the direct kernel, so it takes one (kStagedMaxRows).
 //
 // Bits: the same DequantPair values, the same mma chains per flush unit from zero (Mma0), Flush's fma, and the same
 // block sum as QLinearDirectKernel; weight steps past the strip's K and X columns past K read zeros, as that kernel
@@ -258,7 +258,8 @@ cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
   if (!UseStaged(p, &l)) return cudaErrorNotSupported;
   auto* kernel = QLinearStagedKernel<T>;
   static_assert(kStagedMaxRows <= 8, "the staged kernel runs one 8-token tile");
-  // The opt-in shared memory per block, + 1, once the kernel's limit is raised to it on the device: once, not per launch.
+  // The opt-in shared memory per block, + 1, once the kernel's limit is raised to it on the device (once, not per
+  // launch).
   static std::atomic<int> optin[kMaxDevices] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev >= kMaxDevices) return cudaErrorNotSupported;
