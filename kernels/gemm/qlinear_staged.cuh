@@ -189,13 +189,14 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
         dep ^= a[r][ks][u][0] ^ a[r][ks][u][1] ^ a[r][ks][u][2] ^ a[r][ks][u][3];
       }
   }
+  const uint32_t dep0 = dep & (uint32_t(p.M) >> 16);  // 0 (M <= kMaxRowsPerLaunch), but only known at run time
   if (l.dequant_first) {
     // ptxas sinks arithmetic below griddepcontrol.wait, even when the wait names it as an operand, but not below a
-    // shared-memory store that needs it: one that never happens (M <= kMaxRowsPerLaunch, so the mask is 0).
-    if (dep & (uint32_t(p.M) >> 16)) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(bar_x), "r"(dep) : "memory");
+    // shared-memory store that needs it: one that never happens.
+    if (dep0) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(bar_x), "r"(dep) : "memory");
     wait_and_copy_x();
   }
-  MbarWait(bar_x + (dep & (uint32_t(p.M) >> 16)), 0);
+  MbarWait(bar_x + dep0, 0);
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
     uint4 xv[NT];
