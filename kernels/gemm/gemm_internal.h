@@ -70,11 +70,8 @@ inline int KnobInt(const char* name, int fallback) {
 constexpr int kStagedMaxRows = 8;
 inline std::atomic<int> staged_max_rows{KnobInt("FLASHQ_GEMM_STAGED_MAX_M", kStagedMaxRows)};
 inline std::atomic<long> staged_launches{0};
-// The staged kernel's warps that wait for the previous kernel and copy X, and the k32 steps of stage 0 they dequantize
-// before the wait (for M <= 2 and above); bench knobs.
-inline std::atomic<int> staged_x_warps{KnobInt("FLASHQ_GEMM_STAGED_X_WARPS", 16)};
-inline std::atomic<int> staged_pre_small{KnobInt("FLASHQ_GEMM_STAGED_PRE_SMALL", 4)};
-inline std::atomic<int> staged_pre{KnobInt("FLASHQ_GEMM_STAGED_PRE", 0)};
+// The bytes of each of the staged kernel's bulk copies of X (bench knob FLASHQ_GEMM_STAGED_X_PIECE; 0: a row per copy).
+inline std::atomic<int> staged_x_piece{KnobInt("FLASHQ_GEMM_STAGED_X_PIECE", 0)};
 
 // One launch covers at most kMaxRowsPerLaunch rows.
 cudaError_t LaunchW4A16F16(const QLinearParams& p, cudaStream_t s);

@@ -25,8 +25,6 @@
 // shared memory.
 #pragma once
 
-#include <algorithm>
-
 #include "kernels/gemm/qlinear_kernel.cuh"
 
 namespace flashq::gemm::detail {
@@ -37,11 +35,9 @@ constexpr int kStagedMaxStages = 4;  // stages of kSubSteps k32 steps per warp r
 // of warps * spw * 32 columns each (columns past K zero), 64 bytes apart beyond 128-byte multiples so that the two
 // rows of a quarter warp's 16-byte reads fall in different banks; then the block's X mbarrier and each warp's weight
 // mbarriers (stage 0, 1, ...). A warp copies, waits for and reads only its own weight steps; warp 0 copies X for all.
-// x_warps: the warps that wait for the previous kernel and copy X (0 .. x_warps - 1); pre: the k32 steps of stage 0
-// they dequantize before that wait (the other warps dequantize all of stage 0 first).
+// x_piece: the bytes of one of X's bulk copies (a row is copied in pieces of at most this many bytes).
 struct StagedLayout {
-  uint32_t w_bytes = 0, x_stride = 0, bars = 0, total = 0;
-  int x_warps = 0, pre = 0;
+  uint32_t w_bytes = 0, x_stride = 0, bars = 0, total = 0, x_piece = 0;
 };
 constexpr uint32_t kStagedBarBytes = 8u * kStagedMaxStages;  // a warp's weight mbarriers
 inline StagedLayout StagedLayoutFor(const QLinearParams& p) {
@@ -51,9 +47,8 @@ inline StagedLayout StagedLayoutFor(const QLinearParams& p) {
   l.x_stride = steps * kStepK * 2u + 64u;
   l.bars = l.w_bytes + uint32_t(p.M) * l.x_stride;
   l.total = l.bars + 8u + warps * kStagedBarBytes;
-  l.x_warps = std::clamp(staged_x_warps.load(std::memory_order_relaxed), 1, int(warps));
-  l.pre = std::clamp(p.M <= 2 ? staged_pre_small.load(std::memory_order_relaxed) : staged_pre.load(std::memory_order_relaxed), 0,
-                     kSubSteps);
+  const int piece = staged_x_piece.load(std::memory_order_relaxed);
+  l.x_piece = piece >= 16 ? uint32_t(piece) & ~15u : uint32_t(p.K) * 2u;
   return l;
 }
 
@@ -123,7 +118,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   // past nk32 completes with no bytes).
   const char* wsrc = static_cast<const char*>(p.qw) + (size_t(strip) * p.nk32 + j0) * 512;
   if (lane == 0) {
-    if (warp == 0) MbarInit(bar_x, 32 * l.x_warps);
+    if (warp == 0) MbarInit(bar_x, 1);
 #pragma unroll
     for (int s = 0; s < kStagedMaxStages; ++s) MbarInit(bar_w(s), 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -138,26 +133,24 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   }
   __syncthreads();  // every warp sees the X barrier and reads the zeros of every lane
 
-  // Warps 0 .. x_warps - 1 wait for the previous kernel after `pre` steps of their dequantization, then copy X rows
-  // 0..M-1 (columns [0, K), 16 bytes per lane and copy) for the block; the other warps dequantize all of stage 0 first.
-  // Their reads of X and writes of Y come after the X barrier, so after the copying warps' wait.
-  const bool copier = warp < l.x_warps;
-  const uint32_t rz = uint32_t(p.M) >> 16;  // 0 (M <= kMaxRowsPerLaunch), but only known at run time
-  auto wait_and_copy_x = [&](uint32_t dep) {
-    // ptxas sinks arithmetic below griddepcontrol.wait, even when the wait names it as an operand, but not below a
-    // shared-memory store that needs it: one that never happens.
-    if (dep & rz) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(bar_x), "r"(dep) : "memory");
+  // Only warp 0 waits for the previous kernel; it then copies X rows 0..M-1 (columns [0, K)) by bulk copies of at most
+  // x_piece bytes, its lanes taking the pieces in turn, while the other warps already dequantize their stage 0. Their
+  // reads of X and writes of Y come after the X barrier, so after warp 0's wait.
+  // The earlier forms had every warp wait and copy its own columns of X: the wait first left the dequantization to
+  // overlap X's flight only, and the dequantization first delayed X's copies behind it (4096² M = 4: 4.64 and 4.73 µs;
+  // bench/results/gemm-nvidia-h200-2026-11-27-s22.md).
+  if (warp == 0) {
     GridDependencyWait();
-    const T* xsrc = static_cast<const T*>(p.x);
-    const int chunks = p.K / 8;
-    for (int m = 0; m < p.M; ++m)
-      for (int c = warp * 32 + lane; c < chunks; c += 32 * l.x_warps)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + l.w_bytes + uint32_t(m) * l.x_stride + uint32_t(c) * 16u),
-                     "l"(xsrc + size_t(m) * p.K + c * 8)
-                     : "memory");
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_x) : "memory");
-  };
-  if (copier && l.pre == 0) wait_and_copy_x(0u);
+    const uint32_t row_bytes = uint32_t(p.K) * 2u, pieces = (row_bytes + l.x_piece - 1) / l.x_piece;
+    if (lane == 0) MbarExpect(bar_x, uint32_t(p.M) * row_bytes);
+    __syncwarp();
+    const char* xsrc = static_cast<const char*>(p.x);
+    for (uint32_t i = lane; i < uint32_t(p.M) * pieces; i += 32) {
+      const uint32_t m = i / pieces, off = (i - m * pieces) * l.x_piece;
+      BulkCopy(base + l.w_bytes + m * l.x_stride + off, xsrc + size_t(m) * row_bytes + off, min(l.x_piece, row_bytes - off),
+               bar_x);
+    }
+  }
 
   float acc[NT][2][4], c[NT][2][4];
 #pragma unroll
@@ -182,7 +175,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   uint32_t dep = 0;
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
-    if (r > 0 && copier && r == l.pre) wait_and_copy_x(dep);
     const uint4 w = LdShared16(wrow + uint32_t(r) * 512u);
     const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -196,8 +188,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
         dep ^= a[r][ks][u][0] ^ a[r][ks][u][1] ^ a[r][ks][u][2] ^ a[r][ks][u][3];
       }
   }
-  if (copier && l.pre == kSubSteps) wait_and_copy_x(dep);
-  const uint32_t dep0 = dep & rz;
+  const uint32_t dep0 = dep & (uint32_t(p.M) >> 16);  // 0 (M <= kMaxRowsPerLaunch), but only known at run time
   MbarWait(bar_x + dep0, 0);
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
