@@ -70,8 +70,9 @@ inline int KnobInt(const char* name, int fallback) {
 constexpr int kStagedMaxRows = 8;
 inline std::atomic<int> staged_max_rows{KnobInt("FLASHQ_GEMM_STAGED_MAX_M", kStagedMaxRows)};
 inline std::atomic<long> staged_launches{0};
-// The bytes of each of the staged kernel's bulk copies of X (bench knob FLASHQ_GEMM_STAGED_X_PIECE; 0: a row per copy).
-inline std::atomic<int> staged_x_piece{KnobInt("FLASHQ_GEMM_STAGED_X_PIECE", 0)};
+// Launches of at most this many rows dequantize their first stage before griddepcontrol.wait, larger ones after it
+// (qlinear_staged.cuh says why; bench knob FLASHQ_GEMM_STAGED_EARLY_M).
+inline std::atomic<int> staged_dequant_first_rows{KnobInt("FLASHQ_GEMM_STAGED_EARLY_M", 2)};
 
 // One launch covers at most kMaxRowsPerLaunch rows.
 cudaError_t LaunchW4A16F16(const QLinearParams& p, cudaStream_t s);

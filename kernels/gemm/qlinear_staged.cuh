@@ -33,22 +33,22 @@ constexpr int kStagedMaxStages = 4;  // stages of kSubSteps k32 steps per warp r
 
 // Shared memory: the strip's weight steps [0, warps * spw) as in global memory (512 bytes each), then X rows 0..M-1
 // of warps * spw * 32 columns each (columns past K zero), 64 bytes apart beyond 128-byte multiples so that the two
-// rows of a quarter warp's 16-byte reads fall in different banks; then the block's X mbarrier and each warp's weight
-// mbarriers (stage 0, 1, ...). A warp copies, waits for and reads only its own weight steps; warp 0 copies X for all.
-// x_piece: the bytes of one of X's bulk copies (a row is copied in pieces of at most this many bytes).
+// rows of a quarter warp's 16-byte reads fall in different banks; then each warp's mbarriers (X, weight stage 0, 1,
+// ...). A warp copies, waits for and reads only its own steps and columns: no block barrier before the sum.
+// dequant_first: the order of a launch (see the kernel).
 struct StagedLayout {
-  uint32_t w_bytes = 0, x_stride = 0, bars = 0, total = 0, x_piece = 0;
+  uint32_t w_bytes = 0, x_stride = 0, bars = 0, total = 0;
+  bool dequant_first = false;
 };
-constexpr uint32_t kStagedBarBytes = 8u * kStagedMaxStages;  // a warp's weight mbarriers
+constexpr uint32_t kStagedBarBytes = 8u * (1 + kStagedMaxStages);  // a warp's mbarriers
 inline StagedLayout StagedLayoutFor(const QLinearParams& p) {
   StagedLayout l;
   const uint32_t warps = uint32_t(kWarpsK) * p.splits, steps = warps * p.steps_per_warp;
   l.w_bytes = steps * 512u;
   l.x_stride = steps * kStepK * 2u + 64u;
   l.bars = l.w_bytes + uint32_t(p.M) * l.x_stride;
-  l.total = l.bars + 8u + warps * kStagedBarBytes;
-  const int piece = staged_x_piece.load(std::memory_order_relaxed);
-  l.x_piece = piece >= 16 ? uint32_t(piece) & ~15u : uint32_t(p.K) * 2u;
+  l.total = l.bars + warps * kStagedBarBytes;
+  l.dequant_first = p.M <= staged_dequant_first_rows.load(std::memory_order_relaxed);
   return l;
 }
 
@@ -76,8 +76,8 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(staged_smem));
   const uint32_t wbase = base + uint32_t(j0) * 512u;           // the warp's weight steps
   const uint32_t xs0 = base + l.w_bytes + uint32_t(j0) * 64u;  // its columns of X row 0
-  const uint32_t bar_x = base + l.bars;  // the block's X barrier
-  auto bar_w = [&](int s) { return bar_x + 8u + uint32_t(warp) * kStagedBarBytes + 8u * s; };
+  const uint32_t bar_x = base + l.bars + uint32_t(warp) * kStagedBarBytes;
+  auto bar_w = [&](int s) { return bar_x + 8u * (1 + s); };
 
   // Scale blocks of the stages where a group starts (stage flush: groups are whole stages), bit s of `fresh`: first,
   // as their loads are the longest wait before stage 0.
@@ -114,11 +114,11 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
     for (int m = 0; m < p.M; ++m)
       for (int c = xk / 8 + lane; c < spw * 4; c += 32) staged_smem[(xs0 - base + m * l.x_stride) / 16 + c] = zero4;
 
-  // Lane 0: the warp's barriers (warp 0's also the block's X barrier), then its weights, a stage per barrier (a stage
-  // past nk32 completes with no bytes).
+  // Lane 0: the warp's barriers (X: an arrival per lane), then its weights, a stage per barrier (a stage past nk32
+  // completes with no bytes).
   const char* wsrc = static_cast<const char*>(p.qw) + (size_t(strip) * p.nk32 + j0) * 512;
   if (lane == 0) {
-    if (warp == 0) MbarInit(bar_x, 1);
+    MbarInit(bar_x, 32);
 #pragma unroll
     for (int s = 0; s < kStagedMaxStages; ++s) MbarInit(bar_w(s), 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -131,26 +131,27 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
       }
     }
   }
-  __syncthreads();  // every warp sees the X barrier and reads the zeros of every lane
+  __syncwarp();  // every lane sees the barriers and reads the zeros of every lane
 
-  // Only warp 0 waits for the previous kernel; it then copies X rows 0..M-1 (columns [0, K)) by bulk copies of at most
-  // x_piece bytes, its lanes taking the pieces in turn, while the other warps already dequantize their stage 0. Their
-  // reads of X and writes of Y come after the X barrier, so after warp 0's wait.
-  // The earlier forms had every warp wait and copy its own columns of X: the wait first left the dequantization to
-  // overlap X's flight only, and the dequantization first delayed X's copies behind it (4096² M = 4: 4.64 and 4.73 µs;
-  // bench/results/gemm-nvidia-h200-2026-11-27-s22.md).
-  if (warp == 0) {
+  // The wait for the previous kernel, then X: rows 0..M-1 of the warp's columns, 16 bytes per lane and copy, each
+  // lane's copies arriving on the X barrier (many small copies from all lanes issue faster than a bulk copy per row
+  // from one).
+  auto wait_and_copy_x = [&] {
     GridDependencyWait();
-    const uint32_t row_bytes = uint32_t(p.K) * 2u, pieces = (row_bytes + l.x_piece - 1) / l.x_piece;
-    if (lane == 0) MbarExpect(bar_x, uint32_t(p.M) * row_bytes);
-    __syncwarp();
-    const char* xsrc = static_cast<const char*>(p.x);
-    for (uint32_t i = lane; i < uint32_t(p.M) * pieces; i += 32) {
-      const uint32_t m = i / pieces, off = (i - m * pieces) * l.x_piece;
-      BulkCopy(base + l.w_bytes + m * l.x_stride + off, xsrc + size_t(m) * row_bytes + off, min(l.x_piece, row_bytes - off),
-               bar_x);
-    }
-  }
+    const T* xsrc = static_cast<const T*>(p.x) + j0 * kStepK;
+    for (int m = 0; m < p.M; ++m)
+      for (int c = lane; c < xk / 8; c += 32)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(xs0 + uint32_t(m) * l.x_stride + uint32_t(c) * 16u),
+                     "l"(xsrc + size_t(m) * p.K + c * 8)
+                     : "memory");
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_x) : "memory");
+  };
+  // Stage 0 is dequantized into registers before X is waited for. With few rows (dequant_first), X arrives soon after
+  // the wait, and the dequantization goes before the wait, overlapping the previous kernel's last blocks; with more,
+  // X takes longer from L2 (every block reads all of it), and the wait and copies go first, so that the
+  // dequantization overlaps X's arrival (H200, 4096²: dequantization first 4.40 -> 4.19 µs at M = 1, but 4.64 -> 4.73
+  // at M = 4 and 4.88 -> 5.38 at M = 8; bench/results/gemm-nvidia-h200-2026-11-27-s22.md).
+  if (!l.dequant_first) wait_and_copy_x();
 
   float acc[NT][2][4], c[NT][2][4];
 #pragma unroll
@@ -189,6 +190,12 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
       }
   }
   const uint32_t dep0 = dep & (uint32_t(p.M) >> 16);  // 0 (M <= kMaxRowsPerLaunch), but only known at run time
+  if (l.dequant_first) {
+    // ptxas sinks arithmetic below griddepcontrol.wait, even when the wait names it as an operand, but not below a
+    // shared-memory store that needs it: one that never happens.
+    if (dep0) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(bar_x), "r"(dep) : "memory");
+    wait_and_copy_x();
+  }
   MbarWait(bar_x + dep0, 0);
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
