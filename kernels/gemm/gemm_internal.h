@@ -73,9 +73,6 @@ inline std::atomic<long> staged_launches{0};
 // Launches of at most this many rows dequantize their first stage before griddepcontrol.wait, larger ones after it
 // (qlinear_staged.cuh says why; bench knob FLASHQ_GEMM_STAGED_EARLY_M).
 inline std::atomic<int> staged_dequant_first_rows{KnobInt("FLASHQ_GEMM_STAGED_EARLY_M", 2)};
-// The staged kernel's weights by 16-byte copies with a wait per k32 step, instead of a bulk copy per stage (bench knob
-// FLASHQ_GEMM_STAGED_STEP).
-inline std::atomic<int> staged_per_step{KnobInt("FLASHQ_GEMM_STAGED_STEP", 0)};
 
 // One launch covers at most kMaxRowsPerLaunch rows.
 cudaError_t LaunchW4A16F16(const QLinearParams& p, cudaStream_t s);

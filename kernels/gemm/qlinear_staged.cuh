@@ -58,20 +58,7 @@ __device__ __forceinline__ uint4 LdShared16(uint32_t a) {
   return v;
 }
 
-// cp.async.wait_group n for n < 16 known after unrolling (the switch folds).
-__device__ __forceinline__ void CpAsyncWaitGroup(int n) {
-  switch (n) {
-#define FLASHQ_WAIT_GROUP(k) \
-  case k: asm volatile("cp.async.wait_group " #k ";\n" ::: "memory"); break;
-    FLASHQ_WAIT_GROUP(0) FLASHQ_WAIT_GROUP(1) FLASHQ_WAIT_GROUP(2) FLASHQ_WAIT_GROUP(3) FLASHQ_WAIT_GROUP(4)
-    FLASHQ_WAIT_GROUP(5) FLASHQ_WAIT_GROUP(6) FLASHQ_WAIT_GROUP(7) FLASHQ_WAIT_GROUP(8) FLASHQ_WAIT_GROUP(9)
-    FLASHQ_WAIT_GROUP(10) FLASHQ_WAIT_GROUP(11) FLASHQ_WAIT_GROUP(12) FLASHQ_WAIT_GROUP(13) FLASHQ_WAIT_GROUP(14)
-    default: asm volatile("cp.async.wait_group 15;\n" ::: "memory");
-#undef FLASHQ_WAIT_GROUP
-  }
-}
-
-template <typename T, bool kPerStep>
+template <typename T>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(const QLinearParams p, const StagedLayout l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NT = 1;  // one 8-token tile (kStagedMaxRows)
@@ -130,30 +117,14 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   // Lane 0: the warp's barriers (X: an arrival per lane), then its weights, a stage per barrier (a stage past nk32
   // completes with no bytes).
   const char* wsrc = static_cast<const char*>(p.qw) + (size_t(strip) * p.nk32 + j0) * 512;
-  constexpr int kSteps = kStagedMaxStages * kSubSteps;
-  if constexpr (kPerStep) {
-    // Lanes 0-15: 32 bytes of each weight step by two 16-byte copies, a commit group per step (kSteps groups, those
-    // past the warp's steps empty); lanes 16-31 copy X, so that X's barrier waits for no weight copy.
-#pragma unroll
-    for (int j = 0; j < kSteps; ++j) {
-      if (lane < 16 && j < nvalid)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(wbase + uint32_t(j) * 512u + uint32_t(lane) * 32u + 16u * h),
-                       "l"(wsrc + j * 512 + lane * 32 + 16 * h)
-                       : "memory");
-      asm volatile("cp.async.commit_group;\n" ::: "memory");
-    }
-  }
   if (lane == 0) {
-    MbarInit(bar_x, kPerStep ? 16 : 32);
-    if constexpr (!kPerStep)
+    MbarInit(bar_x, 32);
 #pragma unroll
-      for (int s = 0; s < kStagedMaxStages; ++s) MbarInit(bar_w(s), 1);
+    for (int s = 0; s < kStagedMaxStages; ++s) MbarInit(bar_w(s), 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #pragma unroll
     for (int s = 0; s < kStagedMaxStages; ++s) {
-      if (!kPerStep && s < nst) {
+      if (s < nst) {
         const uint32_t bytes = uint32_t(max(0, min(kSubSteps, nvalid - kSubSteps * s))) * 512u;
         MbarExpect(bar_w(s), bytes);
         if (bytes) BulkCopy(wbase + uint32_t(s) * 2048u, wsrc + s * 2048, bytes, bar_w(s));
@@ -168,10 +139,8 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   auto wait_and_copy_x = [&] {
     GridDependencyWait();
     const T* xsrc = static_cast<const T*>(p.x) + j0 * kStepK;
-    const int xl = kPerStep ? lane - 16 : lane, xn = kPerStep ? 16 : 32;
-    if (xl < 0) return;
     for (int m = 0; m < p.M; ++m)
-      for (int c = xl; c < xk / 8; c += xn)
+      for (int c = lane; c < xk / 8; c += 32)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(xs0 + uint32_t(m) * l.x_stride + uint32_t(c) * 16u),
                      "l"(xsrc + size_t(m) * p.K + c * 8)
                      : "memory");
@@ -201,18 +170,12 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 
   // Stage 0: A fragments before X. The wait for X takes its address from every fragment (times a runtime zero), so
   // that ptxas cannot sink the dequantization past it.
-  // Step j's weights: its commit group done in lanes 0-15, then seen by the warp.
-  auto wait_step = [&](int j) {
-    CpAsyncWaitGroup(kSteps - 1 - j);
-    __syncwarp();
-  };
-  if (!kPerStep) MbarWait(bar_w(0), 0);
+  MbarWait(bar_w(0), 0);
   if (fresh & 1u) GroupRegs<T>(sbs[0], sbz[0], scl, nzm);
   uint32_t a[kSubSteps][2][2][4];
   uint32_t dep = 0;
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
-    if (kPerStep) wait_step(r);
     const uint4 w = LdShared16(wrow + uint32_t(r) * 512u);
     const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -257,12 +220,11 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 #pragma unroll
   for (int s = 1; s < kStagedMaxStages; ++s) {
     if (s >= nst) break;
-    if (!kPerStep) MbarWait(bar_w(s), 0);
+    MbarWait(bar_w(s), 0);
     if (fresh & (1u << s)) GroupRegs<T>(sbs[s], sbz[s], scl, nzm);
 #pragma unroll
     for (int r = 0; r < kSubSteps; ++r) {
       const int j = kSubSteps * s + r;
-      if (kPerStep) wait_step(j);
       const uint4 w = LdShared16(wrow + uint32_t(j) * 512u);
       const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
       uint4 xv[NT];
@@ -295,18 +257,17 @@ template <typename T>
 cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
   StagedLayout l;
   if (!UseStaged(p, &l)) return cudaErrorNotSupported;
-  auto* kernel = staged_per_step.load(std::memory_order_relaxed) ? QLinearStagedKernel<T, true> : QLinearStagedKernel<T, false>;
+  auto* kernel = QLinearStagedKernel<T>;
   static_assert(kStagedMaxRows <= 8, "the staged kernel runs one 8-token tile");
   // The opt-in shared memory per block, + 1, once the kernel's limit is raised to it on the device (once, not per
   // launch).
-  static std::atomic<int> optin[kMaxDevices] = {};  // both instances
+  static std::atomic<int> optin[kMaxDevices] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev >= kMaxDevices) return cudaErrorNotSupported;
   int bytes = optin[dev].load(std::memory_order_acquire) - 1;
   if (bytes < 0) {
     cudaError_t e = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(QLinearStagedKernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(QLinearStagedKernel<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (e != cudaSuccess) return e;
     optin[dev].store(bytes + 1, std::memory_order_release);
   }
