@@ -25,45 +25,12 @@
 // shared memory.
 #pragma once
 
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
 #include "kernels/gemm/qlinear_kernel.cuh"
 
 namespace flashq::gemm::detail {
 
 constexpr int kStagedMaxStages = 4;  // stages of kSubSteps k32 steps per warp range
 
-// Timeline probe (bench knob FLASHQ_GEMM_STAGED_TRACE=<file>): thread 0 of each block notes %globaltimer at
-// kTraceEvents points in shared memory, and at its end appends them to its SM's ring of kTraceSlots rows; at exit the
-// host writes the rings to <file> (sm, row, then the events in ns; 0 where an event did not happen).
-constexpr int kTraceSms = 192, kTraceSlots = 64, kTraceEvents = 8;
-inline uint64_t* StagedTrace() {
-  static uint64_t* const buf = []() -> uint64_t* {
-    static const char* path = std::getenv("FLASHQ_GEMM_STAGED_TRACE");
-    if (!path) return nullptr;
-    static uint64_t* b = nullptr;
-    static const size_t words = kTraceSms + size_t(kTraceSms) * kTraceSlots * kTraceEvents;
-    if (cudaMalloc(&b, words * 8) != cudaSuccess || cudaMemset(b, 0, words * 8) != cudaSuccess) return nullptr;
-    std::atexit([] {
-      std::vector<uint64_t> h(words);
-      if (cudaMemcpy(h.data(), b, words * 8, cudaMemcpyDeviceToHost) != cudaSuccess) return;
-      FILE* f = std::fopen(path, "w");
-      if (!f) return;
-      for (int sm = 0; sm < kTraceSms; ++sm)
-        for (uint64_t r = 0; r < std::min<uint64_t>(h[sm], kTraceSlots); ++r) {
-          const uint64_t* e = &h[kTraceSms + (size_t(sm) * kTraceSlots + (h[sm] - 1 - r) % kTraceSlots) * kTraceEvents];
-          std::fprintf(f, "%d %llu", sm, (unsigned long long)r);
-          for (int i = 0; i < kTraceEvents; ++i) std::fprintf(f, " %llu", (unsigned long long)e[i]);
-          std::fprintf(f, "\n");
-        }
-      std::fclose(f);
-    });
-    return b;
-  }();
-  return buf;
-}
 // Shared memory: the strip's weight steps [0, warps * spw) as in global memory (512 bytes each), then X rows 0..M-1
 // of warps * spw * 32 columns each (columns past K zero), 64 bytes apart beyond 128-byte multiples so that the two
 // rows of a quarter warp's 16-byte reads fall in different banks; then each warp's mbarriers (X, weight stage 0, 1,
@@ -71,11 +38,9 @@ inline uint64_t* StagedTrace() {
 // dequant_first: the order of a launch (see the kernel).
 struct StagedLayout {
   uint32_t w_bytes = 0, x_stride = 0, bars = 0, total = 0;
-  uint64_t* trace = nullptr;
-  int piece_steps = kSubSteps;  // k32 steps per weight copy and barrier (bench knob FLASHQ_GEMM_STAGED_PIECE)  // bench knob FLASHQ_GEMM_STAGED_TRACE (StagedTrace)
   bool dequant_first = false;
 };
-constexpr uint32_t kStagedBarBytes = 8u * (1 + kStagedMaxStages * kSubSteps);  // a warp's mbarriers
+constexpr uint32_t kStagedBarBytes = 8u * (1 + kStagedMaxStages);  // a warp's mbarriers
 inline StagedLayout StagedLayoutFor(const QLinearParams& p) {
   StagedLayout l;
   const uint32_t warps = uint32_t(kWarpsK) * p.splits, steps = warps * p.steps_per_warp;
@@ -83,10 +48,6 @@ inline StagedLayout StagedLayoutFor(const QLinearParams& p) {
   l.x_stride = steps * kStepK * 2u + 64u;
   l.bars = l.w_bytes + uint32_t(p.M) * l.x_stride;
   l.total = l.bars + warps * kStagedBarBytes;
-  l.trace = StagedTrace();
-  const int ps = staged_piece_steps.load(std::memory_order_relaxed);
-  l.piece_steps = ps == 1 || ps == 2 ? ps : kSubSteps;
-  if (l.trace) l.total += kTraceEvents * 8u;
   l.dequant_first = p.M <= staged_dequant_first_rows.load(std::memory_order_relaxed);
   return l;
 }
@@ -116,19 +77,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   const uint32_t wbase = base + uint32_t(j0) * 512u;           // the warp's weight steps
   const uint32_t xs0 = base + l.w_bytes + uint32_t(j0) * 64u;  // its columns of X row 0
   const uint32_t bar_x = base + l.bars + uint32_t(warp) * kStagedBarBytes;
-  // The barrier of weight step j's piece.
-  auto bar_w = [&](int j) { return bar_x + 8u * (1 + j / l.piece_steps); };
-  const uint32_t trace_at = base + l.total - kTraceEvents * 8u;  // the block's notes (l.trace only)
-  auto note = [&](int e) {
-    if (l.trace && threadIdx.x == 0) {
-      uint64_t t;
-      asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t)::"memory");
-      asm volatile("st.shared.u64 [%0], %1;\n" ::"r"(trace_at + 8u * e), "l"(t) : "memory");
-    }
-  };
-  if (l.trace && threadIdx.x == 0)
-    for (int e = 0; e < kTraceEvents; ++e) asm volatile("st.shared.u64 [%0], %1;\n" ::"r"(trace_at + 8u * e), "l"(0ull) : "memory");
-  note(0);
+  auto bar_w = [&](int s) { return bar_x + 8u * (1 + s); };
 
   // Scale blocks of the stages where a group starts (stage flush: groups are whole stages), bit s of `fresh`: first,
   // as their loads are the longest wait before stage 0.
@@ -171,12 +120,15 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   if (lane == 0) {
     MbarInit(bar_x, 32);
 #pragma unroll
-    for (int j = 0; j < kStagedMaxStages * kSubSteps; j += l.piece_steps) MbarInit(bar_w(j), 1);
+    for (int s = 0; s < kStagedMaxStages; ++s) MbarInit(bar_w(s), 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    for (int j = 0; j < nst * kSubSteps; j += l.piece_steps) {
-      const uint32_t bytes = uint32_t(max(0, min(l.piece_steps, nvalid - j))) * 512u;
-      MbarExpect(bar_w(j), bytes);
-      if (bytes) BulkCopy(wbase + uint32_t(j) * 512u, wsrc + j * 512, bytes, bar_w(j));
+#pragma unroll
+    for (int s = 0; s < kStagedMaxStages; ++s) {
+      if (s < nst) {
+        const uint32_t bytes = uint32_t(max(0, min(kSubSteps, nvalid - kSubSteps * s))) * 512u;
+        MbarExpect(bar_w(s), bytes);
+        if (bytes) BulkCopy(wbase + uint32_t(s) * 2048u, wsrc + s * 2048, bytes, bar_w(s));
+      }
     }
   }
   __syncwarp();  // every lane sees the barriers and reads the zeros of every lane
@@ -186,7 +138,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   // from one).
   auto wait_and_copy_x = [&] {
     GridDependencyWait();
-    note(1);
     const T* xsrc = static_cast<const T*>(p.x) + j0 * kStepK;
     for (int m = 0; m < p.M; ++m)
       for (int c = lane; c < xk / 8; c += 32)
@@ -220,13 +171,11 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   // Stage 0: A fragments before X. The wait for X takes its address from every fragment (times a runtime zero), so
   // that ptxas cannot sink the dequantization past it.
   MbarWait(bar_w(0), 0);
-  note(2);
   if (fresh & 1u) GroupRegs<T>(sbs[0], sbz[0], scl, nzm);
   uint32_t a[kSubSteps][2][2][4];
   uint32_t dep = 0;
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
-    if (r > 0 && r % l.piece_steps == 0) MbarWait(bar_w(r), 0);
     const uint4 w = LdShared16(wrow + uint32_t(r) * 512u);
     const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -248,7 +197,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
     wait_and_copy_x();
   }
   MbarWait(bar_x + dep0, 0);
-  note(3);
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
     uint4 xv[NT];
@@ -272,13 +220,11 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 #pragma unroll
   for (int s = 1; s < kStagedMaxStages; ++s) {
     if (s >= nst) break;
-    MbarWait(bar_w(kSubSteps * s), 0);
-    if (s == 1) note(4);
+    MbarWait(bar_w(s), 0);
     if (fresh & (1u << s)) GroupRegs<T>(sbs[s], sbz[s], scl, nzm);
 #pragma unroll
     for (int r = 0; r < kSubSteps; ++r) {
       const int j = kSubSteps * s + r;
-      if (r > 0 && r % l.piece_steps == 0) MbarWait(bar_w(j), 0);
       const uint4 w = LdShared16(wrow + uint32_t(j) * 512u);
       const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
       uint4 xv[NT];
@@ -290,23 +236,8 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   }
 
   __syncthreads();  // every warp is done with its weights: their space takes the block's sum
-  note(5);
   const float unused[1] = {1.0f};
   BlockSum<T, NT, false>(reinterpret_cast<float*>(staged_smem), p, strip, warp, lane, acc, unused);
-  note(6);
-  if (l.trace && threadIdx.x == 0) {
-    uint32_t sm;
-    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
-    sm = min(sm, uint32_t(kTraceSms - 1));
-    const unsigned long long row = atomicAdd(reinterpret_cast<unsigned long long*>(l.trace) + sm, 1ull) % kTraceSlots;
-    uint64_t* dst = l.trace + kTraceSms + (size_t(sm) * kTraceSlots + row) * kTraceEvents;
-    for (int e = 0; e < kTraceEvents - 1; ++e) {
-      uint64_t t;
-      asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(t) : "r"(trace_at + 8u * e) : "memory");
-      dst[e] = t;
-    }
-    dst[kTraceEvents - 1] = blockIdx.x;
-  }
 #endif
 }
 
