@@ -73,8 +73,6 @@ inline std::atomic<long> staged_launches{0};
 // Launches of at most this many rows dequantize their first stage before griddepcontrol.wait, larger ones after it
 // (qlinear_staged.cuh says why; bench knob FLASHQ_GEMM_STAGED_EARLY_M).
 inline std::atomic<int> staged_dequant_first_rows{KnobInt("FLASHQ_GEMM_STAGED_EARLY_M", 2)};
-// The staged kernel's last weight copy: 0, a copy per stage; n, the last n k32 steps (bench knob FLASHQ_GEMM_STAGED_TAIL).
-inline std::atomic<int> staged_tail_steps{KnobInt("FLASHQ_GEMM_STAGED_TAIL", 0)};
 
 // One launch covers at most kMaxRowsPerLaunch rows.
 cudaError_t LaunchW4A16F16(const QLinearParams& p, cudaStream_t s);

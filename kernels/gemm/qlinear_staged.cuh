@@ -58,9 +58,7 @@ __device__ __forceinline__ uint4 LdShared16(uint32_t a) {
   return v;
 }
 
-// kTail: 0, a weight copy and barrier per stage; n > 0, two copies: steps [0, spw - n) and the last n steps, so that
-// less work is left once the last weights land.
-template <typename T, int kTail>
+template <typename T>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(const QLinearParams p, const StagedLayout l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NT = 1;  // one 8-token tile (kStagedMaxRows)
@@ -80,7 +78,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   const uint32_t xs0 = base + l.w_bytes + uint32_t(j0) * 64u;  // its columns of X row 0
   const uint32_t bar_x = base + l.bars + uint32_t(warp) * kStagedBarBytes;
   auto bar_w = [&](int s) { return bar_x + 8u * (1 + s); };
-  const int tail0 = max(0, spw - kTail);  // kTail > 0: the first step of the second copy (barrier bar_w(1))
 
   // Scale blocks of the stages where a group starts (stage flush: groups are whole stages), bit s of `fresh`: first,
   // as their loads are the longest wait before stage 0.
@@ -125,18 +122,9 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 #pragma unroll
     for (int s = 0; s < kStagedMaxStages; ++s) MbarInit(bar_w(s), 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    if constexpr (kTail > 0) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int j = c ? tail0 : 0, n = c ? spw - tail0 : tail0;
-        const uint32_t bytes = uint32_t(max(0, min(n, nvalid - j))) * 512u;
-        MbarExpect(bar_w(c), bytes);
-        if (bytes) BulkCopy(wbase + uint32_t(j) * 512u, wsrc + j * 512, bytes, bar_w(c));
-      }
-    }
 #pragma unroll
     for (int s = 0; s < kStagedMaxStages; ++s) {
-      if (kTail == 0 && s < nst) {
+      if (s < nst) {
         const uint32_t bytes = uint32_t(max(0, min(kSubSteps, nvalid - kSubSteps * s))) * 512u;
         MbarExpect(bar_w(s), bytes);
         if (bytes) BulkCopy(wbase + uint32_t(s) * 2048u, wsrc + s * 2048, bytes, bar_w(s));
@@ -182,13 +170,12 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 
   // Stage 0: A fragments before X. The wait for X takes its address from every fragment (times a runtime zero), so
   // that ptxas cannot sink the dequantization past it.
-  if (kTail == 0 || tail0 > 0) MbarWait(bar_w(0), 0);
+  MbarWait(bar_w(0), 0);
   if (fresh & 1u) GroupRegs<T>(sbs[0], sbz[0], scl, nzm);
   uint32_t a[kSubSteps][2][2][4];
   uint32_t dep = 0;
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
-    if (kTail > 0 && r == tail0) MbarWait(bar_w(1), 0);
     const uint4 w = LdShared16(wrow + uint32_t(r) * 512u);
     const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -233,12 +220,11 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 #pragma unroll
   for (int s = 1; s < kStagedMaxStages; ++s) {
     if (s >= nst) break;
-    if (kTail == 0) MbarWait(bar_w(s), 0);
+    MbarWait(bar_w(s), 0);
     if (fresh & (1u << s)) GroupRegs<T>(sbs[s], sbz[s], scl, nzm);
 #pragma unroll
     for (int r = 0; r < kSubSteps; ++r) {
       const int j = kSubSteps * s + r;
-      if (kTail > 0 && j == tail0) MbarWait(bar_w(1), 0);
       const uint4 w = LdShared16(wrow + uint32_t(j) * 512u);
       const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
       uint4 xv[NT];
@@ -271,8 +257,7 @@ template <typename T>
 cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
   StagedLayout l;
   if (!UseStaged(p, &l)) return cudaErrorNotSupported;
-  const int tail = staged_tail_steps.load(std::memory_order_relaxed);
-  auto* kernel = tail == 1 ? QLinearStagedKernel<T, 1> : tail == 2 ? QLinearStagedKernel<T, 2> : tail == 3 ? QLinearStagedKernel<T, 3> : QLinearStagedKernel<T, 0>;
+  auto* kernel = QLinearStagedKernel<T>;
   static_assert(kStagedMaxRows <= 8, "the staged kernel runs one 8-token tile");
   // The opt-in shared memory per block, + 1, once the kernel's limit is raised to it on the device (once, not per
   // launch).
@@ -282,8 +267,7 @@ cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
   int bytes = optin[dev].load(std::memory_order_acquire) - 1;
   if (bytes < 0) {
     cudaError_t e = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    for (auto* k : {QLinearStagedKernel<T, 0>, QLinearStagedKernel<T, 1>, QLinearStagedKernel<T, 2>, QLinearStagedKernel<T, 3>})
-      if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (e != cudaSuccess) return e;
     optin[dev].store(bytes + 1, std::memory_order_release);
   }
