@@ -58,7 +58,8 @@ __device__ __forceinline__ uint4 LdShared16(uint32_t a) {
   return v;
 }
 
-template <typename T>
+// kLate: the weights of stages 1.. are requested after X (behind it), not before the wait.
+template <typename T, bool kLate>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(const QLinearParams p, const StagedLayout l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NT = 1;  // one 8-token tile (kStagedMaxRows)
@@ -117,19 +118,22 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   // Lane 0: the warp's barriers (X: an arrival per lane), then its weights, a stage per barrier (a stage past nk32
   // completes with no bytes).
   const char* wsrc = static_cast<const char*>(p.qw) + (size_t(strip) * p.nk32 + j0) * 512;
-  if (lane == 0) {
-    MbarInit(bar_x, 32);
-#pragma unroll
-    for (int s = 0; s < kStagedMaxStages; ++s) MbarInit(bar_w(s), 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  auto copy_stages = [&](int s0, int s1) {  // lane 0: stages [s0, s1) of the warp's weights
 #pragma unroll
     for (int s = 0; s < kStagedMaxStages; ++s) {
-      if (s < nst) {
+      if (s >= s0 && s < s1 && s < nst) {
         const uint32_t bytes = uint32_t(max(0, min(kSubSteps, nvalid - kSubSteps * s))) * 512u;
         MbarExpect(bar_w(s), bytes);
         if (bytes) BulkCopy(wbase + uint32_t(s) * 2048u, wsrc + s * 2048, bytes, bar_w(s));
       }
     }
+  };
+  if (lane == 0) {
+    MbarInit(bar_x, 32);
+#pragma unroll
+    for (int s = 0; s < kStagedMaxStages; ++s) MbarInit(bar_w(s), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    copy_stages(0, kLate ? 1 : kStagedMaxStages);
   }
   __syncwarp();  // every lane sees the barriers and reads the zeros of every lane
 
@@ -145,6 +149,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
                      "l"(xsrc + size_t(m) * p.K + c * 8)
                      : "memory");
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_x) : "memory");
+    if (kLate && lane == 0) copy_stages(1, kStagedMaxStages);
   };
   // Stage 0 is dequantized into registers before X is waited for. With few rows (dequant_first), X arrives soon after
   // the wait, and the dequantization goes before the wait, overlapping the previous kernel's last blocks; with more,
@@ -257,7 +262,7 @@ template <typename T>
 cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
   StagedLayout l;
   if (!UseStaged(p, &l)) return cudaErrorNotSupported;
-  auto* kernel = QLinearStagedKernel<T>;
+  auto* kernel = staged_late.load(std::memory_order_relaxed) ? QLinearStagedKernel<T, true> : QLinearStagedKernel<T, false>;
   static_assert(kStagedMaxRows <= 8, "the staged kernel runs one 8-token tile");
   // The opt-in shared memory per block, + 1, once the kernel's limit is raised to it on the device (once, not per
   // launch).
@@ -267,7 +272,8 @@ cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
   int bytes = optin[dev].load(std::memory_order_acquire) - 1;
   if (bytes < 0) {
     cudaError_t e = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    for (auto* k : {QLinearStagedKernel<T, false>, QLinearStagedKernel<T, true>})
+      if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (e != cudaSuccess) return e;
     optin[dev].store(bytes + 1, std::memory_order_release);
   }
