@@ -72,9 +72,7 @@ inline std::atomic<int> staged_max_rows{KnobInt("FLASHQ_GEMM_STAGED_MAX_M", kSta
 inline std::atomic<long> staged_launches{0};
 // Launches of at most this many rows dequantize their first stage before griddepcontrol.wait, larger ones after it
 // (qlinear_staged.cuh says why; bench knob FLASHQ_GEMM_STAGED_EARLY_M).
-inline std::atomic<int> staged_dequant_first_rows{KnobInt("FLASHQ_GEMM_STAGED_EARLY_M", 2)};
-// The staged kernel requests the weights of its stages 1.. after X (bench knob FLASHQ_GEMM_STAGED_LATE=1).
-inline std::atomic<int> staged_late{KnobInt("FLASHQ_GEMM_STAGED_LATE", 0)};
+inline std::atomic<int> staged_dequant_first_rows{KnobInt("FLASHQ_GEMM_STAGED_EARLY_M", 1)};
 
 // One launch covers at most kMaxRowsPerLaunch rows.
 cudaError_t LaunchW4A16F16(const QLinearParams& p, cudaStream_t s);

@@ -12,10 +12,13 @@
 // warp dequantizes stage 0 into registers, then waits for X. No thread issues another warp's copies, and no block
 // barrier comes before the sum: the first form of this kernel, with thread 0 issuing all of the block's copies, ran
 // 1.9 µs slower than the direct kernel (s21 record, call 8).
+//
+// Only stage 0's weights are requested before griddepcontrol.wait; lane 0 requests the other stages after the warp's
+// X copies. An SM's requests come back roughly in the order it made them, so X, requested last, had landed only with
+// the last weights (1.5-1.8 µs after the wait at 4096² M = 4, a %globaltimer probe) and held up all of the compute
+// that needs it. 4096²: M = 1 4.20 -> 4.02 µs, M = 4 4.63 -> 4.08, M = 8 4.89 -> 4.47 (H200,
+// bench/results/gemm-nvidia-h200-2026-11-27-s23.md, calls 4 and 8).
 // Launches of at most staged_dequant_first_rows rows dequantize before griddepcontrol.wait (see the kernel).
-// Measured (H200, bench/results/gemm-nvidia-h200-2026-11-27-s22.md): 4096² M = 4 4.87 -> 4.62 µs, M = 8 5.14 -> 4.85,
-// and with the dequantization before the wait M = 1 4.40 -> 4.19 (call 2). With two token tiles (M = 9-16) it was
-// 0.5-0.7 µs slower than the direct kernel, so it takes one (kStagedMaxRows).
 //
 // Bits: the same DequantPair values, the same mma chains per flush unit from zero (Mma0), Flush's fma, and the same
 // block sum as QLinearDirectKernel; weight steps past the strip's K and X columns past K read zeros, as that kernel
@@ -58,8 +61,7 @@ __device__ __forceinline__ uint4 LdShared16(uint32_t a) {
   return v;
 }
 
-// kLate: the weights of stages 1.. are requested after X (behind it), not before the wait.
-template <typename T, bool kLate>
+template <typename T>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(const QLinearParams p, const StagedLayout l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NT = 1;  // one 8-token tile (kStagedMaxRows)
@@ -115,8 +117,8 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
     for (int m = 0; m < p.M; ++m)
       for (int c = xk / 8 + lane; c < spw * 4; c += 32) staged_smem[(xs0 - base + m * l.x_stride) / 16 + c] = zero4;
 
-  // Lane 0: the warp's barriers (X: an arrival per lane), then its weights, a stage per barrier (a stage past nk32
-  // completes with no bytes).
+  // Lane 0: the warp's barriers (X: an arrival per lane), then stage 0 of its weights; a stage per barrier (a stage
+  // past nk32 completes with no bytes).
   const char* wsrc = static_cast<const char*>(p.qw) + (size_t(strip) * p.nk32 + j0) * 512;
   auto copy_stages = [&](int s0, int s1) {  // lane 0: stages [s0, s1) of the warp's weights
 #pragma unroll
@@ -133,13 +135,13 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 #pragma unroll
     for (int s = 0; s < kStagedMaxStages; ++s) MbarInit(bar_w(s), 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    copy_stages(0, kLate ? 1 : kStagedMaxStages);
+    copy_stages(0, 1);
   }
   __syncwarp();  // every lane sees the barriers and reads the zeros of every lane
 
   // The wait for the previous kernel, then X: rows 0..M-1 of the warp's columns, 16 bytes per lane and copy, each
   // lane's copies arriving on the X barrier (many small copies from all lanes issue faster than a bulk copy per row
-  // from one).
+  // from one), then the other stages of the weights.
   auto wait_and_copy_x = [&] {
     GridDependencyWait();
     const T* xsrc = static_cast<const T*>(p.x) + j0 * kStepK;
@@ -149,13 +151,13 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
                      "l"(xsrc + size_t(m) * p.K + c * 8)
                      : "memory");
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_x) : "memory");
-    if (kLate && lane == 0) copy_stages(1, kStagedMaxStages);
+    if (lane == 0) copy_stages(1, kStagedMaxStages);  // behind X (see the header)
   };
-  // Stage 0 is dequantized into registers before X is waited for. With few rows (dequant_first), X arrives soon after
+  // Stage 0 is dequantized into registers before X is waited for. With one row (dequant_first), X arrives soon after
   // the wait, and the dequantization goes before the wait, overlapping the previous kernel's last blocks; with more,
   // X takes longer from L2 (every block reads all of it), and the wait and copies go first, so that the
-  // dequantization overlaps X's arrival (H200, 4096²: dequantization first 4.40 -> 4.19 µs at M = 1, but 4.64 -> 4.73
-  // at M = 4 and 4.88 -> 5.38 at M = 8; bench/results/gemm-nvidia-h200-2026-11-27-s22.md).
+  // dequantization overlaps X's arrival (H200, 4096²: dequantization first 4.09 -> 4.02 µs at M = 1, but
+  // 4.03 -> 4.18 at M = 2; bench/results/gemm-nvidia-h200-2026-11-27-s23.md, call 8).
   if (!l.dequant_first) wait_and_copy_x();
 
   float acc[NT][2][4], c[NT][2][4];
@@ -262,7 +264,7 @@ template <typename T>
 cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
   StagedLayout l;
   if (!UseStaged(p, &l)) return cudaErrorNotSupported;
-  auto* kernel = staged_late.load(std::memory_order_relaxed) ? QLinearStagedKernel<T, true> : QLinearStagedKernel<T, false>;
+  auto* kernel = QLinearStagedKernel<T>;
   static_assert(kStagedMaxRows <= 8, "the staged kernel runs one 8-token tile");
   // The opt-in shared memory per block, + 1, once the kernel's limit is raised to it on the device (once, not per
   // launch).
@@ -272,8 +274,7 @@ cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
   int bytes = optin[dev].load(std::memory_order_acquire) - 1;
   if (bytes < 0) {
     cudaError_t e = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    for (auto* k : {QLinearStagedKernel<T, false>, QLinearStagedKernel<T, true>})
-      if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (e != cudaSuccess) return e;
     optin[dev].store(bytes + 1, std::memory_order_release);
   }
