@@ -920,7 +920,7 @@ struct DirectCfg {
   static_assert(kDepth % kSub == 0 && kSubSteps % kSub == 0, "ring slots follow the flush units");
 };
 
-template <typename T, int NT, bool kFp8, bool kStageFlush>
+template <typename T, int NT, bool kFp8, bool kStageFlush, int kPre>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
   using C = DirectCfg<kFp8, NT>;
   constexpr int kSub = C::kSub, kD = kFp8 || kStageFlush ? C::kDepth : 4;  // a scale block per step costs registers
@@ -1038,11 +1038,14 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // a programmatic launch they stream in while it finishes; X only after the wait. ----
 #pragma unroll
   for (int r = 0; r < kD; ++r)
-    if (r < spw) load_w(r, r, std::false_type{});
+    if (r < spw && r < kPre) load_w(r, r, std::false_type{});
   GridDependencyWait();
 #pragma unroll
   for (int r = 0; r < kD; ++r)
     if (r < spw) load_x(r, r, std::false_type{});
+#pragma unroll
+  for (int r = 0; r < kD; ++r)
+    if (r < spw && r >= kPre) load_w(r, r, std::false_type{});
   next_pass();
 
   // ---- main loop: step j computes from slot j % kD, then refills it with step j + kD. A pass of the
@@ -1108,7 +1111,10 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   cudaLaunchAttribute at[1];
   cfg.attrs = at;
   AddPdl(&cfg);
-  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush>, p);
+  const int pre = direct_pre_steps.load(std::memory_order_relaxed);
+  if (pre == 1) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 1>, p);
+  if (pre == 2) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2>, p);
+  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 99>, p);
 }
 
 // The sm_90 staged small-M kernel for int4 8-split plans (qlinear_staged.cuh, included by the int4 stage-flush
