@@ -911,15 +911,17 @@ __device__ __forceinline__ uint4 LdCached16(const void* ptr) {
   return v;
 }
 
+constexpr int kDirectMaxDepth = 8;  // the deepest ring of QLinearDirectKernel (DirectCfg::kDepth)
 template <bool kFp8, int NT>
 struct DirectCfg {
   static constexpr int kWChunks = kFp8 ? 2 : 1;  // uint4 of weights per lane per step
   static constexpr int kSub = kFp8 ? 2 : kSubSteps;
   // Steps in flight per warp, in registers: (kWChunks + NT) * 4 words each.
-  static constexpr int kDepth = kWChunks + NT > 2 ? 4 : 8;
+  static constexpr int kDepth = kWChunks + NT > 2 ? 4 : kDirectMaxDepth;
   static_assert(kDepth % kSub == 0 && kSubSteps % kSub == 0, "ring slots follow the flush units");
 };
 
+// kPre: the weight steps of the ring requested before griddepcontrol.wait (kDirectMaxDepth: all of them).
 template <typename T, int NT, bool kFp8, bool kStageFlush, int kPre>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
   using C = DirectCfg<kFp8, NT>;
@@ -1035,7 +1037,10 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   constexpr bool kEarlyTrigger = !kFp8;
   if constexpr (kEarlyTrigger) LaunchDependents();
   // ---- prologue: steps 0 .. kD-1. Weights and scales do not depend on the previous kernel: with
-  // a programmatic launch they stream in while it finishes; X only after the wait. ----
+  // a programmatic launch they stream in while it finishes; X only after the wait. An SM's requests return roughly in
+  // the order it made them, so the weight steps requested before X also land before it: with short warp ranges only
+  // kPre of them, the rest after X (H200, 4096² M = 16: W4A16 5.51 -> 5.34 µs, W8A16 7.32 -> 7.04; with 28-32 steps per
+  // warp the whole ring first is 0.3-1.3 µs faster; bench/results/gemm-nvidia-h200-2026-11-27-s23.md, call 9). ----
 #pragma unroll
   for (int r = 0; r < kD; ++r)
     if (r < spw && r < kPre) load_w(r, r, std::false_type{});
@@ -1111,10 +1116,10 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   cudaLaunchAttribute at[1];
   cfg.attrs = at;
   AddPdl(&cfg);
-  const int pre = direct_pre_steps.load(std::memory_order_relaxed);
-  if (pre == 1) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 1>, p);
-  if (pre == 2) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2>, p);
-  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 99>, p);
+  // Short warp ranges (two stages or fewer: 4096²) request 2 weight steps before the wait and the rest of the ring
+  // after X; longer ones the whole ring first (see the kernel's prologue).
+  if (p.steps_per_warp <= 2 * kSubSteps) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2>, p);
+  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, kDirectMaxDepth>, p);
 }
 
 // The sm_90 staged small-M kernel for int4 8-split plans (qlinear_staged.cuh, included by the int4 stage-flush
