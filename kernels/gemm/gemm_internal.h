@@ -74,10 +74,6 @@ inline std::atomic<long> staged_launches{0};
 // (qlinear_staged.cuh says why; bench knob FLASHQ_GEMM_STAGED_EARLY_M).
 inline std::atomic<int> staged_dequant_first_rows{KnobInt("FLASHQ_GEMM_STAGED_EARLY_M", 1)};
 
-// The wgmma kernel's stages of weights requested before griddepcontrol.wait (bench knob FLASHQ_GEMM_WGMMA_WPRE: 1, 2;
-// otherwise the whole ring).
-inline std::atomic<int> wgmma_wpre{KnobInt("FLASHQ_GEMM_WGMMA_WPRE", 0)};
-
 // One launch covers at most kMaxRowsPerLaunch rows.
 cudaError_t LaunchW4A16F16(const QLinearParams& p, cudaStream_t s);
 cudaError_t LaunchW4A16Bf16(const QLinearParams& p, cudaStream_t s);

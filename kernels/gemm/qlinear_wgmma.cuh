@@ -190,8 +190,7 @@ __global__ void __launch_bounds__(256) PackXKernel(const QLinearParams p) {
 
 // wmap: the packed weights [strips][nk32 x 512 B] in boxes of the block's 8 strips x 2 KB (4 k32 steps), zero-filled
 // outside the tensor. X comes packed by PackXKernel, or (p.xready) the blocks pack it below.
-// kWPre: the stages of weights requested before griddepcontrol.wait (the ring's other stages after X's copies).
-template <typename T, int kWPre>
+template <typename T>
 __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(const QLinearParams p, const __grid_constant__ CUtensorMap wmap) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgCfg;
@@ -279,7 +278,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     const int ptid = tid - C::kThreads;
     if (ptid == 0) {
       Cursor save = pc;
-      for (int st = 0; st < S && st < ntot && st < kWPre; ++st) {
+      for (int st = 0; st < S && st < ntot; ++st) {
         issue_w(st);
         advance(pc);
       }
@@ -313,17 +312,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
         }
         issue_x(slot);
       };
-      const Cursor save = pc;
       for (int st = 0; st < S && st < ntot; ++st) issue_x_ready(st, st);
-      if (kWPre < S) {
-        const Cursor after = pc;
-        pc = save;
-        for (int st = 0; st < S && st < ntot; ++st) {
-          if (st >= kWPre) issue_w(st);
-          advance(pc);
-        }
-        pc = after;
-      }
       for (int st = S; st < ntot; ++st) {
         const int slot = st % S;
         MbarWait(empty_bar(slot), (st / S - 1) & 1);  // the math warps are done with stage st - S
@@ -586,8 +575,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
   if (!EncodeMap2d(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT64, p.qw, uint64_t(p.nk32) * 64, uint64_t(p.strips), uint64_t(p.nk32) * 512,
                    kSubSteps * 64, C::kStrips))
     return cudaErrorNotSupported;
-  const int wpre = wgmma_wpre.load(std::memory_order_relaxed);
-  auto* kernel = wpre == 1 ? QLinearWgmmaKernel<T, 1> : wpre == 2 ? QLinearWgmmaKernel<T, 2> : QLinearWgmmaKernel<T, C::kStages>;
+  auto* kernel = QLinearWgmmaKernel<T>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (e != cudaSuccess) return e;
   cudaLaunchAttribute at[3];
