@@ -1034,7 +1034,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // int4 lets the next kernel launch at once, as QLinearKernel does (H200: int4 M = 1 4-8% faster than
   // with the trigger after the main loop). fp8 triggers after its main loop: with the early trigger W8A16
   // at 4096 x 14336, M = 1 took 18.8 instead of 16.8 µs, past its 1.6x bar (bench/gemm/NOTES.md).
-  constexpr bool kEarlyTrigger = !kFp8 || kPre < kDirectMaxDepth;
+  constexpr bool kEarlyTrigger = !kFp8;
   if constexpr (kEarlyTrigger) LaunchDependents();
   // ---- prologue: steps 0 .. kD-1. Weights and scales do not depend on the previous kernel: with
   // a programmatic launch they stream in while it finishes; X only after the wait. An SM's requests return roughly in
@@ -1118,10 +1118,7 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   AddPdl(&cfg);
   // Short warp ranges (two stages or fewer: 4096²) request 2 weight steps before the wait and the rest of the ring
   // after X; longer ones the whole ring first (see the kernel's prologue).
-  if (p.steps_per_warp <= 2 * kSubSteps) {
-    if (KnobInt("FLASHQ_GEMM_DIRECT_PRE", 2) == 3) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 3>, p);
-    return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2>, p);
-  }
+  if (p.steps_per_warp <= 2 * kSubSteps) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2>, p);
   return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, kDirectMaxDepth>, p);
 }
 
