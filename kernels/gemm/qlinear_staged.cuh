@@ -11,7 +11,8 @@
 // copies, a stage per mbarrier, and after the wait the warp's lanes copy its columns of X (16 bytes per copy); the
 // warp dequantizes stage 0 into registers, then waits for X. No thread issues another warp's copies, and no block
 // barrier comes before the sum: the first form of this kernel, with thread 0 issuing all of the block's copies, ran
-// 1.9 µs slower than the direct kernel (s21 record, call 8).
+// 1.9 µs slower than the direct kernel (s21 record, call 8). This form took 4096² M = 4 from 4.87 to 4.62 µs and M = 8
+// from 5.14 to 4.85 against the direct kernel (bench/results/gemm-nvidia-h200-2026-11-27-s22.md, call 1).
 //
 // Only stage 0's weights are requested before griddepcontrol.wait; lane 0 requests the other stages after the warp's
 // X copies. An SM's requests come back roughly in the order it made them, so X, requested last, had landed only with
