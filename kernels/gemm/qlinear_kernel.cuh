@@ -904,11 +904,6 @@ __device__ __forceinline__ uint4 LdStream(const void* ptr) {
                : "l"(ptr));
   return v;
 }
-__device__ __forceinline__ uint4 LdShared16(uint32_t a) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-  return v;
-}
 // Read-only 16-byte load that may stay in L1 (X: every block reads the same rows).
 __device__ __forceinline__ uint4 LdCached16(const void* ptr) {
   uint4 v;
@@ -927,11 +922,7 @@ struct DirectCfg {
 };
 
 // kPre: the weight steps of the ring requested before griddepcontrol.wait (kDirectMaxDepth: all of them).
-// kXS: warp ranges of at most kXSMaxSteps steps copy their X into shared memory at once after the wait (rows kXSStride
-// bytes apart), instead of loading it step by step through the register ring.
-constexpr int kXSMaxSteps = 2 * kSubSteps;
-constexpr uint32_t kXSStride = kXSMaxSteps * kStepK * 2 + 64;  // 64 bytes past 128-byte multiples: no bank conflicts
-template <typename T, int NT, bool kFp8, bool kStageFlush, int kPre, bool kXS>
+template <typename T, int NT, bool kFp8, bool kStageFlush, int kPre>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
   using C = DirectCfg<kFp8, NT>;
   constexpr int kSub = C::kSub, kD = kFp8 || kStageFlush ? C::kDepth : 4;  // a scale block per step costs registers
@@ -942,10 +933,8 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   constexpr bool kSlotAddr = kRefill == 1;
   // Scale blocks in flight: one per flush unit of the ring (stage flush), else one per step.
   constexpr int kSzSlots = kFp8 ? 1 : kStageFlush ? kD / kSub : kD;
-  extern __shared__ float red[];  // [warp][NT * 8][32] accumulators, for the block's sum; then (kXS) X
+  extern __shared__ float red[];  // [warp][NT * 8][32] accumulators, for the block's sum
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const uint32_t xs_warp = static_cast<uint32_t>(__cvta_generic_to_shared(red)) + (blockDim.x / 32) * (NT * 8 * 32 * 4) +
-                           warp * (NT * 8 * kXSStride);
   const int g = lane >> 2, t = lane & 3;
   const int strip = blockIdx.x;
   const int spw = p.steps_per_warp;
@@ -1000,7 +989,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   };
   // X of step jn into ring slot r (zeros past K).
   auto load_x = [&](int jn, int r, auto fast) {
-    if constexpr (kXS) return;
     const bool kin = fast || xk0 + jn * kStepK < p.K;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -1057,14 +1045,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   for (int r = 0; r < kD; ++r)
     if (r < spw && r < kPre) load_w(r, r, std::false_type{});
   GridDependencyWait();
-  if constexpr (kXS) {  // rows 0..M-1 of the warp's columns, 16 bytes per lane and copy (zeros past K)
-    const T* xsrc = static_cast<const T*>(p.x) + j0 * kStepK + 8 * lane;
-    const bool kin = j0 * kStepK + 8 * lane < p.K;
-    if (lane < spw * 4)
-      for (int m = 0; m < min(p.M, NT * 8); ++m)
-        CpAsync16IfZfill(xs_warp + m * kXSStride + lane * 16, xsrc + size_t(m) * p.K, true, !kin);
-    CpAsyncCommit();
-  }
 #pragma unroll
   for (int r = 0; r < kD; ++r)
     if (r < spw) load_x(r, r, std::false_type{});
@@ -1072,10 +1052,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   for (int r = 0; r < kD; ++r)
     if (r < spw && r >= kPre) load_w(r, r, std::false_type{});
   next_pass();
-  if constexpr (kXS) {
-    CpAsyncWait<0>();
-    __syncwarp();
-  }
 
   // ---- main loop: step j computes from slot j % kD, then refills it with step j + kD. A pass of the
   // ring is `steady` where every step it computes and loads lies in [0, nfast): no bounds checks. ----
@@ -1094,15 +1070,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
       for (int cc = 0; cc < C::kWChunks; ++cc) {
         wv[4 * cc] = wb[r][cc].x; wv[4 * cc + 1] = wb[r][cc].y; wv[4 * cc + 2] = wb[r][cc].z; wv[4 * cc + 3] = wb[r][cc].w;
       }
-      if constexpr (kXS) {
-        uint4 xv[NT];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-          xv[nt] = LdShared16(xs_warp + uint32_t(min(nt * 8 + g, p.M - 1)) * kXSStride + uint32_t(j) * (kStepK * 2) + 16 * t);
-        StepMma<T, NT, kFp8>(wv, xv, nzm, !kStageFlush || r % kSub == 0, c, acc);
-      } else {
-        StepMma<T, NT, kFp8>(wv, xb[r], nzm, !kStageFlush || r % kSub == 0, c, acc);
-      }
+      StepMma<T, NT, kFp8>(wv, xb[r], nzm, !kStageFlush || r % kSub == 0, c, acc);
       if (!kFp8 && (!kStageFlush || r % kSub == kSub - 1)) Flush<NT>(scl, c, acc);
       // Refill kRefill slots at once: a whole stage (2 KB of int4 weights, contiguous per warp)
       // when the ring holds two or more stages, else each slot as soon as it is consumed.
@@ -1143,26 +1111,15 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((p.N + kWarpN - 1) / kWarpN);
   cfg.blockDim = dim3(32 * kWarpsK * p.splits);
-  const size_t red_bytes = size_t(kWarpsK) * p.splits * NT * 8 * 32 * sizeof(float);
-  cfg.dynamicSmemBytes = red_bytes;
+  cfg.dynamicSmemBytes = size_t(kWarpsK) * p.splits * NT * 8 * 32 * sizeof(float);
   cfg.stream = stream;
   cudaLaunchAttribute at[1];
   cfg.attrs = at;
   AddPdl(&cfg);
   // Short warp ranges (two stages or fewer: 4096²) request 2 weight steps before the wait and the rest of the ring
   // after X; longer ones the whole ring first (see the kernel's prologue).
-  if (p.steps_per_warp <= kXSMaxSteps) {
-    if (p.K % 8 == 0 && KnobInt("FLASHQ_GEMM_DIRECT_XS", 0)) {
-      auto* k = QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2, true>;
-      const size_t bytes = red_bytes + size_t(kWarpsK) * p.splits * NT * 8 * kXSStride;
-      static const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
-      if (attr != cudaSuccess) return attr;
-      cfg.dynamicSmemBytes = bytes;
-      return cudaLaunchKernelEx(&cfg, k, p);
-    }
-    return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2, false>, p);
-  }
-  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, kDirectMaxDepth, false>, p);
+  if (p.steps_per_warp <= 2 * kSubSteps) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2>, p);
+  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, kDirectMaxDepth>, p);
 }
 
 // The sm_90 staged small-M kernel for int4 8-split plans (qlinear_staged.cuh, included by the int4 stage-flush
