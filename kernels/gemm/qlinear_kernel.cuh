@@ -51,6 +51,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "kernels/attention/async_copy.cuh"
 #include "kernels/gemm/gemm_internal.h"
 
 namespace flashq::gemm::detail {
@@ -173,21 +174,17 @@ __device__ __forceinline__ void LaunchDependents() {
 #endif
 }
 
-// mbarriers and bulk copies (the staged small-M kernel and the wgmma kernel).
-__device__ __forceinline__ void MbarInit(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void MbarExpect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
+// mbarriers and bulk copies: the staged small-M kernel and the wgmma kernel. attention's helpers, except the wait: its
+// C++ poll loop around try_wait gives these kernels another schedule than the asm loop they were measured with.
+using attention::detail::CpAsyncMbarArrive;
+using attention::detail::MbarArrive;
+using attention::detail::MbarArriveExpectTx;
+using attention::detail::MbarInit;
 __device__ __forceinline__ void MbarWait(uint32_t bar, int parity) {
   asm volatile(
       "{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
-}
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 // `bytes` (a multiple of 16) from global to shared memory, completing on mbarrier `bar`.
 __device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {

@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
     for (int s = 0; s < kStagedMaxStages; ++s) {
       if (s >= s0 && s < s1 && s < nst) {
         const uint32_t bytes = uint32_t(max(0, min(kSubSteps, nvalid - kSubSteps * s))) * 512u;
-        MbarExpect(bar_w(s), bytes);
+        MbarArriveExpectTx(bar_w(s), bytes);
         if (bytes) BulkCopy(wbase + uint32_t(s) * 2048u, wsrc + s * 2048, bytes, bar_w(s));
       }
     }
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(xs0 + uint32_t(m) * l.x_stride + uint32_t(c) * 16u),
                      "l"(xsrc + size_t(m) * p.K + c * 8)
                      : "memory");
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_x) : "memory");
+    CpAsyncMbarArrive(bar_x);
     if (lane == 0) copy_stages(1, kStagedMaxStages);  // behind X (see the header)
   };
   // Stage 0 is dequantized into registers before X is waited for. With one row (dequant_first), X arrives soon after

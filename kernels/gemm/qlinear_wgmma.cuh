@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   auto issue_w = [&](int slot) {
     const uint32_t base = ring + slot * C::kStageBytes, bar = full_bar(slot);
     const bool gs = group_start(pc);
-    MbarExpect(bar, uint32_t(C::kWBytes + C::kXBytes + (gs ? nstrips * kSzBlockBytes : 0)));
+    MbarArriveExpectTx(bar, uint32_t(C::kWBytes + C::kXBytes + (gs ? nstrips * kSzBlockBytes : 0)));
     TmaLoad2d(base + C::kXBytes, &wmap, pc.j * 64, strip0, bar);
     if (gs)
       BulkCopy(base + C::kXBytes + C::kWBytes, static_cast<const char*>(p.sz) + (size_t(pc.g) * p.strips + strip0) * kSzBlockBytes,
@@ -539,8 +539,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
 // smallest M it takes (n > 16, where the workspace was sized for M >= kWgmmaMinRows; 1000000 turns it off), for A/B.
 inline bool UseWgmma(const QLinearParams& p) {
   static const int min_rows = [] {
-    const char* e = std::getenv("FLASHQ_GEMM_WGMMA_MIN_M");
-    const int v = e ? std::atoi(e) : 0;
+    const int v = KnobInt("FLASHQ_GEMM_WGMMA_MIN_M", 0);
     return v > kSmallMMaxRows ? v : kWgmmaMinRows;
   }();
   const bool sums = p.splits <= kWgmmaMaxSplits || (p.xready != nullptr && p.M <= kWgmmaTileRows);
