@@ -893,6 +893,20 @@ __device__ __forceinline__ void BlockSum(float* red, const QLinearParams& p, int
   }
 }
 
+// fp8: the channel scales of the outputs o = threadIdx.x + it * blockDim.x that BlockSum writes (it < kOutIter).
+template <typename T, int NT, int kOutIter>
+__device__ __forceinline__ void Fp8OutScales(const QLinearParams& p, int strip, float (&fsv)[kOutIter]) {
+#pragma unroll
+  for (int it = 0; it < kOutIter; ++it) {
+    // Output o is accumulator (nt, u, e) = (o >> 8, (o >> 7) & 1, (o >> 5) & 3) of lane o & 31 (see `out`): its
+    // column is 8 * (2u + (e >> 1)) + lane / 4 of the strip. fp16 weights were w * 2^-8.
+    const int o = threadIdx.x + it * blockDim.x;
+    const int cg = 2 * ((o >> 7) & 1) + ((o >> 6) & 1);
+    if (o < NT * 8 * 32)
+      fsv[it] = __ldg(p.fscales + (size_t(strip) * 8 + ((o & 31) >> 2)) * 4 + cg) * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
+  }
+}
+
 // Streaming 16-byte load of read-only data that is used once (weights: no L1 allocation).
 __device__ __forceinline__ uint4 LdStream(const void* ptr) {
   uint4 v;
@@ -1016,17 +1030,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // or more); their channel scales load with the first weights rather than after the main loop.
   constexpr int kOutIter = kFp8 ? NT * 8 * 32 / 64 : 1;
   float fsv[kOutIter];
-  if constexpr (kFp8) {
-#pragma unroll
-    for (int it = 0; it < kOutIter; ++it) {
-      // Output o is accumulator (nt, u, e) = (o >> 8, (o >> 7) & 1, (o >> 5) & 3) of lane o & 31 (see `out`): its
-      // column is 8 * (2u + (e >> 1)) + lane / 4 of the strip. fp16 weights were w * 2^-8.
-      const int o = threadIdx.x + it * blockDim.x;
-      const int cg = 2 * ((o >> 7) & 1) + ((o >> 6) & 1);
-      if (o < NT * 8 * 32)
-        fsv[it] = __ldg(p.fscales + (size_t(strip) * 8 + ((o & 31) >> 2)) * 4 + cg) * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
-    }
-  }
+  if constexpr (kFp8) Fp8OutScales<T, NT>(p, strip, fsv);
 
   // int4 lets the next kernel launch at once, as QLinearKernel does (H200: int4 M = 1 4-8% faster than
   // with the trigger after the main loop). fp8 triggers after its main loop: with the early trigger W8A16
@@ -1121,7 +1125,7 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
 
 // The sm_90 staged small-M kernel for int4 8-split plans (qlinear_staged.cuh, included by the int4 stage-flush
 // instantiations): cudaErrorNotSupported, with nothing launched, where it does not apply.
-template <typename T>
+template <typename T, bool kFp8>
 cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream);
 
 // The sm_90a wgmma kernel for int4 M > 32 (qlinear_wgmma.cuh, included by the int4
@@ -1134,9 +1138,9 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream);
 // 32-token split-K kernel.
 template <typename T, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
-  if constexpr (!kFp8 && kStageFlush) {
-    if (p.M <= kStagedMaxRows) {
-      const cudaError_t e = LaunchQLinearStaged<T>(p, stream);
+  if constexpr (kFp8 || kStageFlush) {
+    if (p.M <= (kFp8 ? kSmallMMaxRows : kStagedMaxRows)) {
+      const cudaError_t e = LaunchQLinearStaged<T, kFp8>(p, stream);
       if (e != cudaErrorNotSupported) return e;
     }
   }
