@@ -1123,7 +1123,7 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, kDirectMaxDepth>, p);
 }
 
-// The sm_90 staged small-M kernel for int4 8-split plans (qlinear_staged.cuh, included by the int4 stage-flush
+// The sm_90 staged small-M kernel for 8-split plans (qlinear_staged.cuh, included by the int4 stage-flush and the fp8
 // instantiations): cudaErrorNotSupported, with nothing launched, where it does not apply.
 template <typename T, bool kFp8>
 cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream);
@@ -1133,13 +1133,13 @@ cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream);
 template <typename T>
 cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream);
 
-// One instantiation file per (T, kFp8, kStageFlush) calls this: M <= 8 takes the staged kernel (int4 8-split plans on
-// sm_90, where it applies), else M <= 8 and M <= 16 take the small-M kernel with one or two 8-token tiles, larger M the wgmma kernel (where it applies) or the
-// 32-token split-K kernel.
+// One instantiation file per (T, kFp8, kStageFlush) calls this: M <= 8 takes the staged kernel (8-split plans on sm_90,
+// int4 with stage flush or fp8, where it applies), else M <= 8 and M <= 16 take the small-M kernel with one or two
+// 8-token tiles, larger M the wgmma kernel (where it applies) or the 32-token split-K kernel.
 template <typename T, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
   if constexpr (kFp8 || kStageFlush) {
-    if (p.M <= (kFp8 ? kSmallMMaxRows : kStagedMaxRows)) {
+    if (p.M <= kStagedMaxRows) {
       const cudaError_t e = LaunchQLinearStaged<T, kFp8>(p, stream);
       if (e != cudaErrorNotSupported) return e;
     }

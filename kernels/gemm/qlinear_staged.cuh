@@ -1,6 +1,6 @@
 // Small-M W4A16 for 8-split plans on sm_90, M <= 8 (one 8-token tile): QLinearDirectKernel's blocks, warp ranges,
 // arithmetic and sum, with the strip's weights and X brought into shared memory by bulk copies, so that each warp
-// dequantizes its first stage before X has arrived.
+// dequantizes its first stage before X has arrived. Its fp8 form (W8A16, 4096²) is further below.
 //
 // Why: an 8-split plan runs one 512-thread block per SM (4096² on the H200), whose 16 warps leave the shared memory
 // idle. Every step's dequantization, about two thirds of a step's instructions, depends only on the weights, which
@@ -250,75 +250,75 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// The fp8 form (W8A16, M <= kSmallMMaxRows, 8-split plans whose 16 warp ranges are kStagedFp8MaxSteps k32 steps each,
-// all inside the weights: K in (4064, 4096]). The strip's weights come into shared memory by bulk copies, kStageSteps
-// steps per copy and mbarrier, issued by each warp's lane 0 for its own range: the first kPreStages copies before
-// griddepcontrol.wait, each other one right after the X of its steps. X goes straight into registers, every step of
-// the range at once (the weights no longer take the register ring, so X has room: 8 steps x 2 token tiles = 64
-// registers), so no request of the call waits for a ring slot to be consumed. QLinearDirectKernel's fp8 path
-// instead holds a 4-step ring of weights and X in registers and requests steps 4-7 only as steps 0-3 are consumed.
+// The fp8 form (W8A16, M <= kStagedMaxRows, 8-split plans whose 16 warp ranges are kStagedFp8Steps k32 steps each, all
+// inside the weights: K in (4064, 4096]). The strip's weights come into shared memory by bulk copies of kFp8StageSteps
+// steps, one mbarrier each, issued by each warp's lane 0 for its own range: stage 0 before griddepcontrol.wait,
+// stage 1 after the warp has requested its X. X goes straight into registers, all 8 steps at once (the weights no
+// longer take the register ring), so no request of the call waits for a ring slot to be consumed, as the later steps
+// of QLinearDirectKernel's 4-step fp8 ring do. H200, 4096²: M = 1 5.94 -> 5.59 µs, M = 4 6.02 -> 5.76, M = 8 6.14 ->
+// 6.06 (6.22 in another call). Two token tiles (X in 64 registers) ran 0.1-0.25 µs slower than QLinearDirectKernel at
+// M = 12-16, and 2-step copies, no copy before the wait, or X requested a stage or two ahead of its use were slower
+// at every M (bench/results/gemm-nvidia-h200-2026-11-27-s24.md, calls 1-3).
 // Bits: StepMma over the range's steps in order, from zero accumulators, with zero X past K, then BlockSum:
 // QLinearDirectKernel's arithmetic, so row i of Y is bitwise the small-M kernel's for any M (GPU test
 // W8A16StagedKernelKeepsTheBits).
 // ---------------------------------------------------------------------------------------------
-constexpr int kStagedFp8MaxSteps = 8;    // k32 steps per warp range
+constexpr int kStagedFp8Steps = 8;       // k32 steps per warp range
+constexpr int kFp8StageSteps = 4;        // k32 steps per bulk copy
 constexpr uint32_t kFp8StepBytes = 1024;  // a step of a strip's fp8 weights: 2 chunks x 32 lanes x 16 bytes
+// Shared memory: the strip's weights (the block sum's accumulators take the same space after them), then each warp's
+// mbarriers, from byte kStagedFp8Bars.
+constexpr uint32_t kStagedFp8Bars = kWarpsK * kMaxSplits * kStagedFp8Steps * kFp8StepBytes;
+constexpr uint32_t kStagedFp8Bytes = kStagedFp8Bars + kWarpsK * kMaxSplits * 8u * (kStagedFp8Steps / kFp8StageSteps);
+static_assert(kWarpsK * kMaxSplits * 8 * 32 * sizeof(float) <= kStagedFp8Bars, "the block sum fits in the weights' space");
 
-template <typename T, int NT, int kStageSteps, int kPreStages, int kXAhead>
-__global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(const QLinearParams p, const uint32_t bars) {
+template <typename T>
+__global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(const QLinearParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kStages = kStagedFp8MaxSteps / kStageSteps;
+  constexpr int NT = 1;  // one 8-token tile (kStagedMaxRows)
+  constexpr int kStages = kStagedFp8Steps / kFp8StageSteps;
+  constexpr uint32_t kStageBytes = kFp8StageSteps * kFp8StepBytes;
   extern __shared__ __align__(128) uint4 staged_smem[];
   const int lane = threadIdx.x & 31;
   const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x >> 5), 0);  // uniform registers (see QLinearStagedKernel)
   const int g = lane >> 2, t = lane & 3;
   const int strip = blockIdx.x;
-  const int j0 = warp * kStagedFp8MaxSteps;  // every warp range holds kStagedFp8MaxSteps steps of the strip
+  const int j0 = warp * kStagedFp8Steps;
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(staged_smem));
   const uint32_t wbase = base + uint32_t(j0) * kFp8StepBytes;  // the warp's weight steps
-  const uint32_t bar0 = base + bars + uint32_t(warp) * (8u * kStages);
+  const uint32_t bar0 = base + kStagedFp8Bars + uint32_t(warp) * (8u * kStages);
   constexpr int kOutIter = NT * 8 * 32 / 64;
   float fsv[kOutIter];
   Fp8OutScales<T, NT>(p, strip, fsv);
 
   const char* wsrc = static_cast<const char*>(p.qw) + (size_t(strip) * p.nk32 + j0) * kFp8StepBytes;
   auto copy_stage = [&](int s) {  // lane 0: stage s of the warp's weights
-    constexpr uint32_t kBytes = kStageSteps * kFp8StepBytes;
-    MbarArriveExpectTx(bar0 + 8u * s, kBytes);
-    BulkCopy(wbase + uint32_t(s) * kBytes, wsrc + s * kBytes, kBytes, bar0 + 8u * s);
+    MbarArriveExpectTx(bar0 + 8u * s, kStageBytes);
+    BulkCopy(wbase + uint32_t(s) * kStageBytes, wsrc + s * kStageBytes, kStageBytes, bar0 + 8u * s);
   };
   if (lane == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) MbarInit(bar0 + 8u * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#pragma unroll
-    for (int s = 0; s < kPreStages; ++s) copy_stage(s);
+    copy_stage(0);
   }
   __syncwarp();  // every lane sees the barriers
 
-  // After the wait: X of the first kXAhead stages, each stage's weights behind its X, then the other weights; X of
-  // stage s + kXAhead once stage s is computed. X: token rows 8nt + g (rows past M read row M - 1: their outputs are
-  // never stored), k 8t..8t+7 of each step, zeros past K.
+  // After the wait: X, token rows 8nt + g (rows past M read row M - 1: their outputs are never stored), k 8t..8t+7 of
+  // each step, zeros past K; then the other stages of the weights, behind X.
   GridDependencyWait();
   const int xk0 = j0 * kStepK + 8 * t;
-  uint4 xb[kStagedFp8MaxSteps][NT];
-  auto load_x = [&](int s) {
+  uint4 xb[kStagedFp8Steps][NT];
 #pragma unroll
-    for (int r = s * kStageSteps; r < (s + 1) * kStageSteps; ++r)
+  for (int r = 0; r < kStagedFp8Steps; ++r)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-        xb[r][nt] = xk0 + r * kStepK < p.K
-                        ? LdCached16(static_cast<const T*>(p.x) + size_t(min(nt * 8 + g, p.M - 1)) * p.K + xk0 + r * kStepK)
-                        : make_uint4(0u, 0u, 0u, 0u);
-  };
-#pragma unroll
-  for (int s = 0; s < kXAhead; ++s) {
-    load_x(s);
-    if (lane == 0 && s >= kPreStages) copy_stage(s);
-  }
+    for (int nt = 0; nt < NT; ++nt)
+      xb[r][nt] = xk0 + r * kStepK < p.K
+                      ? LdCached16(static_cast<const T*>(p.x) + size_t(min(nt * 8 + g, p.M - 1)) * p.K + xk0 + r * kStepK)
+                      : make_uint4(0u, 0u, 0u, 0u);
   if (lane == 0) {
 #pragma unroll
-    for (int s = std::max(kXAhead, kPreStages); s < kStages; ++s) copy_stage(s);
+    for (int s = 1; s < kStages; ++s) copy_stage(s);
   }
 
   float acc[NT][2][4];
@@ -335,33 +335,18 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(c
   for (int s = 0; s < kStages; ++s) {
     MbarWait(bar0 + 8u * s, 0);
 #pragma unroll
-    for (int r = 0; r < kStageSteps; ++r) {
-      const int j = kStageSteps * s + r;
+    for (int r = 0; r < kFp8StageSteps; ++r) {
+      const int j = kFp8StageSteps * s + r;
       const uint4 w0 = LdShared16(wrow + uint32_t(j) * kFp8StepBytes), w1 = LdShared16(wrow + uint32_t(j) * kFp8StepBytes + 512u);
       const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
       StepMma<T, NT, true>(wv, xb[j], nzm, false, c, acc);
     }
-    if (s + kXAhead < kStages) load_x(s + kXAhead);
   }
 
   LaunchDependents();  // as QLinearDirectKernel's fp8 path: after the main loop
   __syncthreads();     // every warp is done with its weights: their space takes the block's sum
   BlockSum<T, NT, true>(reinterpret_cast<float*>(staged_smem), p, strip, warp, lane, acc, fsv);
 #endif
-}
-
-// The fp8 form's shared memory: the weights, the block sum's accumulators in the same space, then kStages mbarriers per
-// warp (at byte `bars`).
-struct StagedFp8Layout {
-  uint32_t bars = 0, total = 0;
-};
-inline StagedFp8Layout StagedFp8LayoutFor(const QLinearParams& p, int nt) {
-  const uint32_t warps = uint32_t(kWarpsK) * p.splits;
-  const uint32_t w = warps * p.steps_per_warp * kFp8StepBytes, red = warps * nt * 8 * 32 * sizeof(float);
-  StagedFp8Layout l;
-  l.bars = std::max(w, red);
-  l.total = l.bars + warps * 8u * kStagedFp8MaxSteps;
-  return l;
 }
 
 // Whether the staged kernel can take this launch (see the header comment; the shared memory is checked at launch);
@@ -403,26 +388,15 @@ cudaError_t LaunchStagedKernel(const QLinearParams& p, uint32_t bytes, cudaStrea
 }
 
 // cudaErrorNotSupported (nothing launched) where the staged kernels do not apply (UseStaged; fp8: sm_90, 8-split plans
-// of kStagedFp8MaxSteps steps per warp range, all inside the weights, M <= staged_fp8_max_rows) or the block's shared memory cannot
+// of kStagedFp8Steps steps per warp range, all inside the weights, M <= staged_fp8_max_rows) or the block's shared memory cannot
 // hold the weights and X: the caller takes QLinearDirectKernel.
 template <typename T, bool kFp8>
 cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
   if constexpr (kFp8) {
-    if (p.M > std::min(staged_fp8_max_rows.load(std::memory_order_relaxed), kSmallMMaxRows) || p.splits != kMaxSplits ||
-        p.steps_per_warp != kStagedFp8MaxSteps || p.nk32 != kWarpsK * kMaxSplits * kStagedFp8MaxSteps || DeviceMajor() < 9)
+    if (p.M > std::min(staged_fp8_max_rows.load(std::memory_order_relaxed), kStagedMaxRows) || p.splits != kMaxSplits ||
+        p.steps_per_warp != kStagedFp8Steps || p.nk32 != kWarpsK * kMaxSplits * kStagedFp8Steps || DeviceMajor() < 9)
       return cudaErrorNotSupported;
-    const StagedFp8Layout l = StagedFp8LayoutFor(p, p.M <= 8 ? 1 : 2);
-    // Bench knob (A/B of the copy forms): steps per copy x stages before the wait.
-    switch (staged_fp8_form.load(std::memory_order_relaxed) * 2 + (p.M > 8)) {
-      case 2: return LaunchStagedKernel<QLinearStagedFp8Kernel<T, 1, 2, 1, 2>>(p, l.total, stream, p, l.bars);
-      case 3: return LaunchStagedKernel<QLinearStagedFp8Kernel<T, 2, 2, 1, 2>>(p, l.total, stream, p, l.bars);
-      case 4: return LaunchStagedKernel<QLinearStagedFp8Kernel<T, 1, 2, 0, 2>>(p, l.total, stream, p, l.bars);
-      case 5: return LaunchStagedKernel<QLinearStagedFp8Kernel<T, 2, 2, 0, 2>>(p, l.total, stream, p, l.bars);
-      case 6: return LaunchStagedKernel<QLinearStagedFp8Kernel<T, 1, 2, 1, 1>>(p, l.total, stream, p, l.bars);
-      case 7: return LaunchStagedKernel<QLinearStagedFp8Kernel<T, 2, 2, 1, 1>>(p, l.total, stream, p, l.bars);
-      case 1: return LaunchStagedKernel<QLinearStagedFp8Kernel<T, 2, 4, 1, 2>>(p, l.total, stream, p, l.bars);
-      default: return LaunchStagedKernel<QLinearStagedFp8Kernel<T, 1, 4, 1, 2>>(p, l.total, stream, p, l.bars);
-    }
+    return LaunchStagedKernel<QLinearStagedFp8Kernel<T>>(p, kStagedFp8Bytes, stream, p);
   } else {
     StagedLayout l;
     if (!UseStaged(p, &l)) return cudaErrorNotSupported;
