@@ -77,7 +77,7 @@ inline std::atomic<int> staged_dequant_first_rows{KnobInt("FLASHQ_GEMM_STAGED_EA
 // W8A16 launches of at most staged_fp8_max_rows rows (and kStagedMaxRows) take the staged kernel's fp8 form where it
 // applies (qlinear_staged.cuh; bench knob FLASHQ_GEMM_STAGED_FP8_MAX_M; tests set 0 to compare with
 // QLinearDirectKernel).
-inline std::atomic<int> staged_fp8_max_rows{KnobInt("FLASHQ_GEMM_STAGED_FP8_MAX_M", 16)};
+inline std::atomic<int> staged_fp8_max_rows{KnobInt("FLASHQ_GEMM_STAGED_FP8_MAX_M", kStagedMaxRows)};
 
 // One launch covers at most kMaxRowsPerLaunch rows.
 cudaError_t LaunchW4A16F16(const QLinearParams& p, cudaStream_t s);

@@ -270,11 +270,12 @@ constexpr uint32_t kFp8StepBytes = 1024;  // a step of a strip's fp8 weights: 2 
 // mbarriers, from byte kStagedFp8Bars.
 constexpr uint32_t kStagedFp8Bars = kWarpsK * kMaxSplits * kStagedFp8Steps * kFp8StepBytes;
 constexpr uint32_t kStagedFp8Bytes = kStagedFp8Bars + kWarpsK * kMaxSplits * 8u * (kStagedFp8Steps / kFp8StageSteps);
-static_assert(kWarpsK * kMaxSplits * 2 * 8 * 32 * sizeof(float) <= kStagedFp8Bars, "the block sum fits in the weights' space");
+static_assert(kWarpsK * kMaxSplits * 8 * 32 * sizeof(float) <= kStagedFp8Bars, "the block sum fits in the weights' space");
 
-template <typename T, int NT>
+template <typename T>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(const QLinearParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int NT = 1;  // one 8-token tile (kStagedMaxRows)
   constexpr int kStages = kStagedFp8Steps / kFp8StageSteps;
   constexpr uint32_t kStageBytes = kFp8StageSteps * kFp8StepBytes;
   extern __shared__ __align__(128) uint4 staged_smem[];
@@ -392,11 +393,10 @@ cudaError_t LaunchStagedKernel(const QLinearParams& p, uint32_t bytes, cudaStrea
 template <typename T, bool kFp8>
 cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
   if constexpr (kFp8) {
-    if (p.M > std::min(staged_fp8_max_rows.load(std::memory_order_relaxed), kSmallMMaxRows) || p.splits != kMaxSplits ||
+    if (p.M > std::min(staged_fp8_max_rows.load(std::memory_order_relaxed), kStagedMaxRows) || p.splits != kMaxSplits ||
         p.steps_per_warp != kStagedFp8Steps || p.nk32 != kWarpsK * kMaxSplits * kStagedFp8Steps || DeviceMajor() < 9)
       return cudaErrorNotSupported;
-    if (p.M <= 8) return LaunchStagedKernel<QLinearStagedFp8Kernel<T, 1>>(p, kStagedFp8Bytes, stream, p);
-    return LaunchStagedKernel<QLinearStagedFp8Kernel<T, 2>>(p, kStagedFp8Bytes, stream, p);
+    return LaunchStagedKernel<QLinearStagedFp8Kernel<T>>(p, kStagedFp8Bytes, stream, p);
   } else {
     StagedLayout l;
     if (!UseStaged(p, &l)) return cudaErrorNotSupported;
