@@ -270,6 +270,17 @@ __device__ __forceinline__ void StepMma(const uint32_t* wv, const uint4 (&xv)[NT
   }
 }
 
+// Zeroes a warp's fp32 accumulators (NT token tiles x 2 column halves x 4).
+template <int NT>
+__device__ __forceinline__ void ZeroAcc(float (&acc)[NT][2][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][u][e] = 0.0f;
+}
+
 // int4 flush: acc += scale * (the exact-integer-weight partial), in fp32.
 template <int NT>
 __device__ __forceinline__ void Flush(const float (&scl)[4], const float (&c)[NT][2][4], float (&acc)[NT][2][4]) {
@@ -571,12 +582,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
       }
       __syncthreads();
     }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][u][e] = 0.0f;
+    ZeroAcc<NT>(acc);
   };
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s)
@@ -1018,12 +1024,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 
   float acc[NT][2][4];
   float c[NT][2][4];  // int4: the current flush unit's partial
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][u][e] = 0.0f;
+  ZeroAcc<NT>(acc);
   float scl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   uint32_t nzm[4] = {0u, 0u, 0u, 0u};
   // fp8: the block's sum writes outputs o = threadIdx.x + it * blockDim.x (it < kOutIter: blocks have 64 threads

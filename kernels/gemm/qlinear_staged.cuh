@@ -162,12 +162,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   if (!l.dequant_first) wait_and_copy_x();
 
   float acc[NT][2][4], c[NT][2][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][u][e] = 0.0f;
+  ZeroAcc<NT>(acc);
   float scl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   uint32_t nzm[4] = {0u, 0u, 0u, 0u};
   // Lane (g, t) reads its weight words at step j, and X row 8nt + g (rows past M read row M - 1) at k 8t..8t+7.
@@ -322,12 +317,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(c
   }
 
   float acc[NT][2][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][u][e] = 0.0f;
+  ZeroAcc<NT>(acc);
   const uint32_t nzm[4] = {0u, 0u, 0u, 0u};  // unused by fp8
   float c[NT][2][4];                          // unused by fp8
   const uint32_t wrow = wbase + uint32_t(lane) * 16u;
