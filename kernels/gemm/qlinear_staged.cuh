@@ -250,10 +250,10 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 // steps, one mbarrier each, issued by each warp's lane 0 for its own range: stage 0 before griddepcontrol.wait,
 // stage 1 after the warp has requested its X. X goes straight into registers, all 8 steps at once (the weights no
 // longer take the register ring), so no request of the call waits for a ring slot to be consumed, as the later steps
-// of QLinearDirectKernel's 4-step fp8 ring do. H200, 4096²: M = 1 5.94 -> 5.59 µs, M = 4 6.02 -> 5.76, M = 8 6.14 ->
-// 6.06 (6.22 in another call). Two token tiles (X in 64 registers) ran 0.1-0.25 µs slower than QLinearDirectKernel at
-// M = 12-16, and 2-step copies, no copy before the wait, or X requested a stage or two ahead of its use were slower
-// at every M (bench/results/gemm-nvidia-h200-2026-11-27-s24.md, calls 1-3).
+// of QLinearDirectKernel's 4-step fp8 ring do. H200, 4096²: M = 1 5.94 -> 5.42 µs, M = 4 6.01 -> 5.57, M = 8 6.12 ->
+// 5.93 (call 4). Two token tiles (X in 64 registers) ran 0.1-0.25 µs slower than QLinearDirectKernel at M = 12-16
+// (calls 3 and 6), and 2-step copies, no copy before the wait, or X requested a stage or two ahead of its use were
+// slower at every M (calls 1-3; bench/results/gemm-nvidia-h200-2026-11-27-s24.md).
 // Bits: StepMma over the range's steps in order, from zero accumulators, with zero X past K, then BlockSum:
 // QLinearDirectKernel's arithmetic, so row i of Y is bitwise the small-M kernel's for any M (GPU test
 // W8A16StagedKernelKeepsTheBits).
@@ -378,8 +378,8 @@ cudaError_t LaunchStagedKernel(const QLinearParams& p, uint32_t bytes, cudaStrea
 }
 
 // cudaErrorNotSupported (nothing launched) where the staged kernels do not apply (UseStaged; fp8: sm_90, 8-split plans
-// of kStagedFp8Steps steps per warp range, all inside the weights, M <= staged_fp8_max_rows) or the block's shared memory cannot
-// hold the weights and X: the caller takes QLinearDirectKernel.
+// of kStagedFp8Steps steps per warp range, all inside the weights, M <= staged_fp8_max_rows) or the block's shared
+// memory cannot hold them: the caller takes QLinearDirectKernel.
 template <typename T, bool kFp8>
 cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
   if constexpr (kFp8) {
