@@ -180,7 +180,9 @@ void* ZeroedWorkspace(size_t bytes) {
 }
 
 void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
-  const int Mmax = *std::max_element(Ms.begin(), Ms.end());
+  constexpr int kCheckM = 4;  // the rows of the correctness check below
+  // Buffers hold the largest M timed and the check's rows (a call with --ms 1 alone once overran them).
+  const int Mmax = std::max(kCheckM, *std::max_element(Ms.begin(), Ms.end()));
   std::printf("== K=%d N=%d: preparing weights\n", K, N);
   std::fflush(stdout);
   auto wf = Random(size_t(N) * K, K * 7 + N);
@@ -237,7 +239,7 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
 
   // ---- check first: M = 4 against the CPU references ----
   {
-    const int M = 4;
+    const int M = kCheckM;
     std::vector<float> xr(xf.begin(), xf.begin() + size_t(M) * K);
     for (auto& v : xr) v = Bf16ToFloat(FloatToBf16(v));
     std::vector<float> ref(size_t(M) * N), got(size_t(M) * N);
