@@ -24,9 +24,9 @@
 // Bits: the same DequantPair values, the same mma chains per flush unit from zero (Mma0), Flush's fma, and the same
 // block sum as QLinearDirectKernel; weight steps past the strip's K and X columns past K read zeros, as that kernel
 // loads them. So row i of Y is bitwise the small-M kernel's for any M (GPU test W4A16StagedKernelKeepsTheBits).
-// Limits (UseStaged): sm_90, int4 with stage flush, M <= kStagedMaxRows, plans of kMaxSplits splits with at most
-// kStagedMaxStages stages per warp range, K % 8 == 0 (16-byte rows of X), and the weights plus X within the block's
-// shared memory.
+// Limits (UseStaged, and sm_90 at launch): int4 with stage flush, M <= kStagedMaxRows, plans of kMaxSplits splits
+// with at most kStagedMaxStages stages per warp range, K % 8 == 0 (16-byte rows of X), and the weights plus X within
+// the block's shared memory.
 #pragma once
 
 #include "kernels/gemm/qlinear_kernel.cuh"
@@ -339,21 +339,22 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(c
 #endif
 }
 
-// Whether the staged kernel can take this launch (see the header comment; the shared memory is checked at launch);
-// its shared memory in *l.
+// Whether the staged kernel can take a launch of at most kStagedMaxRows rows (see the header comment; the device and
+// the shared memory are checked at launch); its shared memory in *l.
 inline bool UseStaged(const QLinearParams& p, StagedLayout* l) {
-  if (p.M > std::min(staged_max_rows.load(std::memory_order_relaxed), kStagedMaxRows) || p.splits != kMaxSplits ||
-      p.steps_per_warp > kSubSteps * kStagedMaxStages || p.K % 8 != 0 || DeviceMajor() < 9)
+  if (p.M > staged_max_rows.load(std::memory_order_relaxed) || p.splits != kMaxSplits ||
+      p.steps_per_warp > kSubSteps * kStagedMaxStages || p.K % 8 != 0)
     return false;
   *l = StagedLayoutFor(p);
   return true;
 }
 
 // Launches staged kernel kKernel with `bytes` of shared memory, once its limit is raised to the device's opt-in
-// maximum (once per kernel and device, not per launch); cudaErrorNotSupported, with nothing launched, where the
-// block's shared memory cannot hold `bytes`.
+// maximum (once per kernel and device, not per launch); cudaErrorNotSupported, with nothing launched, before sm_90 or
+// where the block's shared memory cannot hold `bytes`.
 template <auto kKernel, typename... Args>
 cudaError_t LaunchStagedKernel(const QLinearParams& p, uint32_t bytes, cudaStream_t stream, const Args&... args) {
+  if (DeviceMajor() < 9) return cudaErrorNotSupported;
   static std::atomic<int> optin[kMaxDevices] = {};  // the opt-in bytes + 1, once set
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev >= kMaxDevices) return cudaErrorNotSupported;
@@ -377,14 +378,14 @@ cudaError_t LaunchStagedKernel(const QLinearParams& p, uint32_t bytes, cudaStrea
   return cudaLaunchKernelEx(&cfg, kKernel, args...);
 }
 
-// cudaErrorNotSupported (nothing launched) where the staged kernels do not apply (UseStaged; fp8: sm_90, 8-split plans
-// of kStagedFp8Steps steps per warp range, all inside the weights, M <= staged_fp8_max_rows) or the block's shared
-// memory cannot hold them: the caller takes QLinearDirectKernel.
+// Launches of at most kStagedMaxRows rows: cudaErrorNotSupported (nothing launched) where the staged kernels do not
+// apply (UseStaged; fp8: 8-split plans of kStagedFp8Steps steps per warp range, all inside the weights, M <=
+// staged_fp8_max_rows; both: sm_90) or the block's shared memory cannot hold them: the caller takes QLinearDirectKernel.
 template <typename T, bool kFp8>
 cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
   if constexpr (kFp8) {
-    if (p.M > std::min(staged_fp8_max_rows.load(std::memory_order_relaxed), kStagedMaxRows) || p.splits != kMaxSplits ||
-        p.steps_per_warp != kStagedFp8Steps || p.nk32 != kWarpsK * kMaxSplits * kStagedFp8Steps || DeviceMajor() < 9)
+    if (p.M > staged_fp8_max_rows.load(std::memory_order_relaxed) || p.splits != kMaxSplits ||
+        p.steps_per_warp != kStagedFp8Steps || p.nk32 != kWarpsK * kMaxSplits * kStagedFp8Steps)
       return cudaErrorNotSupported;
     return LaunchStagedKernel<QLinearStagedFp8Kernel<T>>(p, kStagedFp8Bytes, stream, p);
   } else {
