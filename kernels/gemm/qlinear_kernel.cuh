@@ -103,8 +103,13 @@ __device__ __forceinline__ void Fp8Word(uint32_t w, uint32_t& b0, uint32_t& b1) 
     b1 = ((w >> 1) & 0x3f803f80u) | (w & 0x80008000u);
     b0 = ((w << 7) & 0x3f803f80u) | ((w << 8) & 0x80008000u);
   } else {
-    const uint32_t h1 = ((w >> 4) & 0x07f007f0u) | (w & 0x80008000u);
-    const uint32_t h0 = ((w << 4) & 0x07f007f0u) | ((w << 8) & 0x80008000u);
+    // A byte sign-extended into its 16-bit half (prmt's sign-replicating selector) and shifted left by 4 puts the
+    // sign at bit 15 and the exponent and mantissa at bits 10..4; the mask drops the rest (and the bits the 32-bit
+    // shift carries from the low half into the high one).
+    uint32_t s0, s1;
+    asm("prmt.b32 %0, %1, 0, 0xa280;\n" : "=r"(s0) : "r"(w));  // bytes 0, 2
+    asm("prmt.b32 %0, %1, 0, 0xb391;\n" : "=r"(s1) : "r"(w));  // bytes 1, 3
+    const uint32_t h0 = (s0 << 4) & 0x87f087f0u, h1 = (s1 << 4) & 0x87f087f0u;
     constexpr uint32_t k2p120 = 0x7b807b80u;  // bf16 2^120 in both halves
     constexpr uint32_t kNegZero = 0x80008000u;
     // x * 2^120 + (-0) == x * 2^120 exactly; fma.bf16x2 exists from sm_80 (mul.bf16x2 only from sm_90).
