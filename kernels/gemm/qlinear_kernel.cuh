@@ -1145,7 +1145,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& p, cudaStream_t stream);
 template <typename T, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
   if constexpr (kFp8 || kStageFlush) {
-    if (p.M <= kSmallMMaxRows) {
+    if (p.M <= kStagedMaxRows) {
       const cudaError_t e = LaunchQLinearStaged<T, kFp8>(p, stream);
       if (e != cudaErrorNotSupported) return e;
     }

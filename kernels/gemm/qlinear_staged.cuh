@@ -62,9 +62,10 @@ __device__ __forceinline__ uint4 LdShared16(uint32_t a) {
   return v;
 }
 
-template <typename T, int NT>
+template <typename T>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(const QLinearParams p, const StagedLayout l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int NT = 1;  // one 8-token tile (kStagedMaxRows)
   extern __shared__ __align__(128) uint4 staged_smem[];
   LaunchDependents();  // as the int4 small-M kernel: the next kernel may start its weight prefetch at once
   const int lane = threadIdx.x & 31;
@@ -170,7 +171,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) xrow[nt] = xs0 + uint32_t(min(nt * 8 + g, p.M - 1)) * l.x_stride + uint32_t(8 * t) * 2u;
 
-  if constexpr (NT == 1) {
   // Stage 0: A fragments before X. The wait for X takes its address from every fragment (times a runtime zero), so
   // that ptxas cannot sink the dequantization past it.
   MbarWait(bar_w(0), 0);
@@ -218,13 +218,10 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
         }
   }
   Flush<NT>(scl, c, acc);
-  } else {
-    MbarWait(bar_x, 0);
-  }
 
   // The other stages: StepMma as QLinearDirectKernel runs it (unrolled: the scale registers are indexed by constants).
 #pragma unroll
-  for (int s = NT == 1 ? 1 : 0; s < kStagedMaxStages; ++s) {
+  for (int s = 1; s < kStagedMaxStages; ++s) {
     if (s >= nst) break;
     MbarWait(bar_w(s), 0);
     if (fresh & (1u << s)) GroupRegs<T>(sbs[s], sbz[s], scl, nzm);
@@ -268,11 +265,12 @@ constexpr uint32_t kFp8StepBytes = 1024;  // a step of a strip's fp8 weights: 2 
 // mbarriers, from byte kStagedFp8Bars.
 constexpr uint32_t kStagedFp8Bars = kWarpsK * kMaxSplits * kStagedFp8Steps * kFp8StepBytes;
 constexpr uint32_t kStagedFp8Bytes = kStagedFp8Bars + kWarpsK * kMaxSplits * 8u * (kStagedFp8Steps / kFp8StageSteps);
-static_assert(kWarpsK * kMaxSplits * 2 * 8 * 32 * sizeof(float) <= kStagedFp8Bars, "the block sum fits in the weights' space");
+static_assert(kWarpsK * kMaxSplits * 8 * 32 * sizeof(float) <= kStagedFp8Bars, "the block sum fits in the weights' space");
 
-template <typename T, int NT>
+template <typename T>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(const QLinearParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int NT = 1;  // one 8-token tile (kStagedMaxRows)
   constexpr int kStages = kStagedFp8Steps / kFp8StageSteps;
   constexpr uint32_t kStageBytes = kFp8StageSteps * kFp8StepBytes;
   extern __shared__ __align__(128) uint4 staged_smem[];
@@ -389,13 +387,12 @@ cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
     if (p.M > staged_fp8_max_rows.load(std::memory_order_relaxed) || p.splits != kMaxSplits ||
         p.steps_per_warp != kStagedFp8Steps || p.nk32 != kWarpsK * kMaxSplits * kStagedFp8Steps)
       return cudaErrorNotSupported;
-    if (p.M <= 8) return LaunchStagedKernel<QLinearStagedFp8Kernel<T, 1>>(p, kStagedFp8Bytes, stream, p);
-    return LaunchStagedKernel<QLinearStagedFp8Kernel<T, 2>>(p, kStagedFp8Bytes, stream, p);
+    return LaunchStagedKernel<QLinearStagedFp8Kernel<T>>(p, kStagedFp8Bytes, stream, p);
   } else {
     StagedLayout l;
     if (!UseStaged(p, &l)) return cudaErrorNotSupported;
-    if (p.M <= 8) return LaunchStagedKernel<QLinearStagedKernel<T, 1>>(p, l.total, stream, p, l);
-    return LaunchStagedKernel<QLinearStagedKernel<T, 2>>(p, l.total, stream, p, l);
+    static_assert(kStagedMaxRows <= 8, "the staged kernel runs one 8-token tile");
+    return LaunchStagedKernel<QLinearStagedKernel<T>>(p, l.total, stream, p, l);
   }
 }
 

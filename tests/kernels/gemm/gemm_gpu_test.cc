@@ -291,7 +291,7 @@ TEST(GemmGpu, W4A16StagedKernelKeepsTheBits) {
         Acts x = MakeActs(M, K, act, 5 + M);
         const long before = detail::staged_launches.load();
         auto staged = RunW4(*dw, x, M, act, true, nullptr);
-        const int limit = std::min({fits, detail::staged_max_rows.load(), kSmallMMaxRows});  // the knob may lower it
+        const int limit = std::min({fits, detail::staged_max_rows.load(), detail::kStagedMaxRows});  // the knob may lower it
         EXPECT_EQ(detail::staged_launches.load() - before, major >= 9 && M <= limit ? 1 : 0);
         const int rows = detail::staged_max_rows.exchange(0);
         auto direct = RunW4(*dw, x, M, act, true, nullptr);
@@ -325,7 +325,7 @@ TEST(GemmGpu, W8A16StagedKernelKeepsTheBits) {
         Acts x = MakeActs(M, K, act, 7 + M);
         const long before = detail::staged_launches.load();
         auto staged = RunW8(*dw, x.bits.data(), M, act);
-        const int limit = std::min(detail::staged_fp8_max_rows.load(), kSmallMMaxRows);  // the knob may lower it
+        const int limit = std::min(detail::staged_fp8_max_rows.load(), detail::kStagedMaxRows);  // the knob may lower it
         EXPECT_EQ(detail::staged_launches.load() - before, major >= 9 && M <= limit ? 1 : 0);
         const int rows = detail::staged_fp8_max_rows.exchange(0);
         auto direct = RunW8(*dw, x.bits.data(), M, act);
