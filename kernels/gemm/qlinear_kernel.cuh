@@ -9,9 +9,9 @@
 // int4: q becomes the exact integer q - z in 16 bits (one lop3 with a magic exponent, one
 // fma), the mma accumulates a stage (groups of 4k steps) or a k32 step (other group sizes,
 // the *_step.cu files) into a fresh fp32 fragment, and the group scale is applied in fp32.
-// fp8: the E4M3 byte is moved into a 16-bit float with shifts and a lop3 (no cvt): for fp16
-// the value is w * 2^-8 (the 2^8 folds into the fp32 channel scale), for bf16 w * 2^-120, then
-// one exact bf16x2 multiply by 2^120 (subnormal E4M3 values stay exact).
+// fp8: the E4M3 bits, placed at load time, are moved into a 16-bit float with shifts and masks (no
+// cvt): for fp16 the value is w * 2^-8 (the 2^8 folds into the fp32 channel scale), for bf16
+// w * 2^-120, then one exact bf16x2 multiply by 2^120 (subnormal E4M3 values stay exact).
 // This per-warp arithmetic is StepMma/Flush in both kernels, and both sum the warp ranges as
 // ((w0 + w1) [* fp8 scale] + (w2 + w3) [* scale] + ...) in fp32. No arithmetic mixes tokens, so
 // row i is bitwise identical for any M.
@@ -35,8 +35,8 @@
 //            at bit 4*(j/2) + 16*(j%2), so (w >> 4p) & 0x000f000f yields the pair (2p, 2p+1).
 //   int4 sz  96 B blocks [G][strips]: fp16 scales [g][s], then uint8 zeros [g][s]
 //            (n = 8s + g: the A fragment's rows).
-//   fp8  qw  uint8 [strips][nk32][c][lane][16]: word w = 2s + ks at chunk w/4; its bytes are
-//            channels 8t+4ks + (0, 2, 1, 3), so bytes 0,2 and bytes 1,3 form the two registers.
+//   fp8  qw  uint32 [strips][nk32][c][lane][4]: word w = 2s + ks at chunk w/4 holds channels 8t+4ks + 0..3
+//            with their bits placed for the two registers (Fp8Word).
 //   fp8  fscales fp32 [strips][g][s].
 // Limits: K % 8 == 0; group_size % 32 == 0 or channelwise; M per launch <= 128.
 // Measured: bench/results/gemm-nvidia-h200-2026-11-23-r2.md (numbers in bench/gemm/NOTES.md).
@@ -95,21 +95,21 @@ __device__ __forceinline__ uint32_t DequantPair(uint32_t w, int p, uint32_t neg_
   return d;
 }
 
-// Four E4M3 bytes [c0, c2, c1, c3] -> b0 = (c0, c1), b1 = (c2, c3) in 16-bit floats.
-// fp16: value * 2^-8 exactly (E4M3 subnormals land on fp16 subnormals). bf16: exact value.
+// One fp8 word (weights.cu: Fp8PackWord) -> b0 = (c0, c1), b1 = (c2, c3) in 16-bit floats. The word holds c0 and c1
+// at their bf16 places (sign at bit 15 / 31, exponent and mantissa at bits 10..4 / 26..20) and c2 and c3 in the bits
+// between: the low 4 of exponent and mantissa at 3..0 / 19..16, the sign at 11 / 27, the high 3 at 14..12 / 30..28.
+// bf16: one mask (b0) or two shifts and masks (b1) give the value * 2^-120 exactly (E4M3 subnormals on bf16
+// subnormals), then one exact bf16x2 multiply by 2^120: 7 instructions a word, where E4M3 bytes take 8 at best (a
+// byte's sign and exponent need different shifts). fp16: value * 2^-8 exactly (the 2^8 folds into the fp32 channel
+// scale).
 template <typename T>
 __device__ __forceinline__ void Fp8Word(uint32_t w, uint32_t& b0, uint32_t& b1) {
   if constexpr (std::is_same_v<T, __half>) {
-    b1 = ((w >> 1) & 0x3f803f80u) | (w & 0x80008000u);
-    b0 = ((w << 7) & 0x3f803f80u) | ((w << 8) & 0x80008000u);
+    b0 = ((w << 3) & 0x3f803f80u) | (w & 0x80008000u);
+    b1 = ((w << 7) & 0x07800780u) | ((w << 4) & 0x80008000u) | ((w >> 1) & 0x38003800u);
   } else {
-    // A byte sign-extended into its 16-bit half (prmt's sign-replicating selector) and shifted left by 4 puts the
-    // sign at bit 15 and the exponent and mantissa at bits 10..4; the mask drops the rest (and the bits the 32-bit
-    // shift carries from the low half into the high one).
-    uint32_t s0, s1;
-    asm("prmt.b32 %0, %1, 0, 0xa280;\n" : "=r"(s0) : "r"(w));  // bytes 0, 2
-    asm("prmt.b32 %0, %1, 0, 0xb391;\n" : "=r"(s1) : "r"(w));  // bytes 1, 3
-    const uint32_t h0 = (s0 << 4) & 0x87f087f0u, h1 = (s1 << 4) & 0x87f087f0u;
+    const uint32_t h0 = w & 0x87f087f0u;
+    const uint32_t h1 = ((w << 4) & 0x80f080f0u) | ((w >> 4) & 0x07000700u);
     constexpr uint32_t k2p120 = 0x7b807b80u;  // bf16 2^120 in both halves
     constexpr uint32_t kNegZero = 0x80008000u;
     // x * 2^120 + (-0) == x * 2^120 exactly; fma.bf16x2 exists from sm_80 (mul.bf16x2 only from sm_90).

@@ -267,6 +267,18 @@ Status run_w4a16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaS
 }
 
 // ---------------- fp8 ----------------
+namespace {
+// The fp8 word of channels c[0..3] (E4M3 bytes) that Fp8Word (qlinear_kernel.cuh) reads: c[0] and c[1] at their bf16
+// places (sign at bit 15 / 31, exponent and mantissa at 10..4 / 26..20); c[2] and c[3] in the bits between (low 4 bits
+// of exponent and mantissa at 3..0 / 19..16, sign at 11 / 27, high 3 at 14..12 / 30..28).
+uint32_t Fp8PackWord(const uint8_t (&c)[4]) {
+  auto sign = [&](int i) { return uint32_t(c[i] >> 7); };
+  auto em = [&](int i) { return uint32_t(c[i] & 0x7fu); };
+  return sign(0) << 15 | em(0) << 4 | sign(1) << 31 | em(1) << 20 |                  // c[0], c[1]
+         (em(2) & 0xfu) | sign(2) << 11 | (em(2) >> 4) << 12 |                      // c[2]
+         (em(3) & 0xfu) << 16 | sign(3) << 27 | (em(3) >> 4) << 28;                 // c[3]
+}
+}  // namespace
 
 Fp8DeviceWeights::~Fp8DeviceWeights() {
   if (view_ && view_->alloc) cudaFree(view_->alloc);
@@ -282,10 +294,9 @@ Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWe
   v->plan = PlanFor(K, N);
   v->strips = v->plan.n_blocks * kWarpsN;
   const int strips = v->strips, nk32 = v->nk32;
-  // [strips][nk32][2 chunks][32 lanes][16 B]: word w = 2s + ks in chunk w/4 holds
-  // channels 8t + 4ks + (0, 2, 1, 3) of column n = 32*strip + 8s + lane/4.
-  std::vector<uint8_t> qw(size_t(strips) * nk32 * 32 * 32, 0);
-  static constexpr int kByteCh[4] = {0, 2, 1, 3};
+  // [strips][nk32][2 chunks][32 lanes][4 words]: word w = 2s + ks in chunk w/4 holds channels 8t + 4ks + 0..3 of
+  // column n = 32*strip + 8s + lane/4, their bits placed as Fp8Word reads them (Fp8PackWord).
+  std::vector<uint32_t> qw(size_t(strips) * nk32 * 32 * 8, 0u);
   for (int strip = 0; strip < strips; ++strip)
     for (int j = 0; j < nk32; ++j)
       for (int lane = 0; lane < 32; ++lane)
@@ -294,11 +305,12 @@ Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWe
             const int n = strip * kWarpN + 8 * s + lane / 4, t = lane % 4;
             if (n >= N) continue;
             const int wi = 2 * s + ks;
-            uint8_t* dst = qw.data() + (((size_t(strip) * nk32 + j) * 2 + wi / 4) * 32 + lane) * 16 + (wi % 4) * 4;
+            uint8_t c[4] = {0, 0, 0, 0};
             for (int b = 0; b < 4; ++b) {
-              const int k = j * kStepK + 8 * t + 4 * ks + kByteCh[b];
-              if (k < K) dst[b] = w.w[size_t(n) * K + k];
+              const int k = j * kStepK + 8 * t + 4 * ks + b;
+              if (k < K) c[b] = w.w[size_t(n) * K + k];
             }
+            qw[(((size_t(strip) * nk32 + j) * 2 + wi / 4) * 32 + lane) * 4 + wi % 4] = Fp8PackWord(c);
           }
   std::vector<float> fs(size_t(strips) * 32, 0.0f), svec(N);  // [strips][g][s]: n = 8s + g
   for (int strip = 0; strip < strips; ++strip)
@@ -311,7 +323,7 @@ Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWe
   const size_t ow = blob.Add(w.w.data(), w.w.size());
   const size_t ov = blob.Add(svec.data(), svec.size() * 4);
   const size_t o1 = blob.Add(w.scale.data(), 4);
-  const size_t oq = blob.Add(qw.data(), qw.size());
+  const size_t oq = blob.Add(qw.data(), qw.size() * 4);
   const size_t of = blob.Add(fs.data(), fs.size() * 4);
   FQ_RETURN_IF_ERROR(blob.Upload(&v->alloc));
   uint8_t* base = static_cast<uint8_t*>(v->alloc);
