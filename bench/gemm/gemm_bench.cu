@@ -129,6 +129,9 @@ struct Rec {
 
 std::vector<Rec> g_recs;
 bool g_w8a8 = true;
+// Activation type of the timed W4A16 and W8A16 calls: bf16 (records), or fp16 with --f16 (A/B calls only: the same
+// 16-bit data read as fp16; the correctness check stays bf16).
+ActType g_act = ActType::kBF16;
 std::string g_checks;
 
 void Record(const std::string& method, int K, int N, int M, bool inv, double us, double wbytes) {
@@ -303,12 +306,12 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
       auto bf = [&](int i) { OK(run_bf16(blas, wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, inv, nullptr, 0}, g_stream)); };
       OK(WarmBf16(blas, M, N, K, ActType::kBF16, inv));
       Record("bf16_cublaslt", K, N, M, inv, TimeUs(bf, EstimateUs(bf)), bf16_bytes);
-      auto q4 = [&](int i) { OK(run_w4a16(*w4d[i % r4], LinearArgs{x, y, M, ActType::kBF16, inv, ws, ws_bytes}, blas, g_stream)); };
+      auto q4 = [&](int i) { OK(run_w4a16(*w4d[i % r4], LinearArgs{x, y, M, g_act, inv, ws, ws_bytes}, blas, g_stream)); };
       if (!inv && M >= kW4A16DequantMinM) OK(WarmBf16(blas, M, N, K, ActType::kBF16, false));
-      Record("w4a16_g128", K, N, M, inv, TimeUs(q4, EstimateUs(q4)), w4_bytes);
+      Record(g_act == ActType::kF16 ? "w4a16_g128_f16" : "w4a16_g128", K, N, M, inv, TimeUs(q4, EstimateUs(q4)), w4_bytes);
     }
-    auto q8 = [&](int i) { OK(run_w8a16(*w8d[i % r8], LinearArgs{x, y, M, ActType::kBF16, true, ws8, ws8_bytes}, g_stream)); };
-    Record("w8a16", K, N, M, true, TimeUs(q8, EstimateUs(q8)), w8_bytes);
+    auto q8 = [&](int i) { OK(run_w8a16(*w8d[i % r8], LinearArgs{x, y, M, g_act, true, ws8, ws8_bytes}, g_stream)); };
+    Record(g_act == ActType::kF16 ? "w8a16_f16" : "w8a16", K, N, M, true, TimeUs(q8, EstimateUs(q8)), w8_bytes);
     if (!g_w8a8) continue;
     // W8A8: GEMM only (activations already FP8, as torch._scaled_mm is timed).
     OK(run_quantize_act_fp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), g_stream));
@@ -386,6 +389,7 @@ int main(int argc, char** argv) {
     if (a == "--out" && i + 1 < argc) out = argv[++i];
     if (a == "--quick") quick = true;
     if (a == "--no-w8a8") g_w8a8 = false;  // A/B calls on the int4 / fp8-weight kernels only
+    if (a == "--f16") g_act = ActType::kF16;  // A/B calls: W4A16 and W8A16 timed with fp16 activations
     if (a == "--bars") bars = true;  // all four shapes at M = 1, 4, 16, 32, 64, 128 (the issue's bars and the wgmma tiles)
     if (a == "--ms" && i + 1 < argc) ms_arg = argv[++i];  // comma-separated M values (A/B calls), e.g. --ms 64,128
     if (a == "--shapes" && i + 1 < argc) shapes_arg = argv[++i];  // comma-separated KxN (A/B calls), e.g. 4096x4096
