@@ -101,7 +101,9 @@ __device__ __forceinline__ uint32_t DequantPair(uint32_t w, int p, uint32_t neg_
 // bf16: one mask (b0) or two shifts and masks (b1) give the value * 2^-120 exactly (E4M3 subnormals on bf16
 // subnormals), then one exact bf16x2 multiply by 2^120: 7 instructions a word, where E4M3 bytes take 8 at best (a
 // byte's sign and exponent need different shifts). fp16: value * 2^-8 exactly (the 2^8 folds into the fp32 channel
-// scale).
+// scale), 9 instructions a word (7 from bytes). H200, against bytes sign-extended by prmt (d250681): W8A16 bf16 4096²
+// M = 8 5.73 -> 5.66 µs, M = 16 6.96 -> 6.88; fp16 M = 16 7.12 -> 7.30, 14336 x 4096 M = 1 14.85 -> 15.35
+// (bench/results/gemm-nvidia-h200-2026-11-27-s25.md, calls 3-4). bf16 is the dtype of the issue's bars.
 template <typename T>
 __device__ __forceinline__ void Fp8Word(uint32_t w, uint32_t& b0, uint32_t& b1) {
   if constexpr (std::is_same_v<T, __half>) {
