@@ -1,0 +1,209 @@
+// Small-M W4A16 at 9-16 rows (two 8-token tiles) for 8-split plans on sm_90: QLinearDirectKernel's blocks, warp
+// ranges, arithmetic and sum, with X shared by the blocks of two neighbouring strips (a 2-block cluster).
+//
+// Why: at 9-16 rows every block reads all of X from L2 (14336 x 4096 M = 16: 458 KB a block, twice the weights), and
+// those reads bound the call. With each warp's second token tile reading its first tile's rows (wrong results, half
+// the L2 reads of X, the same instructions) the direct kernel took 14336 x 4096 M = 16 from 13.12 to 11.48 µs and
+// 4096² from 5.36 to 4.93; 2-block clusters with a cluster barrier at the start cost 0.2-0.26 µs (H200,
+// bench/results/gemm-nvidia-h200-2026-11-27-s25.md, calls 4 and 6).
+//
+// How: warp w of both blocks runs the same warp range, so it needs the same X. Each block copies one token tile
+// (rows 8 * rank .. + 7) of a stage (kSubSteps k32 steps) of the warp's X with bulk copies multicast into the same
+// slot of both blocks, so every X byte leaves L2 once per pair. A warp holds two slots: it waits for a slot's full
+// barrier (both blocks' copies), reads X from shared memory, and releases the slot on the empty barriers of both
+// blocks; lane 0 refills the slot with stage q + 2 once the partner warp has released it too. The weights stay in
+// registers, two stages deep, loaded as QLinearDirectKernel loads them.
+//
+// Bits: the same StepMma and Flush per stage, in the same order, and the same BlockSum; rows past M read row M - 1, as
+// the direct kernel's loads do. So row i of Y is bitwise the small-M kernel's for any M (GPU test
+// W4A16PairKernelKeepsTheBits).
+// Limits (UsePair): int4 with stage flush, sm_90, 9 <= M <= 16 and M >= pair_min_rows, 8-split plans whose warp ranges
+// are whole stages inside K (K == 16 * steps_per_warp * 32), an even number of strips.
+#pragma once
+
+#include "kernels/gemm/qlinear_kernel.cuh"
+
+namespace flashq::gemm::detail {
+
+constexpr int kPairSlots = 2;                                      // X slots per warp
+constexpr uint32_t kPairStageRowBytes = kSubSteps * kStepK * 2;    // a row of a stage's X: 256 bytes
+constexpr uint32_t kPairRowBytes = kPairStageRowBytes + 64;        // rows 64 bytes apart beyond 128-byte multiples, so
+                                                                   // that a quarter warp's two rows use different banks
+constexpr uint32_t kPairSlotBytes = 16 * kPairRowBytes;            // two 8-token tiles
+constexpr int kPairWarps = kWarpsK * kMaxSplits;
+constexpr uint32_t kPairRedBytes = kPairWarps * 16 * 32 * sizeof(float);  // BlockSum's [warp][16][32] floats
+constexpr uint32_t kPairXBytes = kPairWarps * kPairSlots * kPairSlotBytes;
+constexpr uint32_t kPairSmemBytes = kPairRedBytes + kPairXBytes + kPairWarps * kPairSlots * 16;  // + full, empty
+
+// `bytes` from global memory into the same offset of the shared memory of both blocks of a 2-block cluster, completing
+// on the mbarrier at the same offset in each.
+__device__ __forceinline__ void BulkCopyToPair(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "h"(uint16_t(3))
+      : "memory");
+}
+// Arrives on the mbarrier at offset `bar` of the other block of the pair. Default semantics (release, CTA scope), as
+// CUTLASS's cluster pipelines release a slot to its producer: .release.cluster compiles to MEMBAR.ALL.GPU, which would
+// also wait for this thread's weight loads in flight.
+__device__ __forceinline__ void MbarArrivePartner(uint32_t bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank ^ 1u));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearPairKernel(const QLinearParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int NT = 2;
+  extern __shared__ __align__(128) uint4 pair_smem[];
+  LaunchDependents();  // as the int4 small-M kernel: the next kernel may start its weight prefetch at once
+  const int lane = threadIdx.x & 31;
+  const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x >> 5), 0);
+  const int g = lane >> 2, t = lane & 3;
+  const int strip = blockIdx.x;
+  uint32_t rank;
+  asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  const int spw = p.steps_per_warp, nst = spw / kSubSteps;
+  const int j0 = warp * spw;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(pair_smem));
+  const uint32_t xslots = base + kPairRedBytes + uint32_t(warp) * (kPairSlots * kPairSlotBytes);
+  const uint32_t bars = base + kPairRedBytes + kPairXBytes + uint32_t(warp) * (kPairSlots * 16);
+  auto full = [&](int h) { return bars + 8u * h; };
+  auto empty = [&](int h) { return bars + 8u * (kPairSlots + h); };
+
+  // Weights: stage q in ring half q & 1 (kSubSteps uint4 per lane), its group's scale block beside it.
+  const uint4* wp = static_cast<const uint4*>(p.qw) + (size_t(strip) * p.nk32 + j0) * 32 + lane;
+  const char* szp = static_cast<const char*>(p.sz) + size_t(strip) * kSzBlockBytes;
+  const size_t szstride = size_t(p.strips) * kSzBlockBytes;
+  uint4 wb[kPairSlots][kSubSteps];
+  uint2 sbs[kPairSlots];
+  uint32_t sbz[kPairSlots];
+  auto load_w = [&](int q, auto h) {
+    constexpr int H = decltype(h)::value;
+#pragma unroll
+    for (int r = 0; r < kSubSteps; ++r) wb[H][r] = LdStream(wp + (q * kSubSteps + r) * 32);
+    const char* sz = szp + size_t((j0 + q * kSubSteps) / p.gsteps) * szstride;
+    sbs[H] = __ldg(reinterpret_cast<const uint2*>(sz) + g);
+    sbz[H] = __ldg(reinterpret_cast<const uint32_t*>(sz + kSzZeros) + g);
+  };
+  // Lane 0: this block's token tile of stage q's X into slot q & 1 of both blocks (rows past M: row M - 1).
+  const T* xsrc = static_cast<const T*>(p.x) + size_t(j0) * kStepK;
+  auto fill_x = [&](int q) {
+    const int h = q & 1;
+    const uint32_t slot = xslots + uint32_t(h) * kPairSlotBytes;
+    MbarArriveExpectTx(full(h), 16 * kPairStageRowBytes);  // both blocks' tiles land here
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int row = 8 * int(rank) + i;
+      BulkCopyToPair(slot + uint32_t(row) * kPairRowBytes, xsrc + size_t(min(row, p.M - 1)) * p.K + q * kSubSteps * kStepK,
+                     kPairStageRowBytes, full(h));
+    }
+  };
+
+  if (lane == 0) {
+#pragma unroll
+    for (int h = 0; h < kPairSlots; ++h) {
+      MbarInit(full(h), 1);
+      MbarInit(empty(h), 2);  // this warp and its partner in the other block
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  // The weights do not depend on the previous kernel: both stages stream in while it finishes.
+  load_w(0, std::integral_constant<int, 0>{});
+  if (nst > 1) load_w(1, std::integral_constant<int, 1>{});
+  // Both blocks' barriers exist before any copy lands on them.
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+  GridDependencyWait();
+  if (lane == 0) {
+    fill_x(0);
+    if (nst > 1) fill_x(1);
+  }
+
+  float acc[NT][2][4], c[NT][2][4];
+  ZeroAcc<NT>(acc);
+  float scl[4];
+  uint32_t nzm[4];
+  // Lane (g, t) reads X rows g and 8 + g at k 8t..8t+7 of each step.
+  const uint32_t xr0 = uint32_t(g) * kPairRowBytes + uint32_t(t) * 16u, xr1 = xr0 + 8 * kPairRowBytes;
+  auto stage = [&](int q, auto h) {
+    constexpr int H = decltype(h)::value;
+    const uint32_t slot = xslots + H * kPairSlotBytes;
+    GroupRegs<T>(sbs[H], sbz[H], scl, nzm);
+    MbarWait(full(H), (q >> 1) & 1);
+#pragma unroll
+    for (int r = 0; r < kSubSteps; ++r) {
+      const uint32_t wv[4] = {wb[H][r].x, wb[H][r].y, wb[H][r].z, wb[H][r].w};
+      const uint4 xv[NT] = {LdShared16(slot + xr0 + uint32_t(r) * (kStepK * 2u)),
+                            LdShared16(slot + xr1 + uint32_t(r) * (kStepK * 2u))};
+      StepMma<T, NT, false>(wv, xv, nzm, r == 0, c, acc);
+    }
+    Flush<NT>(scl, c, acc);
+    if (q + kPairSlots < nst) {
+      load_w(q + kPairSlots, h);
+      __syncwarp();  // every lane has read the slot
+      if (lane == 0) {
+        MbarArrive(empty(H));
+        MbarArrivePartner(empty(H), rank);
+        MbarWait(empty(H), (q >> 1) & 1);  // the partner warp is done with the slot too
+        fill_x(q + kPairSlots);
+      }
+      __syncwarp();
+    }
+  };
+  for (int q = 0; q < nst; q += 2) {
+    stage(q, std::integral_constant<int, 0>{});
+    if (q + 1 < nst) stage(q + 1, std::integral_constant<int, 1>{});
+  }
+
+  // Every copy into this block was waited for, and the partner's last arrival here came before its last copy that
+  // this block waited for: no cluster barrier is needed before the block's sum or its exit.
+  const float unused[1] = {1.0f};
+  BlockSum<T, NT, false>(reinterpret_cast<float*>(pair_smem), p, strip, warp, lane, acc, unused);
+#endif
+}
+
+// Whether the paired kernel takes a launch (see the header comment); the device check is the launcher's.
+inline bool UsePair(const QLinearParams& p) {
+  const int strips = (p.N + kWarpN - 1) / kWarpN;
+  return p.M > 8 && p.M <= kSmallMMaxRows && p.M >= pair_min_rows.load(std::memory_order_relaxed) &&
+         p.splits == kMaxSplits && p.steps_per_warp % kSubSteps == 0 && p.gsteps % kSubSteps == 0 &&
+         p.nk32 == kPairWarps * p.steps_per_warp && p.K == p.nk32 * kStepK && strips % 2 == 0;
+}
+
+// cudaErrorNotSupported, with nothing launched, where the paired kernel does not apply: the caller takes
+// QLinearDirectKernel.
+template <typename T>
+cudaError_t LaunchQLinearPair(const QLinearParams& p, cudaStream_t stream) {
+  if (!UsePair(p) || DeviceMajor() < 9) return cudaErrorNotSupported;
+  static std::atomic<int> optin[kMaxDevices] = {};  // the opt-in is set once per device
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= kMaxDevices) return cudaErrorNotSupported;
+  if (optin[dev].load(std::memory_order_acquire) == 0) {
+    int most = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e != cudaSuccess) return e;
+    if (uint32_t(most) < kPairSmemBytes) return cudaErrorNotSupported;
+    e = cudaFuncSetAttribute(QLinearPairKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPairSmemBytes));
+    if (e != cudaSuccess) return e;
+    optin[dev].store(1, std::memory_order_release);
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((p.N + kWarpN - 1) / kWarpN);
+  cfg.blockDim = dim3(32 * kPairWarps);
+  cfg.dynamicSmemBytes = kPairSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute at[2];
+  cfg.attrs = at;
+  AddPdl(&cfg);
+  cudaLaunchAttribute& cl = at[cfg.numAttrs++];
+  cl.id = cudaLaunchAttributeClusterDimension;
+  cl.val.clusterDim.x = 2;
+  cl.val.clusterDim.y = 1;
+  cl.val.clusterDim.z = 1;
+  pair_launches.fetch_add(1, std::memory_order_relaxed);
+  return cudaLaunchKernelEx(&cfg, QLinearPairKernel<T>, p);
+}
+
+}  // namespace flashq::gemm::detail
