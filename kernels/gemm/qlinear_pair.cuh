@@ -9,9 +9,9 @@
 //
 // How: warp w of both blocks runs the same warp range, so it needs the same X. Each block copies one token tile
 // (rows 8 * rank .. + 7) of a stage (kSubSteps k32 steps) of the warp's X with bulk copies multicast into the same
-// slot of both blocks, so every X byte leaves L2 once per pair. A warp holds two slots: it waits for a slot's full
+// slot of both blocks, so every X byte leaves L2 once per pair. A warp holds three slots: it waits for a slot's full
 // barrier (both blocks' copies), reads X from shared memory, and releases the slot on the empty barriers of both
-// blocks; lane 0 refills the slot with stage q + 2 once the partner warp has released it too. The weights stay in
+// blocks; lane 0 refills the slot with stage q + 3 once the partner warp has released it too. The weights stay in
 // registers, two stages deep, loaded as QLinearDirectKernel loads them.
 //
 // Bits: the same StepMma and Flush per stage, in the same order, and the same BlockSum; rows past M read row M - 1, as
@@ -25,15 +25,13 @@
 
 namespace flashq::gemm::detail {
 
-constexpr int kPairSlots = 2;                                      // X slots per warp
-constexpr uint32_t kPairStageRowBytes = kSubSteps * kStepK * 2;    // a row of a stage's X: 256 bytes
-constexpr uint32_t kPairRowBytes = kPairStageRowBytes + 64;        // rows 64 bytes apart beyond 128-byte multiples, so
-                                                                   // that a quarter warp's two rows use different banks
+constexpr int kPairSlots = 3;                                      // X slots per warp: two stages ahead
+constexpr uint32_t kPairRowBytes = kSubSteps * kStepK * 2;         // a row of a stage's X: 256 bytes
 constexpr uint32_t kPairSlotBytes = 16 * kPairRowBytes;            // two 8-token tiles
 constexpr int kPairWarps = kWarpsK * kMaxSplits;
-constexpr uint32_t kPairRedBytes = kPairWarps * 16 * 32 * sizeof(float);  // BlockSum's [warp][16][32] floats
-constexpr uint32_t kPairXBytes = kPairWarps * kPairSlots * kPairSlotBytes;
-constexpr uint32_t kPairSmemBytes = kPairRedBytes + kPairXBytes + kPairWarps * kPairSlots * 16;  // + full, empty
+constexpr uint32_t kPairXBytes = kPairWarps * kPairSlots * kPairSlotBytes;  // after the main loop: BlockSum's floats
+constexpr uint32_t kPairSmemBytes = kPairXBytes + kPairWarps * kPairSlots * 16;  // + full, empty
+static_assert(kPairWarps * 16 * 32 * sizeof(float) <= kPairXBytes, "the block sum fits in the X slots");
 
 // `bytes` from global memory into the same offset of the shared memory of both blocks of a 2-block cluster, completing
 // on the mbarrier at the same offset in each.
@@ -68,8 +66,8 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearPairKernel(const 
   const int spw = p.steps_per_warp, nst = spw / kSubSteps;
   const int j0 = warp * spw;
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(pair_smem));
-  const uint32_t xslots = base + kPairRedBytes + uint32_t(warp) * (kPairSlots * kPairSlotBytes);
-  const uint32_t bars = base + kPairRedBytes + kPairXBytes + uint32_t(warp) * (kPairSlots * 16);
+  const uint32_t xslots = base + uint32_t(warp) * (kPairSlots * kPairSlotBytes);
+  const uint32_t bars = base + kPairXBytes + uint32_t(warp) * (kPairSlots * 16);
   auto full = [&](int h) { return bars + 8u * h; };
   auto empty = [&](int h) { return bars + 8u * (kPairSlots + h); };
 
@@ -88,17 +86,17 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearPairKernel(const 
     sbs[H] = __ldg(reinterpret_cast<const uint2*>(sz) + g);
     sbz[H] = __ldg(reinterpret_cast<const uint32_t*>(sz + kSzZeros) + g);
   };
-  // Lane 0: this block's token tile of stage q's X into slot q & 1 of both blocks (rows past M: row M - 1).
+  // Lane 0: this block's token tile of stage q's X into slot q % kPairSlots of both blocks (rows past M: row M - 1).
   const T* xsrc = static_cast<const T*>(p.x) + size_t(j0) * kStepK;
   auto fill_x = [&](int q) {
-    const int h = q & 1;
+    const int h = q % kPairSlots;
     const uint32_t slot = xslots + uint32_t(h) * kPairSlotBytes;
-    MbarArriveExpectTx(full(h), 16 * kPairStageRowBytes);  // both blocks' tiles land here
+    MbarArriveExpectTx(full(h), 16 * kPairRowBytes);  // both blocks' tiles land here
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int row = 8 * int(rank) + i;
       BulkCopyToPair(slot + uint32_t(row) * kPairRowBytes, xsrc + size_t(min(row, p.M - 1)) * p.K + q * kSubSteps * kStepK,
-                     kPairStageRowBytes, full(h));
+                     kPairRowBytes, full(h));
     }
   };
 
@@ -116,10 +114,8 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearPairKernel(const 
   // Both blocks' barriers exist before any copy lands on them.
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
   GridDependencyWait();
-  if (lane == 0) {
-    fill_x(0);
-    if (nst > 1) fill_x(1);
-  }
+  if (lane == 0)
+    for (int q = 0; q < min(nst, kPairSlots); ++q) fill_x(q);
 
   float acc[NT][2][4], c[NT][2][4];
   ZeroAcc<NT>(acc);
@@ -127,11 +123,13 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearPairKernel(const 
   uint32_t nzm[4];
   // Lane (g, t) reads X rows g and 8 + g at k 8t..8t+7 of each step.
   const uint32_t xr0 = uint32_t(g) * kPairRowBytes + uint32_t(t) * 16u, xr1 = xr0 + 8 * kPairRowBytes;
+  // Stage q: weights from ring half H = q & 1, X from slot q % kPairSlots.
   auto stage = [&](int q, auto h) {
     constexpr int H = decltype(h)::value;
-    const uint32_t slot = xslots + H * kPairSlotBytes;
+    const int xs = q % kPairSlots, use = q / kPairSlots;
+    const uint32_t slot = xslots + uint32_t(xs) * kPairSlotBytes;
     GroupRegs<T>(sbs[H], sbz[H], scl, nzm);
-    MbarWait(full(H), (q >> 1) & 1);
+    MbarWait(full(xs), use & 1);
 #pragma unroll
     for (int r = 0; r < kSubSteps; ++r) {
       const uint32_t wv[4] = {wb[H][r].x, wb[H][r].y, wb[H][r].z, wb[H][r].w};
@@ -140,13 +138,13 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearPairKernel(const 
       StepMma<T, NT, false>(wv, xv, nzm, r == 0, c, acc);
     }
     Flush<NT>(scl, c, acc);
+    if (q + 2 < nst) load_w(q + 2, h);
     if (q + kPairSlots < nst) {
-      load_w(q + kPairSlots, h);
       __syncwarp();  // every lane has read the slot
       if (lane == 0) {
-        MbarArrive(empty(H));
-        MbarArrivePartner(empty(H), rank);
-        MbarWait(empty(H), (q >> 1) & 1);  // the partner warp is done with the slot too
+        MbarArrive(empty(xs));
+        MbarArrivePartner(empty(xs), rank);
+        MbarWait(empty(xs), use & 1);  // the partner warp is done with the slot too
         fill_x(q + kPairSlots);
       }
       __syncwarp();
@@ -158,7 +156,9 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearPairKernel(const 
   }
 
   // Every copy into this block was waited for, and the partner's last arrival here came before its last copy that
-  // this block waited for: no cluster barrier is needed before the block's sum or its exit.
+  // this block waited for: no cluster barrier is needed before the block's sum or its exit. The sum's floats take the
+  // X slots once every warp is done with them.
+  __syncthreads();
   const float unused[1] = {1.0f};
   BlockSum<T, NT, false>(reinterpret_cast<float*>(pair_smem), p, strip, warp, lane, acc, unused);
 #endif
