@@ -14,32 +14,32 @@
 // blocks; lane 0 refills the slot with stage q + 3 once the partner warp has released it too. The weights stay in
 // registers, two stages deep, loaded as QLinearDirectKernel loads them.
 //
-// Bits: the same StepMma and Flush per stage, in the same order, and the same BlockSum; rows past M read row M - 1, as
-// the direct kernel's loads do. So row i of Y is bitwise the small-M kernel's for any M (GPU test
+// Bits: the same StepMma and Flush per stage, in the same order, and the same BlockSum; rows past M read zeros (the
+// direct kernel reads row M - 1 there: those outputs are never stored). So row i of Y is bitwise the small-M kernel's for any M (GPU test
 // W4A16PairKernelKeepsTheBits).
 // Limits (UsePair): int4 with stage flush, sm_90, 9 <= M <= 16 and M >= pair_min_rows, 8-split plans whose warp ranges
 // are whole stages inside K (K == 16 * steps_per_warp * 32), an even number of strips.
 #pragma once
 
 #include "kernels/gemm/qlinear_kernel.cuh"
+#include "kernels/gemm/qlinear_wgmma.cuh"  // EncodeMap2d
 
 namespace flashq::gemm::detail {
 
 constexpr int kPairSlots = 3;                                      // X slots per warp: two stages ahead
-constexpr uint32_t kPairRowBytes = kSubSteps * kStepK * 2;         // a row of a stage's X: 256 bytes
-constexpr uint32_t kPairSlotBytes = 16 * kPairRowBytes;            // two 8-token tiles
+constexpr uint32_t kPairSlotBytes = 16 * kSubSteps * kStepK * 2;  // a stage of two 8-token tiles: 4 KB
 constexpr int kPairWarps = kWarpsK * kMaxSplits;
 constexpr uint32_t kPairXBytes = kPairWarps * kPairSlots * kPairSlotBytes;  // after the main loop: BlockSum's floats
 constexpr uint32_t kPairSmemBytes = kPairXBytes + kPairWarps * kPairSlots * 16;  // + full, empty
 static_assert(kPairWarps * 16 * 32 * sizeof(float) <= kPairXBytes, "the block sum fits in the X slots");
 
-// `bytes` from global memory into the same offset of the shared memory of both blocks of a 2-block cluster, completing
-// on the mbarrier at the same offset in each.
-__device__ __forceinline__ void BulkCopyToPair(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+// A 2D tensor-map box at (c0, c1) into the same offset of the shared memory of both blocks of a 2-block cluster,
+// completing on the mbarrier at the same offset in each.
+__device__ __forceinline__ void TmaLoad2dToPair(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar), "h"(uint16_t(3))
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], "
+      "[%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(uint16_t(3))
       : "memory");
 }
 // Arrives on the mbarrier at offset `bar` of the other block of the pair. Default semantics (release, CTA scope), as
@@ -52,10 +52,11 @@ __device__ __forceinline__ void MbarArrivePartner(uint32_t bar, uint32_t rank) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearPairKernel(const QLinearParams p) {
+__global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearPairKernel(const QLinearParams p,
+                                                                           const __grid_constant__ CUtensorMap xmap) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NT = 2;
-  extern __shared__ __align__(128) uint4 pair_smem[];
+  extern __shared__ __align__(1024) uint4 pair_smem[];  // the swizzled boxes need 1024-byte alignment
   LaunchDependents();  // as the int4 small-M kernel: the next kernel may start its weight prefetch at once
   const int lane = threadIdx.x & 31;
   const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x >> 5), 0);
@@ -86,18 +87,17 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearPairKernel(const 
     sbs[H] = __ldg(reinterpret_cast<const uint2*>(sz) + g);
     sbz[H] = __ldg(reinterpret_cast<const uint32_t*>(sz + kSzZeros) + g);
   };
-  // Lane 0: this block's token tile of stage q's X into slot q % kPairSlots of both blocks (rows past M: row M - 1).
-  const T* xsrc = static_cast<const T*>(p.x) + size_t(j0) * kStepK;
+  // Lane 0: this block's token tile (rows 8 * rank .. + 7; rows past M read zeros) of stage q's X into slot
+  // q % kPairSlots of both blocks, as two boxes of 2 steps x 8 rows (128-byte swizzle): a slot is [step pair][tile]
+  // [row][128 bytes], the 16-byte chunk c of row i at c ^ (i % 8).
   auto fill_x = [&](int q) {
     const int h = q % kPairSlots;
     const uint32_t slot = xslots + uint32_t(h) * kPairSlotBytes;
-    MbarArriveExpectTx(full(h), 16 * kPairRowBytes);  // both blocks' tiles land here
+    MbarArriveExpectTx(full(h), kPairSlotBytes);  // both blocks' tiles land here
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int row = 8 * int(rank) + i;
-      BulkCopyToPair(slot + uint32_t(row) * kPairRowBytes, xsrc + size_t(min(row, p.M - 1)) * p.K + q * kSubSteps * kStepK,
-                     kPairRowBytes, full(h));
-    }
+    for (int kh = 0; kh < 2; ++kh)
+      TmaLoad2dToPair(slot + uint32_t(kh) * (kPairSlotBytes / 2) + rank * (kPairSlotBytes / 4), &xmap,
+                      (j0 + q * kSubSteps + 2 * kh) * kStepK, 8 * int(rank), full(h));
   };
 
   if (lane == 0) {
@@ -121,8 +121,11 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearPairKernel(const 
   ZeroAcc<NT>(acc);
   float scl[4];
   uint32_t nzm[4];
-  // Lane (g, t) reads X rows g and 8 + g at k 8t..8t+7 of each step.
-  const uint32_t xr0 = uint32_t(g) * kPairRowBytes + uint32_t(t) * 16u, xr1 = xr0 + 8 * kPairRowBytes;
+  // Lane (g, t) reads X rows g and 8 + g at k 8t..8t+7 of step r: chunk 4 (r % 2) + t of row g of box (r / 2, tile).
+  auto xaddr = [&](uint32_t slot, int r, int nt) {
+    return slot + uint32_t(r >> 1) * (kPairSlotBytes / 2) + uint32_t(nt) * (kPairSlotBytes / 4) + uint32_t(g) * 128u +
+           (uint32_t((4 * (r & 1) + t) ^ g) << 4);
+  };
   // Stage q: weights from ring half H = q & 1, X from slot q % kPairSlots.
   auto stage = [&](int q, auto h) {
     constexpr int H = decltype(h)::value;
@@ -133,8 +136,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearPairKernel(const 
 #pragma unroll
     for (int r = 0; r < kSubSteps; ++r) {
       const uint32_t wv[4] = {wb[H][r].x, wb[H][r].y, wb[H][r].z, wb[H][r].w};
-      const uint4 xv[NT] = {LdShared16(slot + xr0 + uint32_t(r) * (kStepK * 2u)),
-                            LdShared16(slot + xr1 + uint32_t(r) * (kStepK * 2u))};
+      const uint4 xv[NT] = {LdShared16(xaddr(slot, r, 0)), LdShared16(xaddr(slot, r, 1))};
       StepMma<T, NT, false>(wv, xv, nzm, r == 0, c, acc);
     }
     Flush<NT>(scl, c, acc);
@@ -164,6 +166,21 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearPairKernel(const 
 #endif
 }
 
+// X as a 2D tensor map of 16-bit elements (dim0 contiguous), boxes box0 x box1 with 128-byte swizzle, zeros past the
+// edges; false where the driver lacks the encoder or rejects the layout.
+inline bool EncodeMap2dSwizzled(CUtensorMap* map, const void* base, uint64_t dim0, uint64_t dim1, uint64_t stride1,
+                                uint32_t box0, uint32_t box1) {
+  const TensorMapEncodeTiledFn encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {dim0, dim1};
+  const cuuint64_t strides[1] = {stride1};
+  const cuuint32_t box[2] = {box0, box1};
+  const cuuint32_t estr[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(base), dims, strides, box, estr,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // Whether the paired kernel takes a launch (see the header comment); the device check is the launcher's.
 inline bool UsePair(const QLinearParams& p) {
   const int strips = (p.N + kWarpN - 1) / kWarpN;
@@ -177,6 +194,8 @@ inline bool UsePair(const QLinearParams& p) {
 template <typename T>
 cudaError_t LaunchQLinearPair(const QLinearParams& p, cudaStream_t stream) {
   if (!UsePair(p) || DeviceMajor() < 9) return cudaErrorNotSupported;
+  CUtensorMap xmap;  // X as [M][K] 16-bit: boxes of 64 columns x 8 rows, 128-byte swizzle, zeros past M
+  if (!EncodeMap2dSwizzled(&xmap, p.x, uint64_t(p.K), uint64_t(p.M), uint64_t(p.K) * 2, 64, 8)) return cudaErrorNotSupported;
   static std::atomic<int> optin[kMaxDevices] = {};  // the opt-in is set once per device
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev >= kMaxDevices) return cudaErrorNotSupported;
@@ -203,7 +222,7 @@ cudaError_t LaunchQLinearPair(const QLinearParams& p, cudaStream_t stream) {
   cl.val.clusterDim.y = 1;
   cl.val.clusterDim.z = 1;
   pair_launches.fetch_add(1, std::memory_order_relaxed);
-  return cudaLaunchKernelEx(&cfg, QLinearPairKernel<T>, p);
+  return cudaLaunchKernelEx(&cfg, QLinearPairKernel<T>, p, xmap);
 }
 
 }  // namespace flashq::gemm::detail
