@@ -79,12 +79,6 @@ inline std::atomic<int> staged_dequant_first_rows{KnobInt("FLASHQ_GEMM_STAGED_EA
 // QLinearDirectKernel).
 inline std::atomic<int> staged_fp8_max_rows{KnobInt("FLASHQ_GEMM_STAGED_FP8_MAX_M", kStagedMaxRows)};
 
-// int4 launches of pair_min_rows to 16 rows take the paired small-M kernel (qlinear_pair.cuh: X shared by the
-// blocks of two strips) where it applies; bench knob FLASHQ_GEMM_PAIR_MIN_M (17 turns it off; tests set it to compare
-// with QLinearDirectKernel). pair_launches counts its launches.
-inline std::atomic<int> pair_min_rows{KnobInt("FLASHQ_GEMM_PAIR_MIN_M", 17)};
-inline std::atomic<long> pair_launches{0};
-
 // One launch covers at most kMaxRowsPerLaunch rows.
 cudaError_t LaunchW4A16F16(const QLinearParams& p, cudaStream_t s);
 cudaError_t LaunchW4A16Bf16(const QLinearParams& p, cudaStream_t s);

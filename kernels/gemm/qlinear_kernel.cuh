@@ -935,13 +935,6 @@ __device__ __forceinline__ uint4 LdCached16(const void* ptr) {
   return v;
 }
 
-// 16 bytes from shared memory (the staged and paired small-M kernels).
-__device__ __forceinline__ uint4 LdShared16(uint32_t a) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-  return v;
-}
-
 constexpr int kDirectMaxDepth = 8;  // the deepest ring of QLinearDirectKernel (DirectCfg::kDepth)
 template <bool kFp8, int NT>
 struct DirectCfg {
@@ -1143,11 +1136,6 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
 template <typename T, bool kFp8>
 cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream);
 
-// The sm_90 paired small-M kernel for int4 M = 9-16 on 8-split plans (qlinear_pair.cuh, included by the int4
-// stage-flush instantiations): cudaErrorNotSupported, with nothing launched, where it does not apply.
-template <typename T>
-cudaError_t LaunchQLinearPair(const QLinearParams& p, cudaStream_t stream);
-
 // The sm_90a wgmma kernel for int4 M > 32 (qlinear_wgmma.cuh, included by the int4
 // stage-flush instantiations): cudaErrorNotSupported, with nothing launched, where it does not apply.
 template <typename T>
@@ -1166,12 +1154,6 @@ cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
   }
   if (p.M <= 8) return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(p, stream);
   static_assert(kSmallMMaxRows == 16, "the small-M kernel's widest instantiation holds two 8-token tiles");
-  if constexpr (!kFp8 && kStageFlush) {
-    if (p.M <= kSmallMMaxRows) {
-      const cudaError_t e = LaunchQLinearPair<T>(p, stream);
-      if (e != cudaErrorNotSupported) return e;
-    }
-  }
   if (p.M <= kSmallMMaxRows) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
   if constexpr (!kFp8 && kStageFlush) {
     const cudaError_t e = LaunchQLinearWgmma<T>(p, stream);

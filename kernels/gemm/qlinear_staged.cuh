@@ -56,6 +56,12 @@ inline StagedLayout StagedLayoutFor(const QLinearParams& p) {
   return l;
 }
 
+__device__ __forceinline__ uint4 LdShared16(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(const QLinearParams p, const StagedLayout l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -2,7 +2,6 @@
 // with 8-split plans on sm_90, qlinear_staged.cuh (see there for algorithm, layouts, limits, speed):
 // W4A16Bf16, 16-bit type __nv_bfloat16, groups of a multiple of kSubSteps (4) k32 steps (scale applied per k128
 // stage); other group sizes go to w4a16_bf16_step.cu.
-#include "kernels/gemm/qlinear_pair.cuh"
 #include "kernels/gemm/qlinear_staged.cuh"
 #include "kernels/gemm/qlinear_wgmma.cuh"
 

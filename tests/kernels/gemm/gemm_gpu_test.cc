@@ -303,40 +303,6 @@ TEST(GemmGpu, W4A16StagedKernelKeepsTheBits) {
   }
 }
 
-// The paired small-M kernel (int4, M = 9-16, 8-split plans of whole-stage warp ranges, 2-block clusters that share X
-// by multicast copies, sm_90) against QLinearDirectKernel, bitwise, and against the f64 reference: 4096² (2 stages
-// per warp range, one refill-free pass) and 14336 x 4096 (7 stages: slots refilled after the partner's release).
-// 5496 x 1000 (partial warp ranges) must take the direct kernel.
-TEST(GemmGpu, W4A16PairKernelKeepsTheBits) {
-  int dev = 0, major = 0;
-  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
-  const int before_rows = detail::pair_min_rows.exchange(9);
-  for (auto [K, N, pairs] : {std::tuple{4096, 4096, true}, std::tuple{14336, 4096, true}, std::tuple{5496, 1000, false}}) {
-    Int4Weights w = QuantizeInt4(RandomVec(size_t(N) * K, 17).data(), N, K, 128, false);
-    std::unique_ptr<W4A16Weights> dw;
-    OK(W4A16Weights::Create(w, &dw));
-    ASSERT_EQ(PlanFor(K, N).splits, 8);
-    const auto deq = K == 14336 ? std::vector<float>() : DequantizeInt4(w);
-    for (ActType act : {ActType::kBF16, ActType::kF16}) {
-      for (int M : {8, 9, 12, 16}) {
-        SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N) + (act == ActType::kF16 ? " f16" : " bf16") +
-                     " M=" + std::to_string(M));
-        Acts x = MakeActs(M, K, act, 9 + M);
-        const long before = detail::pair_launches.load();
-        auto paired = RunW4(*dw, x, M, act, true, nullptr);
-        EXPECT_EQ(detail::pair_launches.load() - before, major >= 9 && pairs && M > 8 ? 1 : 0);
-        detail::pair_min_rows = 17;
-        auto direct = RunW4(*dw, x, M, act, true, nullptr);
-        detail::pair_min_rows = 9;
-        if (!deq.empty()) ExpectClose(paired, GemmF64(x.f, M, K, deq, N), act, 0, "paired");
-        ASSERT_EQ(0, std::memcmp(paired.data(), direct.data(), paired.size() * sizeof(float)));
-      }
-    }
-  }
-  detail::pair_min_rows = before_rows;
-}
-
 // The staged kernel's fp8 form (W8A16, 8-split plans of 8 steps per warp range, M <= kStagedMaxRows, sm_90) against
 // QLinearDirectKernel, bitwise, and against the f64 reference: 4096² and 4072 x 1000 (K not a multiple of the step:
 // X past K reads zeros; N not a multiple of the strip), per-channel and per-tensor scales. M = 9 and 16 take the
