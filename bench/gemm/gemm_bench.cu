@@ -47,7 +47,10 @@ namespace {
 
 // Rotate weight copies totalling at least this much (at least 2 copies). FLASHQ_BENCH_L2_DEFEAT_MB overrides the 256 MB
 // for diagnostics only: a small value leaves the weights in L2, which no record may do.
-const size_t kL2Defeat = size_t(std::getenv("FLASHQ_BENCH_L2_DEFEAT_MB") ? std::atol(std::getenv("FLASHQ_BENCH_L2_DEFEAT_MB")) : 256) << 20;
+const size_t kL2Defeat = [] {
+  const char* mb = std::getenv("FLASHQ_BENCH_L2_DEFEAT_MB");
+  return size_t(mb ? std::atol(mb) : 256) << 20;
+}();
 
 std::vector<float> Random(size_t n, uint32_t seed) {
   std::vector<float> v(n);
