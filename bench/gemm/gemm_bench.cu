@@ -304,6 +304,7 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   }
 
   // ---- time ----
+  const std::string act_suffix = g_act == ActType::kF16 ? "_f16" : "";  // --f16 timings carry their own method names
   for (int M : Ms) {
     for (bool inv : {true, false}) {
       auto bf = [&](int i) { OK(run_bf16(blas, wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, inv, nullptr, 0}, g_stream)); };
@@ -311,10 +312,10 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
       Record("bf16_cublaslt", K, N, M, inv, TimeUs(bf, EstimateUs(bf)), bf16_bytes);
       auto q4 = [&](int i) { OK(run_w4a16(*w4d[i % r4], LinearArgs{x, y, M, g_act, inv, ws, ws_bytes}, blas, g_stream)); };
       if (!inv && M >= kW4A16DequantMinM) OK(WarmBf16(blas, M, N, K, ActType::kBF16, false));
-      Record(g_act == ActType::kF16 ? "w4a16_g128_f16" : "w4a16_g128", K, N, M, inv, TimeUs(q4, EstimateUs(q4)), w4_bytes);
+      Record("w4a16_g128" + act_suffix, K, N, M, inv, TimeUs(q4, EstimateUs(q4)), w4_bytes);
     }
     auto q8 = [&](int i) { OK(run_w8a16(*w8d[i % r8], LinearArgs{x, y, M, g_act, true, ws8, ws8_bytes}, g_stream)); };
-    Record(g_act == ActType::kF16 ? "w8a16_f16" : "w8a16", K, N, M, true, TimeUs(q8, EstimateUs(q8)), w8_bytes);
+    Record("w8a16" + act_suffix, K, N, M, true, TimeUs(q8, EstimateUs(q8)), w8_bytes);
     if (!g_w8a8) continue;
     // W8A8: GEMM only (activations already FP8, as torch._scaled_mm is timed).
     OK(run_quantize_act_fp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), g_stream));

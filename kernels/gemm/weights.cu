@@ -268,9 +268,8 @@ Status run_w4a16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaS
 
 // ---------------- fp8 ----------------
 namespace {
-// The fp8 word of channels c[0..3] (E4M3 bytes) that Fp8Word (qlinear_kernel.cuh) reads: c[0] and c[1] at their bf16
-// places (sign at bit 15 / 31, exponent and mantissa at 10..4 / 26..20); c[2] and c[3] in the bits between (low 4 bits
-// of exponent and mantissa at 3..0 / 19..16, sign at 11 / 27, high 3 at 14..12 / 30..28).
+// The fp8 word of channels c[0..3] (E4M3 bytes), with the bit places that Fp8Word (qlinear_kernel.cuh) describes and
+// decodes.
 uint32_t Fp8PackWord(const uint8_t (&c)[4]) {
   auto sign = [&](int i) { return uint32_t(c[i] >> 7); };
   auto em = [&](int i) { return uint32_t(c[i] & 0x7fu); };
