@@ -31,13 +31,13 @@ python3 bench/gemm/report.py --ours "$OUT/gemm_ours.json" --torch "$OUT/gemm_tor
   --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" --date "$(date -u +%F)" | tail -45
 if [ $SAN = 1 ]; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/gemm_gpu_test --gtest_brief=1 \
-    --gtest_filter='Shapes/GemmGpuW4.*/1:Shapes/GemmGpuW4.*/4:Shapes/GemmGpuW4.*/6:Modes/GemmGpuFp8.*/0:Scales/*:GemmGpu.W4A16ShapeErrors*:GemmGpu.W4A16StagedKernelKeepsTheBits:GemmGpu.W8A16StagedKernelKeepsTheBits' >>"$LOG" 2>&1
+    --gtest_filter='Shapes/GemmGpuW4.*/1:Shapes/GemmGpuW4.*/4:Shapes/GemmGpuW4.*/6:Modes/GemmGpuFp8.*/0:Scales/*:GemmGpu.W4A16ShapeErrors*:GemmGpu.W4A16StagedKernelKeepsTheBits:GemmGpu.W8A16StagedKernelKeepsTheBits:GemmGpu.W4A16StripPairsKeepTheBits' >>"$LOG" 2>&1
   echo "compute-sanitizer memcheck rc=$?" | tee -a "$LOG"
   # The steady-pass and resident-grid tests run wgmma blocks of more stages than the ring holds, so the ring's refills
   # (bulk copies into slots that warps have read) are checked too; the staged test, the small-M kernel whose weights and
-  # X arrive by bulk copies.
+  # X arrive by bulk copies; the strip pairs, whose sums cross into the partner block's shared memory.
   timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $B/gemm_gpu_test --gtest_brief=1 \
-    --gtest_filter='Shapes/GemmGpuW4.*/4:GemmGpu.W4A16SteadyPassesKeepTheBits:GemmGpu.W4A16ResidentGridFallbacksKeepTheBits:GemmGpu.W4A16StagedKernelKeepsTheBits:GemmGpu.W8A16StagedKernelKeepsTheBits' >>"$LOG" 2>&1
+    --gtest_filter='Shapes/GemmGpuW4.*/4:GemmGpu.W4A16SteadyPassesKeepTheBits:GemmGpu.W4A16ResidentGridFallbacksKeepTheBits:GemmGpu.W4A16StagedKernelKeepsTheBits:GemmGpu.W8A16StagedKernelKeepsTheBits:GemmGpu.W4A16StripPairsKeepTheBits' >>"$LOG" 2>&1
   echo "compute-sanitizer racecheck rc=$?" | tee -a "$LOG"
 fi
 grep -E "ERROR SUMMARY|rc=" "$LOG" | tail -8

@@ -19,7 +19,8 @@
 // QLinearDirectKernel (M <= 16; below): one block per strip holding all of its warp ranges, no
 // split-K across blocks and no shared memory or barrier in the main loop; each warp keeps 8 (4)
 // k32 steps of its weights, X and scales in flight in registers and refills a 4-step stage at a
-// time. QLinearKernel (M > 16, 32-token tiles): a block
+// time; int4 M = 9-16 on long 8-split plans runs strip pairs instead (2-block clusters that share X
+// through L1, kPair). QLinearKernel (M > 16, 32-token tiles): a block
 // is 4 strips x 2 warp ranges with one block-wide cp.async pipeline (kStages deep, one barrier
 // per stage, one copy of the X tile for the 4 N-warps); blocks split K further (grid.y = splits)
 // and the last block of a tile (atomic ticket) sums the fp32 partials in order, or on sm_90 a
@@ -165,6 +166,40 @@ __device__ __forceinline__ float4 LdClusterF4(uint32_t addr, int rank) {
                : "memory");
 #endif
   return v;
+}
+
+// Cluster barrier halves (sm_90): arrive publishes nothing (an mbarrier init is published by fence.mbarrier_init
+// before it), wait acquires; a thread waits before it arrives again or reads what the other blocks initialized.
+__device__ __forceinline__ void ClusterArriveRelaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ClusterWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
+// Shared address `addr` of this block as seen in cluster block `rank`.
+__device__ __forceinline__ uint32_t MapaShared(uint32_t addr, int rank) {
+  uint32_t remote = addr;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+#endif
+  return remote;
+}
+// 4 bytes into the shared memory of another cluster block (remote address), completing on its mbarrier `rbar`.
+__device__ __forceinline__ void StAsyncF32(uint32_t remote, float v, uint32_t rbar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(remote),
+               "r"(__float_as_uint(v)), "r"(rbar)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void FenceMbarInitCluster() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
 }
 
 // Programmatic dependent launch (sm_90): a kernel launched with the programmatic-serialization
@@ -789,6 +824,10 @@ inline bool UseCluster(int splits) {
   static const bool off = KnobSet("FLASHQ_GEMM_NOCLUSTER");
   return !off && splits == 2 && DeviceMajor() >= 9;
 }
+// Strip pairs in QLinearDirectKernel (kPair; pair_min_splits in gemm_internal.h).
+inline bool UsePairs(const QLinearParams& p) {
+  return p.M >= pair_min_rows.load() && p.splits == kMaxSplits && p.steps_per_warp > 2 * kSubSteps && DeviceMajor() >= 9;
+}
 // Programmatic dependent launch of both kernels (sm_90). Bench knob FLASHQ_GEMM_NOPDL=1
 // turns it off (H200 --bars: it saves 0.8-1.5 µs per call at M <= 16, 0.7-1.6 µs at M = 32 and 64).
 inline bool UsePdl() {
@@ -906,6 +945,52 @@ __device__ __forceinline__ void BlockSum(float* red, const QLinearParams& p, int
   }
 }
 
+// kPair's sum (QLinearDirectKernel, 8-split plans: 512 threads): warp 2r + s of a block holds warp range r of the
+// block's half and strip s. Each thread adds the pairs of ranges of kIt outputs; rank 0 adds them up in BlockSum's order
+// and hands the sums to rank 1 (`hand`, completing on its mbarrier hbar), which adds its own pairs to them in order and
+// stores both strips.
+template <typename T, int NT>
+__device__ __forceinline__ void PairSum(float* red, float* hand, uint32_t hbar, const QLinearParams& p, int rank,
+                                        int warp, int lane, const float (&acc)[NT][2][4]) {
+  constexpr int kNA = NT * 8, kPairs = kMaxSplits / 2, kIt = 2 * kNA * 32 / kDirectMaxThreads;
+  StoreAcc<NT>(red, warp, lane, acc);
+  __syncthreads();
+  float v[kIt][kPairs];
+#pragma unroll
+  for (int it = 0; it < kIt; ++it) {
+    const int idx = threadIdx.x + it * kDirectMaxThreads, s = idx / (kNA * 32), o = idx % (kNA * 32);
+#pragma unroll
+    for (int q = 0; q < kPairs; ++q)  // pair q: the block's ranges 2q and 2q + 1 of strip s, warps 4q + s and 4q + 2 + s
+      v[it][q] = __fadd_rn(red[(4 * q + s) * kNA * 32 + o], red[(4 * q + 2 + s) * kNA * 32 + o]);
+  }
+  if (rank == 0) {
+    const uint32_t rhand = MapaShared(static_cast<uint32_t>(__cvta_generic_to_shared(hand)), 1);
+    const uint32_t rbar = MapaShared(hbar, 1);
+#pragma unroll
+    for (int it = 0; it < kIt; ++it) {
+      float sum = v[it][0];
+#pragma unroll
+      for (int q = 1; q < kPairs; ++q) sum = __fadd_rn(sum, v[it][q]);
+      StAsyncF32(rhand + uint32_t(threadIdx.x + it * kDirectMaxThreads) * 4u, sum, rbar);
+    }
+    return;
+  }
+  MbarWait(hbar, 0);
+  T* y = static_cast<T*>(p.y);
+#pragma unroll
+  for (int it = 0; it < kIt; ++it) {
+    const int idx = threadIdx.x + it * kDirectMaxThreads, s = idx / (kNA * 32), o = idx % (kNA * 32);
+    float sum = hand[idx];
+#pragma unroll
+    for (int q = 0; q < kPairs; ++q) sum = __fadd_rn(sum, v[it][q]);
+    const int i = o >> 5, l = o & 31;
+    const int e = i & 3, u = (i >> 2) & 1, nt = i >> 3;
+    const int row = nt * 8 + 2 * (l & 3) + (e & 1);
+    const int col = (int(blockIdx.x & ~1u) + s) * kWarpN + 16 * u + 8 * (e >> 1) + (l >> 2);
+    if (row < p.M && col < p.N) y[size_t(row) * p.N + col] = T(sum);
+  }
+}
+
 // fp8: the channel scales of the outputs o = threadIdx.x + it * blockDim.x that BlockSum writes (it < kOutIter).
 template <typename T, int NT, int kOutIter>
 __device__ __forceinline__ void Fp8OutScales(const QLinearParams& p, int strip, float (&fsv)[kOutIter]) {
@@ -946,8 +1031,19 @@ struct DirectCfg {
 };
 
 // kPre: the weight steps of the ring requested before griddepcontrol.wait (kDirectMaxDepth: all of them).
-template <typename T, int NT, bool kFp8, bool kStageFlush, int kPre>
+// kPair (sm_90, int4, 8-split plans): a 2-block cluster runs strips 2c and 2c + 1, block
+// rank q the first (q = 0) or second half of both strips' warp ranges, so that the two warps of a range (one per strip,
+// neighbours in the block) read the same X and one of them finds it in L1: half the L2 reads of X. Rank 0 adds its
+// pairs of warp ranges, (w0 + w1) + (w2 + w3) + ..., and hands that over to rank 1 (st.async into its shared memory),
+// which adds its own pairs to it in order and stores both strips: the sum and its order are BlockSum's. The blocks
+// arrive at the cluster barrier at once and wait after the prologue's loads, where the warps wait for data anyway.
+// H200, 14336 x 4096: M = 16 13.12 -> 11.94 µs, M = 13 12.17 -> 11.80, M = 9 unchanged. In a first form (the hand-over
+// behind a cluster barrier after the main loop) 4096², with 2 stages per range, lost 0.05-0.35 µs and the 2- and
+// 4-split plans (4096 x 14336, 8192²) 0.6-1.3 µs; they keep one-strip blocks
+// (bench/results/gemm-nvidia-h200-2026-11-27-s26.md, calls 2-3).
+template <typename T, int NT, bool kFp8, bool kStageFlush, int kPre, bool kPair = false>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
+  static_assert(!(kPair && kFp8), "strip pairs are built for int4");
   using C = DirectCfg<kFp8, NT>;
   constexpr int kSub = C::kSub, kD = kFp8 || kStageFlush ? C::kDepth : 4;  // a scale block per step costs registers
   constexpr int kRefill = kD >= 2 * kSubSteps ? kSubSteps : 1;
@@ -960,9 +1056,11 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   extern __shared__ float red[];  // [warp][NT * 8][32] accumulators, for the block's sum
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int strip = blockIdx.x;
+  const int rank = kPair ? int(blockIdx.x & 1) : 0;  // == %cluster_ctarank: the cluster is (2, 1, 1)
+  const int strip = kPair ? int(blockIdx.x & ~1u) + (warp & 1) : int(blockIdx.x);
+  const int range = kPair ? rank * int(blockDim.x >> 6) + (warp >> 1) : warp;  // the warp range of the plan
   const int spw = p.steps_per_warp;
-  const int j0 = warp * spw;                 // == (split * kWarpsK + kw) * spw of QLinearKernel
+  const int j0 = range * spw;                // == (split * kWarpsK + kw) * spw of QLinearKernel
   const int nvalid = min(spw, p.nk32 - j0);  // real k32 steps of this warp (may be <= 0)
   // Steps [0, nfast) need no predicate: inside the warp's weights and inside K for every lane.
   const int nfast = max(0, min(nvalid, p.K / kStepK - j0));
@@ -1045,6 +1143,19 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // at 4096 x 14336, M = 1 took 18.8 instead of 16.8 µs, past its 1.6x bar (bench/gemm/NOTES.md).
   constexpr bool kEarlyTrigger = !kFp8;
   if constexpr (kEarlyTrigger) LaunchDependents();
+  // kPair: rank 1's hand-over mbarrier (after the accumulators and rank 0's sums in shared memory), published to rank 0
+  // by the cluster barrier's arrive here and its wait after the prologue's loads, where the warps wait for data anyway.
+  constexpr int kNA = NT * 8;  // accumulators per lane
+  float* const hand = red + (blockDim.x >> 5) * kNA * 32;  // [2 strips][kNA * 32]: rank 0's sums, in rank 1
+  const uint32_t hbar = static_cast<uint32_t>(__cvta_generic_to_shared(hand + 2 * kNA * 32));
+  if constexpr (kPair) {
+    if (rank == 1 && threadIdx.x == 0) {
+      MbarInit(hbar, 1);
+      MbarArriveExpectTx(hbar, 2 * kNA * 32 * sizeof(float));
+      FenceMbarInitCluster();
+    }
+    ClusterArriveRelaxed();
+  }
   // ---- prologue: steps 0 .. kD-1. Weights and scales do not depend on the previous kernel: with
   // a programmatic launch they stream in while it finishes; X only after the wait. An SM's requests return roughly in
   // the order it made them, so the weight steps requested before X also land before it: with short warp ranges only
@@ -1061,6 +1172,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   for (int r = 0; r < kD; ++r)
     if (r < spw && r >= kPre) load_w(r, r, std::false_type{});
   next_pass();
+  if constexpr (kPair) ClusterWait();
 
   // ---- main loop: step j computes from slot j % kD, then refills it with step j + kD. A pass of the
   // ring is `steady` where every step it computes and loads lies in [0, nfast): no bounds checks. ----
@@ -1112,21 +1224,36 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 
   // ---- sum the warps in QLinearKernel's order ----
   if constexpr (!kEarlyTrigger) LaunchDependents();  // the next kernel's blocks may start their weight prefetch
-  BlockSum<T, NT, kFp8>(red, p, strip, warp, lane, acc, fsv);
+  if constexpr (kPair) {
+    PairSum<T, NT>(red, hand, hbar, p, rank, warp, lane, acc);
+  } else {
+    BlockSum<T, NT, kFp8>(red, p, strip, warp, lane, acc, fsv);
+  }
 }
 
-template <typename T, int NT, bool kFp8, bool kStageFlush>
+template <typename T, int NT, bool kFp8, bool kStageFlush, bool kPair = false>
 cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((p.N + kWarpN - 1) / kWarpN);
+  const int strips = (p.N + kWarpN - 1) / kWarpN;
+  cfg.gridDim = dim3(kPair ? (strips + 1) & ~1 : strips);  // pairs: the packed strips are a multiple of kWarpsN
   cfg.blockDim = dim3(32 * kWarpsK * p.splits);
-  cfg.dynamicSmemBytes = size_t(kWarpsK) * p.splits * NT * 8 * 32 * sizeof(float);
+  // The warps' accumulators; kPair: then rank 0's sums of both strips and an mbarrier.
+  cfg.dynamicSmemBytes = (size_t(kWarpsK) * p.splits + (kPair ? 2 : 0)) * NT * 8 * 32 * sizeof(float) + (kPair ? 8 : 0);
   cfg.stream = stream;
-  cudaLaunchAttribute at[1];
+  cudaLaunchAttribute at[2];
   cfg.attrs = at;
   AddPdl(&cfg);
+  if constexpr (kPair) {
+    ++pair_launches;
+    cudaLaunchAttribute& a = at[cfg.numAttrs++];
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = 2;
+    a.val.clusterDim.y = 1;
+    a.val.clusterDim.z = 1;
+  }
   // Short warp ranges (two stages or fewer: 4096²) request 2 weight steps before the wait and the rest of the ring
   // after X; longer ones the whole ring first (see the kernel's prologue).
+  if constexpr (kPair) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, kDirectMaxDepth, true>, p);
   if (p.steps_per_warp <= 2 * kSubSteps) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2>, p);
   return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, kDirectMaxDepth>, p);
 }
@@ -1154,7 +1281,12 @@ cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
   }
   if (p.M <= 8) return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(p, stream);
   static_assert(kSmallMMaxRows == 16, "the small-M kernel's widest instantiation holds two 8-token tiles");
-  if (p.M <= kSmallMMaxRows) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
+  if (p.M <= kSmallMMaxRows) {
+    if constexpr (!kFp8 && kStageFlush) {
+      if (UsePairs(p)) return LaunchQLinearDirect<T, 2, false, true, true>(p, stream);
+    }
+    return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
+  }
   if constexpr (!kFp8 && kStageFlush) {
     const cudaError_t e = LaunchQLinearWgmma<T>(p, stream);
     if (e != cudaErrorNotSupported) return e;
