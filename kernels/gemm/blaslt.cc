@@ -402,6 +402,7 @@ Status WarmBf16(BlasLt* blas, int M, int N, int K, ActType act, bool batch_invar
 Status run_w8a8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream) {
   if (!blas) return InvalidArgument("run_w8a8: null BlasLt");
   const auto& v = w.view();
+  if (!v.w) return InvalidArgument("run_w8a8: these FP8 weights were created for W8A16 only (Fp8Paths::kW8A16)");
   if (v.K % 16 != 0 || v.N % 16 != 0)
     return InvalidArgument("run_w8a8: cuBLASLt FP8 needs K and N multiples of 16 (K=" + std::to_string(v.K) + " N=" + std::to_string(v.N) + ")");
   if (a.M < 0) return InvalidArgument("run_w8a8: M must be >= 0");

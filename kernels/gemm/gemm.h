@@ -111,15 +111,20 @@ constexpr int kW4A16DequantMinM = 256;
 Status run_w4a16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaStream_t stream);
 
 // ---- FP8 E4M3 weights: W8A16 (our kernel) and W8A8 (cuBLASLt) ----
+// The paths a set of FP8 weights serves. Each keeps its own copy on the GPU (W8A8 the [N][K] E4M3 matrix that cuBLASLt
+// reads, W8A16 our kernel's repacked words), so weights made for one path take half the memory of kBoth; the other
+// path's run_* call then returns InvalidArgument.
+enum class Fp8Paths { kBoth, kW8A16, kW8A8 };
 class Fp8DeviceWeights {
  public:
-  // Uploads the [N][K] E4M3 matrix (W8A8) and the repacked layout (W8A16).
-  static Status Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWeights>* out);
+  static Status Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWeights>* out, Fp8Paths paths = Fp8Paths::kBoth);
   Status Clone(std::unique_ptr<Fp8DeviceWeights>* out) const;
   ~Fp8DeviceWeights();
   int K() const { return K_; }
   int N() const { return N_; }
   bool per_channel() const { return per_channel_; }
+  Fp8Paths paths() const { return paths_; }
+  size_t device_bytes() const { return bytes_; }
   struct View;
   const View& view() const { return *view_; }
 
@@ -127,6 +132,7 @@ class Fp8DeviceWeights {
   Fp8DeviceWeights() = default;
   int K_ = 0, N_ = 0;
   bool per_channel_ = false;
+  Fp8Paths paths_ = Fp8Paths::kBoth;
   size_t bytes_ = 0;
   std::unique_ptr<View> view_;
 };

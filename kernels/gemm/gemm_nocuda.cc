@@ -21,7 +21,7 @@ Status run_w4a16(const W4A16Weights&, const LinearArgs&, BlasLt*, cudaStream_t) 
 
 struct Fp8DeviceWeights::View {};
 Fp8DeviceWeights::~Fp8DeviceWeights() = default;
-Status Fp8DeviceWeights::Create(const Fp8Weights&, std::unique_ptr<Fp8DeviceWeights>*) { return NoCuda(); }
+Status Fp8DeviceWeights::Create(const Fp8Weights&, std::unique_ptr<Fp8DeviceWeights>*, Fp8Paths) { return NoCuda(); }
 Status Fp8DeviceWeights::Clone(std::unique_ptr<Fp8DeviceWeights>*) const { return NoCuda(); }
 size_t W8A16WorkspaceBytes(const Fp8DeviceWeights&, int) { return 0; }
 Status run_w8a16(const Fp8DeviceWeights&, const LinearArgs&, cudaStream_t) { return NoCuda(); }

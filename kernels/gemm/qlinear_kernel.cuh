@@ -824,7 +824,7 @@ inline bool UseCluster(int splits) {
   static const bool off = KnobSet("FLASHQ_GEMM_NOCLUSTER");
   return !off && splits == 2 && DeviceMajor() >= 9;
 }
-// Strip pairs in QLinearDirectKernel (kPair; pair_min_splits in gemm_internal.h).
+// Strip pairs in QLinearDirectKernel (kPair; pair_min_rows in gemm_internal.h says when).
 inline bool UsePairs(const QLinearParams& p) {
   return p.M >= pair_min_rows.load() && p.splits == kMaxSplits && p.steps_per_warp > 2 * kSubSteps && DeviceMajor() >= 9;
 }

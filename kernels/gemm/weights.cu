@@ -283,8 +283,11 @@ Fp8DeviceWeights::~Fp8DeviceWeights() {
   if (view_ && view_->alloc) cudaFree(view_->alloc);
 }
 
-Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWeights>* out) {
+// The paths' copies: W8A8 the [N][K] bytes, the scales per column and the per-tensor scale; W8A16 the repacked words and
+// the scales in strip order.
+Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWeights>* out, Fp8Paths paths) {
   FQ_RETURN_IF_ERROR(w.Validate());
+  const bool w8a8 = paths != Fp8Paths::kW8A16, w8a16 = paths != Fp8Paths::kW8A8;
   const int K = w.K, N = w.N;
   auto v = std::make_unique<View>();
   v->K = K;
@@ -295,8 +298,8 @@ Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWe
   const int strips = v->strips, nk32 = v->nk32;
   // [strips][nk32][2 chunks][32 lanes][4 words]: word w = 2s + ks in chunk w/4 holds channels 8t + 4ks + 0..3 of
   // column n = 32*strip + 8s + lane/4, their bits placed as Fp8Word reads them (Fp8PackWord).
-  std::vector<uint32_t> qw(size_t(strips) * nk32 * 32 * 8, 0u);
-  for (int strip = 0; strip < strips; ++strip)
+  std::vector<uint32_t> qw(w8a16 ? size_t(strips) * nk32 * 32 * 8 : 0, 0u);
+  for (int strip = 0; strip < (w8a16 ? strips : 0); ++strip)
     for (int j = 0; j < nk32; ++j)
       for (int lane = 0; lane < 32; ++lane)
         for (int s = 0; s < 4; ++s)
@@ -319,22 +322,32 @@ Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWe
     }
   for (int n = 0; n < N; ++n) svec[n] = w.scale_of(n);
   Blob blob;
-  const size_t ow = blob.Add(w.w.data(), w.w.size());
-  const size_t ov = blob.Add(svec.data(), svec.size() * 4);
-  const size_t o1 = blob.Add(w.scale.data(), 4);
-  const size_t oq = blob.Add(qw.data(), qw.size() * 4);
-  const size_t of = blob.Add(fs.data(), fs.size() * 4);
+  size_t ow = 0, ov = 0, o1 = 0, oq = 0, of = 0;
+  if (w8a8) {
+    ow = blob.Add(w.w.data(), w.w.size());
+    ov = blob.Add(svec.data(), svec.size() * 4);
+    o1 = blob.Add(w.scale.data(), 4);
+  }
+  if (w8a16) {
+    oq = blob.Add(qw.data(), qw.size() * 4);
+    of = blob.Add(fs.data(), fs.size() * 4);
+  }
   FQ_RETURN_IF_ERROR(blob.Upload(&v->alloc));
   uint8_t* base = static_cast<uint8_t*>(v->alloc);
-  v->w = base + ow;
-  v->scale_vec = reinterpret_cast<const float*>(base + ov);
-  v->scale1 = w.scale.size() == 1 ? reinterpret_cast<const float*>(base + o1) : nullptr;
-  v->qw = base + oq;
-  v->fscales = reinterpret_cast<const float*>(base + of);
+  if (w8a8) {
+    v->w = base + ow;
+    v->scale_vec = reinterpret_cast<const float*>(base + ov);
+    v->scale1 = w.scale.size() == 1 ? reinterpret_cast<const float*>(base + o1) : nullptr;
+  }
+  if (w8a16) {
+    v->qw = base + oq;
+    v->fscales = reinterpret_cast<const float*>(base + of);
+  }
   std::unique_ptr<Fp8DeviceWeights> r(new Fp8DeviceWeights());
   r->K_ = K;
   r->N_ = N;
   r->per_channel_ = w.scale.size() != 1;
+  r->paths_ = paths;
   r->bytes_ = blob.bytes.size();
   r->view_ = std::move(v);
   *out = std::move(r);
@@ -347,6 +360,7 @@ Status Fp8DeviceWeights::Clone(std::unique_ptr<Fp8DeviceWeights>* out) const {
   r->K_ = K_;
   r->N_ = N_;
   r->per_channel_ = per_channel_;
+  r->paths_ = paths_;
   r->bytes_ = bytes_;
   *out = std::move(r);
   return Status::Ok();
@@ -360,6 +374,7 @@ size_t W8A16WorkspaceBytes(const Fp8DeviceWeights& w, int max_m) {
 Status run_w8a16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t stream) {
   const auto& v = w.view();
   const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, false, false, false);
+  if (!v.qw) return InvalidArgument("run_w8a16: these FP8 weights were created for W8A8 only (Fp8Paths::kW8A8)");
   FQ_RETURN_IF_ERROR(CheckArgs(a, v.K, l.total, "run_w8a16"));
   if (a.M == 0) return Status::Ok();
   detail::QLinearParams p;

@@ -421,7 +421,11 @@ class CudaLinear : public LinearExecutor {
           r.ws_bytes = gemm::W4A16WorkspaceBytes(*r.w4, e->max_rows_, invariant);
           break;
         case WeightFormat::kFp8:
-          if (auto s = FromKernel(gemm::Fp8DeviceWeights::Create(w.fp8, &r.fp8)); !s.ok()) return s;
+          // Only the copy of the path this model runs (W8A8 or W8A16) goes to the GPU.
+          if (auto s = FromKernel(gemm::Fp8DeviceWeights::Create(
+                  w.fp8, &r.fp8, w.fp8_activations ? gemm::Fp8Paths::kW8A8 : gemm::Fp8Paths::kW8A16));
+              !s.ok())
+            return s;
           r.ws_bytes = w.fp8_activations ? size_t(e->max_rows_) * (w.K + 4) + 256 : gemm::W8A16WorkspaceBytes(*r.fp8, e->max_rows_);
           break;
       }

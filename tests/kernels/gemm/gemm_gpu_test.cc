@@ -526,6 +526,58 @@ TEST_P(GemmGpuW8A8, QuantizeAndGemmMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Scales, GemmGpuW8A8, ::testing::Combine(::testing::Bool(), ::testing::Bool()));
 
+// FP8 weights made for one path (Fp8Paths) hold only that path's copy: fewer device bytes than kBoth, the same bits on
+// their own path (and on a clone), and a clear InvalidArgument from the other path's run_* call.
+TEST(GemmGpu, Fp8WeightsForOnePathHoldOneCopy) {
+  Ctx ctx;
+  const int K = 512, N = 272, M = 12;
+  Fp8Weights w = QuantizeFp8(RandomVec(size_t(N) * K, 43).data(), N, K, true);
+  std::unique_ptr<Fp8DeviceWeights> both, w16, w8;
+  OK(Fp8DeviceWeights::Create(w, &both));
+  OK(Fp8DeviceWeights::Create(w, &w16, Fp8Paths::kW8A16));
+  OK(Fp8DeviceWeights::Create(w, &w8, Fp8Paths::kW8A8));
+  EXPECT_LT(w16->device_bytes(), both->device_bytes());
+  EXPECT_LT(w8->device_bytes(), both->device_bytes());
+  EXPECT_LE(w16->device_bytes() + w8->device_bytes(), both->device_bytes());
+  EXPECT_EQ(w16->paths(), Fp8Paths::kW8A16);
+
+  Acts x = MakeActs(M, K, ActType::kBF16, 44);
+  std::unique_ptr<Fp8DeviceWeights> w16c;
+  OK(w16->Clone(&w16c));
+  const auto ref16 = RunW8(*both, x.bits.data(), M, ActType::kBF16);
+  for (const Fp8DeviceWeights* d : {w16.get(), w16c.get()}) {
+    const auto y = RunW8(*d, x.bits.data(), M, ActType::kBF16);
+    ASSERT_EQ(0, std::memcmp(y.data(), ref16.data(), y.size() * sizeof(float))) << "W8A16 on kW8A16 weights";
+  }
+
+  Dev xd(size_t(M) * K * 2), xq(size_t(M) * K), xs(size_t(M) * 4), y(size_t(M) * N * 2);
+  CK(cudaMemcpy(xd.p, x.bits.data(), size_t(M) * K * 2, cudaMemcpyHostToDevice));
+  OK(run_quantize_act_fp8(xd.p, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq.p), static_cast<float*>(xs.p), nullptr));
+  W8A8Args a;
+  a.x_fp8 = static_cast<uint8_t*>(xq.p);
+  a.x_scale = static_cast<float*>(xs.p);
+  a.M = M;
+  auto run8 = [&](const Fp8DeviceWeights& d) {
+    return RunPoisoned(M, N, ActType::kBF16, [&](void* yp) {
+      W8A8Args b = a;
+      b.y = yp;
+      Status s = run_w8a8(ctx.blas.get(), d, b, nullptr);
+      EXPECT_TRUE(s.ok()) << s.message();
+    });
+  };
+  const auto ref8 = run8(*both), y8 = run8(*w8);
+  ASSERT_EQ(0, std::memcmp(y8.data(), ref8.data(), y8.size() * sizeof(float))) << "W8A8 on kW8A8 weights";
+
+  a.y = y.p;
+  const Status s8 = run_w8a8(ctx.blas.get(), *w16, a, nullptr);
+  EXPECT_EQ(s8.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s8.message().find("created for W8A16 only"), std::string::npos) << s8.message();
+  Dev ws(W8A16WorkspaceBytes(*w8, M));
+  const Status s16 = run_w8a16(*w8, LinearArgs{xd.p, y.p, M, ActType::kBF16, true, ws.p, ws.n}, nullptr);
+  EXPECT_EQ(s16.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s16.message().find("created for W8A8 only"), std::string::npos) << s16.message();
+}
+
 // Random N x K weights rounded to the 16-bit type: the rounded values (for the reference) and a device copy.
 struct Act16Weights {
   std::vector<float> f;
