@@ -79,10 +79,10 @@ inline std::atomic<int> staged_dequant_first_rows{KnobInt("FLASHQ_GEMM_STAGED_EA
 // QLinearDirectKernel).
 inline std::atomic<int> staged_fp8_max_rows{KnobInt("FLASHQ_GEMM_STAGED_FP8_MAX_M", kStagedMaxRows)};
 
-// int4 launches of pair_min_rows to 16 rows on sm_90 run QLinearDirectKernel's strip pairs (2-block clusters) for
-// 8-split plans of more than two stages per warp range. Bench knob FLASHQ_GEMM_PAIR_MIN_M (17 turns them off; tests set
-// 17 to compare); pair_launches counts their launches (tests check that they ran).
-inline std::atomic<int> pair_min_rows{KnobInt("FLASHQ_GEMM_PAIR_MIN_M", 9)};
+// int4 small-M launches (stage flush, M <= kSmallMMaxRows) of 8-split plans on sm_90 that the staged kernel does not
+// take run QLinearDirectKernel's strip pairs (2-block clusters). Bench knob FLASHQ_GEMM_NOPAIRS=1 turns them off (tests
+// turn them off to compare); pair_launches counts their launches (tests check that they ran).
+inline std::atomic<bool> strip_pairs{KnobInt("FLASHQ_GEMM_NOPAIRS", 0) == 0};
 inline std::atomic<long> pair_launches{0};
 
 // One launch covers at most kMaxRowsPerLaunch rows.

@@ -19,8 +19,8 @@
 // QLinearDirectKernel (M <= 16; below): one block per strip holding all of its warp ranges, no
 // split-K across blocks and no shared memory or barrier in the main loop; each warp keeps 8 (4)
 // k32 steps of its weights, X and scales in flight in registers and refills a 4-step stage at a
-// time; int4 M = 9-16 on long 8-split plans runs strip pairs instead (2-block clusters that share X
-// through L1, kPair). QLinearKernel (M > 16, 32-token tiles): a block
+// time; int4 on 8-split plans runs strip pairs instead (2-block clusters that share X through L1,
+// kPair). QLinearKernel (M > 16, 32-token tiles): a block
 // is 4 strips x 2 warp ranges with one block-wide cp.async pipeline (kStages deep, one barrier
 // per stage, one copy of the X tile for the 4 N-warps); blocks split K further (grid.y = splits)
 // and the last block of a tile (atomic ticket) sums the fp32 partials in order, or on sm_90 a
@@ -824,9 +824,10 @@ inline bool UseCluster(int splits) {
   static const bool off = KnobSet("FLASHQ_GEMM_NOCLUSTER");
   return !off && splits == 2 && DeviceMajor() >= 9;
 }
-// Strip pairs in QLinearDirectKernel (kPair; pair_min_rows in gemm_internal.h says when).
+// Strip pairs in QLinearDirectKernel (kPair): int4 with stage flush, 8-split plans, sm_90 (strip_pairs in
+// gemm_internal.h turns them off).
 inline bool UsePairs(const QLinearParams& p) {
-  return p.M >= pair_min_rows.load() && p.splits == kMaxSplits && p.steps_per_warp > 2 * kSubSteps && DeviceMajor() >= 9;
+  return strip_pairs.load() && p.splits == kMaxSplits && DeviceMajor() >= 9;
 }
 // Programmatic dependent launch of both kernels (sm_90). Bench knob FLASHQ_GEMM_NOPDL=1
 // turns it off (H200 --bars: it saves 0.8-1.5 µs per call at M <= 16, 0.7-1.6 µs at M = 32 and 64).
@@ -1031,16 +1032,17 @@ struct DirectCfg {
 };
 
 // kPre: the weight steps of the ring requested before griddepcontrol.wait (kDirectMaxDepth: all of them).
-// kPair (sm_90, int4, 8-split plans): a 2-block cluster runs strips 2c and 2c + 1, block
+// kPair (sm_90, int4 with stage flush, 8-split plans): a 2-block cluster runs strips 2c and 2c + 1, block
 // rank q the first (q = 0) or second half of both strips' warp ranges, so that the two warps of a range (one per strip,
 // neighbours in the block) read the same X and one of them finds it in L1: half the L2 reads of X. Rank 0 adds its
 // pairs of warp ranges, (w0 + w1) + (w2 + w3) + ..., and hands that over to rank 1 (st.async into its shared memory),
 // which adds its own pairs to it in order and stores both strips: the sum and its order are BlockSum's. The blocks
 // arrive at the cluster barrier at once and wait after the prologue's loads, where the warps wait for data anyway.
-// H200, 14336 x 4096: M = 16 13.12 -> 11.94 µs, M = 13 12.17 -> 11.80, M = 9 unchanged. In a first form (the hand-over
-// behind a cluster barrier after the main loop) 4096², with 2 stages per range, lost 0.05-0.35 µs and the 2- and
-// 4-split plans (4096 x 14336, 8192²) 0.6-1.3 µs; they keep one-strip blocks
-// (bench/results/gemm-nvidia-h200-2026-11-27-s26.md, calls 2-3).
+// H200, 14336 x 4096: M = 16 13.12 -> 11.94 µs, M = 13 12.17 -> 11.80, M = 9 unchanged (call 3), M = 4 10.18 -> 9.83,
+// M = 8 10.69 -> 10.34; 4096² (where the staged kernel takes M <= 8) M = 16 5.43 -> 5.18, M = 12 5.17 -> 5.07, but M = 9
+// 4.91 -> 5.02 (call 5). In a first form (the hand-over behind a cluster barrier after the main loop) the 2- and 4-split
+// plans (4096 x 14336, 8192²) lost 0.6-1.3 µs; they keep one-strip blocks
+// (bench/results/gemm-nvidia-h200-2026-11-27-s26.md).
 template <typename T, int NT, bool kFp8, bool kStageFlush, int kPre, bool kPair = false>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
   static_assert(!(kPair && kFp8), "strip pairs are built for int4");
@@ -1253,9 +1255,8 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   }
   // Short warp ranges (two stages or fewer: 4096²) request 2 weight steps before the wait and the rest of the ring
   // after X; longer ones the whole ring first (see the kernel's prologue).
-  if constexpr (kPair) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, kDirectMaxDepth, true>, p);
-  if (p.steps_per_warp <= 2 * kSubSteps) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2>, p);
-  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, kDirectMaxDepth>, p);
+  if (p.steps_per_warp <= 2 * kSubSteps) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2, kPair>, p);
+  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, kDirectMaxDepth, kPair>, p);
 }
 
 // The sm_90 staged small-M kernel for 8-split plans (qlinear_staged.cuh, included by the int4 stage-flush and the fp8
@@ -1279,7 +1280,12 @@ cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
       if (e != cudaErrorNotSupported) return e;
     }
   }
-  if (p.M <= 8) return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(p, stream);
+  if (p.M <= 8) {
+    if constexpr (!kFp8 && kStageFlush) {
+      if (UsePairs(p)) return LaunchQLinearDirect<T, 1, false, true, true>(p, stream);
+    }
+    return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(p, stream);
+  }
   static_assert(kSmallMMaxRows == 16, "the small-M kernel's widest instantiation holds two 8-token tiles");
   if (p.M <= kSmallMMaxRows) {
     if constexpr (!kFp8 && kStageFlush) {

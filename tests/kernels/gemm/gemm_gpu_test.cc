@@ -303,37 +303,40 @@ TEST(GemmGpu, W4A16StagedKernelKeepsTheBits) {
   }
 }
 
-// Strip pairs (QLinearDirectKernel kPair: int4 M = 9-16, 8-split plans of more than 2 stages per warp range, 2-block
-// clusters on sm_90) against the one-strip blocks, bitwise, and against the f64 reference: 5496 x 1000 (K a multiple of
-// neither the step nor the group, so the last warp ranges hold part of a stage or nothing; N ends inside the last strip),
-// 8192 x 2048 and 13312 x 200 (16 warp ranges of 28 k32 steps, the last partial; 7 strips, so the last pair's second
-// strip lies past N), bf16 and fp16.
+// Strip pairs (QLinearDirectKernel kPair: int4 with stage flush, 8-split plans, 2-block clusters on sm_90) against the
+// one-strip blocks, bitwise, and against the f64 reference, with the staged kernel off so that the pairs take M = 1-8
+// (one token tile) as well as 9-16 (two): 4096 x 512 (2 stages per warp range: 2 weight steps before the grid wait),
+// 5496 x 1000 (K a multiple of neither the step nor the group, so the last warp ranges hold part of a stage or nothing;
+// N ends inside the last strip), 8192 x 2048, and 13312 x 200 (16 warp ranges of 28 k32 steps, the last partial;
+// 7 strips, so the last pair's second strip lies past N), bf16 and fp16.
 TEST(GemmGpu, W4A16StripPairsKeepTheBits) {
   int dev = 0, major = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
-  for (auto [K, N] : {std::pair{5496, 1000}, std::pair{8192, 2048}, std::pair{13312, 200}}) {
+  const int staged_rows = detail::staged_max_rows.exchange(0);
+  for (auto [K, N] : {std::pair{4096, 512}, std::pair{5496, 1000}, std::pair{8192, 2048}, std::pair{13312, 200}}) {
     Int4Weights w = QuantizeInt4(RandomVec(size_t(N) * K, 13).data(), N, K, 128, false);
     std::unique_ptr<W4A16Weights> dw;
     OK(W4A16Weights::Create(w, &dw));
     ASSERT_EQ(PlanFor(K, N).splits, 8);
     const auto deq = DequantizeInt4(w);
     for (ActType act : {ActType::kBF16, ActType::kF16}) {
-      for (int M : {9, 12, 16}) {
+      for (int M : {1, 5, 8, 9, 12, 16}) {
         SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N) + (act == ActType::kF16 ? " f16" : " bf16") +
                      " M=" + std::to_string(M));
         Acts x = MakeActs(M, K, act, 21 + M);
         const long before = detail::pair_launches.load();
         auto paired = RunW4(*dw, x, M, act, true, nullptr);
-        EXPECT_EQ(detail::pair_launches.load() - before, major >= 9 && M >= detail::pair_min_rows.load() ? 1 : 0);
-        const int min_rows = detail::pair_min_rows.exchange(kSmallMMaxRows + 1);
+        EXPECT_EQ(detail::pair_launches.load() - before, major >= 9 && detail::strip_pairs.load() ? 1 : 0);
+        const bool pairs = detail::strip_pairs.exchange(false);
         auto single = RunW4(*dw, x, M, act, true, nullptr);
-        detail::pair_min_rows = min_rows;
+        detail::strip_pairs = pairs;
         ExpectClose(paired, GemmF64(x.f, M, K, deq, N), act, 0, "strip pairs");
         ASSERT_EQ(0, std::memcmp(paired.data(), single.data(), paired.size() * sizeof(float)));
       }
     }
   }
+  detail::staged_max_rows = staged_rows;
 }
 
 // The staged kernel's fp8 form (W8A16, 8-split plans of 8 steps per warp range, M <= kStagedMaxRows, sm_90) against
