@@ -146,28 +146,6 @@ __device__ __forceinline__ void ClusterSync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
 }
-// A cluster barrier that publishes nothing (no memory fence; release / acquire cost a GPU-scope fence and an
-// L1 invalidate): before a block exits, so that none leaves while another still reads its shared memory.
-// Those reads have completed, since their values were used.
-__device__ __forceinline__ void ClusterSyncExit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n barrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
-}
-// Reads a float4 at shared address `addr` of cluster block `rank`.
-__device__ __forceinline__ float4 LdClusterF4(uint32_t addr, int rank) {
-  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote)
-               : "memory");
-#endif
-  return v;
-}
-
 // Cluster barrier halves (sm_90): arrive publishes nothing (an mbarrier init is published by fence.mbarrier_init
 // before it), wait acquires; a thread waits before it arrives again or reads what the other blocks initialized.
 __device__ __forceinline__ void ClusterArriveRelaxed() {
@@ -200,6 +178,26 @@ __device__ __forceinline__ void FenceMbarInitCluster() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #endif
+}
+
+// A cluster barrier that publishes nothing (no memory fence; release / acquire cost a GPU-scope fence and an
+// L1 invalidate): before a block exits, so that none leaves while another still reads its shared memory.
+// Those reads have completed, since their values were used.
+__device__ __forceinline__ void ClusterSyncExit() {
+  ClusterArriveRelaxed();
+  ClusterWait();
+}
+// Reads a float4 at shared address `addr` of cluster block `rank`.
+__device__ __forceinline__ float4 LdClusterF4(uint32_t addr, int rank) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t remote = MapaShared(addr, rank);
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+#endif
+  return v;
 }
 
 // Programmatic dependent launch (sm_90): a kernel launched with the programmatic-serialization
