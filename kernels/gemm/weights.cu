@@ -298,8 +298,9 @@ Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWe
   const int strips = v->strips, nk32 = v->nk32;
   // [strips][nk32][2 chunks][32 lanes][4 words]: word w = 2s + ks in chunk w/4 holds channels 8t + 4ks + 0..3 of
   // column n = 32*strip + 8s + lane/4, their bits placed as Fp8Word reads them (Fp8PackWord).
-  std::vector<uint32_t> qw(w8a16 ? size_t(strips) * nk32 * 32 * 8 : 0, 0u);
-  for (int strip = 0; strip < (w8a16 ? strips : 0); ++strip)
+  const int pack_strips = w8a16 ? strips : 0;  // W8A8 only: no words
+  std::vector<uint32_t> qw(size_t(pack_strips) * nk32 * 32 * 8, 0u);
+  for (int strip = 0; strip < pack_strips; ++strip)
     for (int j = 0; j < nk32; ++j)
       for (int lane = 0; lane < 32; ++lane)
         for (int s = 0; s < 4; ++s)
