@@ -1044,6 +1044,14 @@ struct DirectCfg {
 template <typename T, int NT, bool kFp8, bool kStageFlush, int kPre, bool kPair = false>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
   static_assert(!(kPair && kFp8), "strip pairs are built for int4");
+  // The pairs' clusters and mbarriers exist from sm_90 on, where alone UsePairs launches them; compiled for an older
+  // architecture, a kPair instance is the one-strip kernel behind a trap.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr bool kPaired = false;
+  if constexpr (kPair) __trap();
+#else
+  constexpr bool kPaired = kPair;
+#endif
   using C = DirectCfg<kFp8, NT>;
   constexpr int kSub = C::kSub, kD = kFp8 || kStageFlush ? C::kDepth : 4;  // a scale block per step costs registers
   constexpr int kRefill = kD >= 2 * kSubSteps ? kSubSteps : 1;
@@ -1056,9 +1064,9 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   extern __shared__ float red[];  // [warp][NT * 8][32] accumulators, for the block's sum
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int rank = kPair ? int(blockIdx.x & 1) : 0;  // == %cluster_ctarank: the cluster is (2, 1, 1)
-  const int strip = kPair ? int(blockIdx.x & ~1u) + (warp & 1) : int(blockIdx.x);
-  const int range = kPair ? rank * int(blockDim.x >> 6) + (warp >> 1) : warp;  // the warp range of the plan
+  const int rank = kPaired ? int(blockIdx.x & 1) : 0;  // == %cluster_ctarank: the cluster is (2, 1, 1)
+  const int strip = kPaired ? int(blockIdx.x & ~1u) + (warp & 1) : int(blockIdx.x);
+  const int range = kPaired ? rank * int(blockDim.x >> 6) + (warp >> 1) : warp;  // the warp range of the plan
   const int spw = p.steps_per_warp;
   const int j0 = range * spw;                // == (split * kWarpsK + kw) * spw of QLinearKernel
   const int nvalid = min(spw, p.nk32 - j0);  // real k32 steps of this warp (may be <= 0)
@@ -1148,7 +1156,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   constexpr int kNA = NT * 8;  // accumulators per lane
   float* const hand = red + (blockDim.x >> 5) * kNA * 32;  // [2 strips][kNA * 32]: rank 0's sums, in rank 1
   const uint32_t hbar = static_cast<uint32_t>(__cvta_generic_to_shared(hand + 2 * kNA * 32));
-  if constexpr (kPair) {
+  if constexpr (kPaired) {
     if (rank == 1 && threadIdx.x == 0) {
       MbarInit(hbar, 1);
       MbarArriveExpectTx(hbar, 2 * kNA * 32 * sizeof(float));
@@ -1172,7 +1180,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   for (int r = 0; r < kD; ++r)
     if (r < spw && r >= kPre) load_w(r, r, std::false_type{});
   next_pass();
-  if constexpr (kPair) ClusterWait();
+  if constexpr (kPaired) ClusterWait();
 
   // ---- main loop: step j computes from slot j % kD, then refills it with step j + kD. A pass of the
   // ring is `steady` where every step it computes and loads lies in [0, nfast): no bounds checks. ----
@@ -1224,7 +1232,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 
   // ---- sum the warps in QLinearKernel's order ----
   if constexpr (!kEarlyTrigger) LaunchDependents();  // the next kernel's blocks may start their weight prefetch
-  if constexpr (kPair) {
+  if constexpr (kPaired) {
     PairSum<T, NT>(red, hand, hbar, p, rank, warp, lane, acc);
   } else {
     BlockSum<T, NT, kFp8>(red, p, strip, warp, lane, acc, fsv);
