@@ -1239,19 +1239,22 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   }
 }
 
-template <typename T, int NT, bool kFp8, bool kStageFlush, bool kPair = false>
+// QLinearDirectKernel, as strip pairs where UsePairs allows them (int4 with stage flush).
+template <typename T, int NT, bool kFp8, bool kStageFlush>
 cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
+  constexpr bool kCanPair = !kFp8 && kStageFlush;
+  const bool pair = kCanPair && UsePairs(p);
   cudaLaunchConfig_t cfg = {};
   const int strips = (p.N + kWarpN - 1) / kWarpN;
-  cfg.gridDim = dim3(kPair ? (strips + 1) & ~1 : strips);  // pairs: the packed strips are a multiple of kWarpsN
+  cfg.gridDim = dim3(pair ? (strips + 1) & ~1 : strips);  // pairs: the packed strips are a multiple of kWarpsN
   cfg.blockDim = dim3(32 * kWarpsK * p.splits);
-  // The warps' accumulators; kPair: then rank 0's sums of both strips and an mbarrier.
-  cfg.dynamicSmemBytes = (size_t(kWarpsK) * p.splits + (kPair ? 2 : 0)) * NT * 8 * 32 * sizeof(float) + (kPair ? 8 : 0);
+  // The warps' accumulators; pairs: then rank 0's sums of both strips and an mbarrier.
+  cfg.dynamicSmemBytes = (size_t(kWarpsK) * p.splits + (pair ? 2 : 0)) * NT * 8 * 32 * sizeof(float) + (pair ? 8 : 0);
   cfg.stream = stream;
   cudaLaunchAttribute at[2];
   cfg.attrs = at;
   AddPdl(&cfg);
-  if constexpr (kPair) {
+  if (pair) {
     ++pair_launches;
     cudaLaunchAttribute& a = at[cfg.numAttrs++];
     a.id = cudaLaunchAttributeClusterDimension;
@@ -1261,8 +1264,14 @@ cudaError_t LaunchQLinearDirect(const QLinearParams& p, cudaStream_t stream) {
   }
   // Short warp ranges (two stages or fewer: 4096²) request 2 weight steps before the wait and the rest of the ring
   // after X; longer ones the whole ring first (see the kernel's prologue).
-  if (p.steps_per_warp <= 2 * kSubSteps) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2, kPair>, p);
-  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, kDirectMaxDepth, kPair>, p);
+  const bool short_ranges = p.steps_per_warp <= 2 * kSubSteps;
+  if constexpr (kCanPair) {
+    if (pair)
+      return short_ranges ? cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2, true>, p)
+                          : cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, kDirectMaxDepth, true>, p);
+  }
+  if (short_ranges) return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, 2>, p);
+  return cudaLaunchKernelEx(&cfg, QLinearDirectKernel<T, NT, kFp8, kStageFlush, kDirectMaxDepth>, p);
 }
 
 // The sm_90 staged small-M kernel for 8-split plans (qlinear_staged.cuh, included by the int4 stage-flush and the fp8
@@ -1286,19 +1295,9 @@ cudaError_t LaunchQLinear(const QLinearParams& p, cudaStream_t stream) {
       if (e != cudaErrorNotSupported) return e;
     }
   }
-  if (p.M <= 8) {
-    if constexpr (!kFp8 && kStageFlush) {
-      if (UsePairs(p)) return LaunchQLinearDirect<T, 1, false, true, true>(p, stream);
-    }
-    return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(p, stream);
-  }
+  if (p.M <= 8) return LaunchQLinearDirect<T, 1, kFp8, kStageFlush>(p, stream);
   static_assert(kSmallMMaxRows == 16, "the small-M kernel's widest instantiation holds two 8-token tiles");
-  if (p.M <= kSmallMMaxRows) {
-    if constexpr (!kFp8 && kStageFlush) {
-      if (UsePairs(p)) return LaunchQLinearDirect<T, 2, false, true, true>(p, stream);
-    }
-    return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
-  }
+  if (p.M <= kSmallMMaxRows) return LaunchQLinearDirect<T, 2, kFp8, kStageFlush>(p, stream);
   if constexpr (!kFp8 && kStageFlush) {
     const cudaError_t e = LaunchQLinearWgmma<T>(p, stream);
     if (e != cudaErrorNotSupported) return e;
