@@ -123,7 +123,7 @@ class Fp8DeviceWeights {
   int K() const { return K_; }
   int N() const { return N_; }
   bool per_channel() const { return per_channel_; }
-  Fp8Paths paths() const { return paths_; }
+  Fp8Paths paths() const;  // from the copies the weights hold
   size_t device_bytes() const { return bytes_; }
   struct View;
   const View& view() const { return *view_; }
@@ -132,7 +132,6 @@ class Fp8DeviceWeights {
   Fp8DeviceWeights() = default;
   int K_ = 0, N_ = 0;
   bool per_channel_ = false;
-  Fp8Paths paths_ = Fp8Paths::kBoth;
   size_t bytes_ = 0;
   std::unique_ptr<View> view_;
 };

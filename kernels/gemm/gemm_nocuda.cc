@@ -23,6 +23,7 @@ struct Fp8DeviceWeights::View {};
 Fp8DeviceWeights::~Fp8DeviceWeights() = default;
 Status Fp8DeviceWeights::Create(const Fp8Weights&, std::unique_ptr<Fp8DeviceWeights>*, Fp8Paths) { return NoCuda(); }
 Status Fp8DeviceWeights::Clone(std::unique_ptr<Fp8DeviceWeights>*) const { return NoCuda(); }
+Fp8Paths Fp8DeviceWeights::paths() const { return Fp8Paths::kBoth; }  // never called: Create fails without CUDA
 size_t W8A16WorkspaceBytes(const Fp8DeviceWeights&, int) { return 0; }
 Status run_w8a16(const Fp8DeviceWeights&, const LinearArgs&, cudaStream_t) { return NoCuda(); }
 Status run_w8a8(BlasLt*, const Fp8DeviceWeights&, const W8A8Args&, cudaStream_t) { return NoCuda(); }

@@ -296,40 +296,40 @@ Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWe
   v->plan = PlanFor(K, N);
   v->strips = v->plan.n_blocks * kWarpsN;
   const int strips = v->strips, nk32 = v->nk32;
-  // [strips][nk32][2 chunks][32 lanes][4 words]: word w = 2s + ks in chunk w/4 holds channels 8t + 4ks + 0..3 of
-  // column n = 32*strip + 8s + lane/4, their bits placed as Fp8Word reads them (Fp8PackWord).
-  const int pack_strips = w8a16 ? strips : 0;  // W8A8 only: no words
-  std::vector<uint32_t> qw(size_t(pack_strips) * nk32 * 32 * 8, 0u);
-  for (int strip = 0; strip < pack_strips; ++strip)
-    for (int j = 0; j < nk32; ++j)
-      for (int lane = 0; lane < 32; ++lane)
-        for (int s = 0; s < 4; ++s)
-          for (int ks = 0; ks < 2; ++ks) {
-            const int n = strip * kWarpN + 8 * s + lane / 4, t = lane % 4;
-            if (n >= N) continue;
-            const int wi = 2 * s + ks;
-            uint8_t c[4] = {0, 0, 0, 0};
-            for (int b = 0; b < 4; ++b) {
-              const int k = j * kStepK + 8 * t + 4 * ks + b;
-              if (k < K) c[b] = w.w[size_t(n) * K + k];
-            }
-            qw[(((size_t(strip) * nk32 + j) * 2 + wi / 4) * 32 + lane) * 4 + wi % 4] = Fp8PackWord(c);
-          }
-  std::vector<float> fs(size_t(strips) * 32, 0.0f), svec(N);  // [strips][g][s]: n = 8s + g
-  for (int strip = 0; strip < strips; ++strip)
-    for (int i = 0; i < 32; ++i) {
-      const int n = strip * kWarpN + 8 * (i % 4) + i / 4;
-      if (n < N) fs[size_t(strip) * 32 + i] = w.scale_of(n);
-    }
-  for (int n = 0; n < N; ++n) svec[n] = w.scale_of(n);
   Blob blob;
   size_t ow = 0, ov = 0, o1 = 0, oq = 0, of = 0;
   if (w8a8) {
+    std::vector<float> svec(N);
+    for (int n = 0; n < N; ++n) svec[n] = w.scale_of(n);
     ow = blob.Add(w.w.data(), w.w.size());
     ov = blob.Add(svec.data(), svec.size() * 4);
     o1 = blob.Add(w.scale.data(), 4);
   }
   if (w8a16) {
+    // [strips][nk32][2 chunks][32 lanes][4 words]: word w = 2s + ks in chunk w/4 holds channels 8t + 4ks + 0..3 of
+    // column n = 32*strip + 8s + lane/4, their bits placed as Fp8Word reads them (Fp8PackWord).
+    std::vector<uint32_t> qw(size_t(strips) * nk32 * 32 * 8, 0u);
+    for (int strip = 0; strip < strips; ++strip)
+      for (int j = 0; j < nk32; ++j)
+        for (int lane = 0; lane < 32; ++lane)
+          for (int s = 0; s < 4; ++s)
+            for (int ks = 0; ks < 2; ++ks) {
+              const int n = strip * kWarpN + 8 * s + lane / 4, t = lane % 4;
+              if (n >= N) continue;
+              const int wi = 2 * s + ks;
+              uint8_t c[4] = {0, 0, 0, 0};
+              for (int b = 0; b < 4; ++b) {
+                const int k = j * kStepK + 8 * t + 4 * ks + b;
+                if (k < K) c[b] = w.w[size_t(n) * K + k];
+              }
+              qw[(((size_t(strip) * nk32 + j) * 2 + wi / 4) * 32 + lane) * 4 + wi % 4] = Fp8PackWord(c);
+            }
+    std::vector<float> fs(size_t(strips) * 32, 0.0f);  // [strips][g][s]: n = 8s + g
+    for (int strip = 0; strip < strips; ++strip)
+      for (int i = 0; i < 32; ++i) {
+        const int n = strip * kWarpN + 8 * (i % 4) + i / 4;
+        if (n < N) fs[size_t(strip) * 32 + i] = w.scale_of(n);
+      }
     oq = blob.Add(qw.data(), qw.size() * 4);
     of = blob.Add(fs.data(), fs.size() * 4);
   }
@@ -348,11 +348,14 @@ Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWe
   r->K_ = K;
   r->N_ = N;
   r->per_channel_ = w.scale.size() != 1;
-  r->paths_ = paths;
   r->bytes_ = blob.bytes.size();
   r->view_ = std::move(v);
   *out = std::move(r);
   return Status::Ok();
+}
+
+Fp8Paths Fp8DeviceWeights::paths() const {
+  return !view_->w ? Fp8Paths::kW8A16 : !view_->qw ? Fp8Paths::kW8A8 : Fp8Paths::kBoth;
 }
 
 Status Fp8DeviceWeights::Clone(std::unique_ptr<Fp8DeviceWeights>* out) const {
@@ -361,7 +364,6 @@ Status Fp8DeviceWeights::Clone(std::unique_ptr<Fp8DeviceWeights>* out) const {
   r->K_ = K_;
   r->N_ = N_;
   r->per_channel_ = per_channel_;
-  r->paths_ = paths_;
   r->bytes_ = bytes_;
   *out = std::move(r);
   return Status::Ok();
@@ -374,8 +376,8 @@ size_t W8A16WorkspaceBytes(const Fp8DeviceWeights& w, int max_m) {
 
 Status run_w8a16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t stream) {
   const auto& v = w.view();
-  const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, false, false, false);
   if (!v.qw) return InvalidArgument("run_w8a16: these FP8 weights were created for W8A8 only (Fp8Paths::kW8A8)");
+  const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, false, false, false);
   FQ_RETURN_IF_ERROR(CheckArgs(a, v.K, l.total, "run_w8a16"));
   if (a.M == 0) return Status::Ok();
   detail::QLinearParams p;
