@@ -266,69 +266,69 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   };
   LaunchDependents();
 
+  // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, in place of
+  // PackXKernel and its grid boundary. Each stage of a split's K range is packed by one of the split's column blocks,
+  // whose math warps (idle until their first stage arrives) then raise the stage's flag (p.xready[1 + stage]), and the
+  // producer's thread 0 waits for a stage's flag only before its copy: a block starts once its first stage is packed,
+  // not once all of X is. A block that has waited p.wait_ns for a flag (the grid was not resident after all) packs that
+  // stage itself: the same bytes, so nothing can hang. The last block done with its copies (departures in p.xready[0])
+  // zeroes the words.
+  const int nsteps = PackedXStages(p) * kSubSteps, gs0 = split * ntot;  // the block's first stage of packed X
+  auto pack_stage = [&](int gs, int first, int stride) {
+    for (int q = first; q < C::kRows * kSubSteps; q += stride)
+      PackXItem<T>(p, (q / kSubSteps) * nsteps + gs * kSubSteps + q % kSubSteps, nsteps);
+    FenceProxyAsyncGlobal();  // these generic stores before the TMA reads
+  };
+
   if (tid >= C::kThreads) {
-    // ---- producer warpgroup: packs its block's share of X (resident grid), and its thread 0 issues every copy: a
-    // stage's packed X (one bulk copy), weights (one box) and, where a group starts, scale blocks, into a 4-slot ring
-    // with full / empty mbarriers, each slot refilled once the math warps are done with it, so no math warp issues
-    // copies or waits for the others (H200 M = 64: 4096 x 14336 28.1 -> 24.2 µs, 8192² 29.9 -> 26.0, 14336 x 4096
-    // 27.6 -> 25.1; with the stage flags below 23.9, 25.5, 23.9; bench/results/gemm-nvidia-h200-2026-11-25-s20.md).
-    // Its threads leave when done, so the math warpgroups synchronise among themselves (math_sync; a block barrier
-    // there hung under racecheck). ----
+    // ---- producer warpgroup: its thread 0 issues every copy: a stage's packed X (one bulk copy), weights (one box)
+    // and, where a group starts, scale blocks, into a 4-slot ring with full / empty mbarriers, each slot refilled once
+    // the math warps are done with it, so no math warp issues copies or waits for the others (H200 M = 64:
+    // 4096 x 14336 28.1 -> 24.2 µs, 8192² 29.9 -> 26.0, 14336 x 4096 27.6 -> 25.1; with the stage flags below 23.9,
+    // 25.5, 23.9; bench/results/gemm-nvidia-h200-2026-11-25-s20.md). The other threads leave at once, so the math
+    // warpgroups synchronise among themselves (math_sync; a block barrier there hung under racecheck). ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
-    const int ptid = tid - C::kThreads;
-    if (ptid == 0) {
-      Cursor save = pc;
-      for (int st = 0; st < S && st < ntot; ++st) {
-        issue_w(st);
-        advance(pc);
-      }
-      pc = save;
+    if (tid != C::kThreads) return;
+    Cursor save = pc;
+    for (int st = 0; st < S && st < ntot; ++st) {
+      issue_w(st);
+      advance(pc);
     }
+    pc = save;
     GridDependencyWait();  // X (or PackXKernel's packed X) comes from the kernel before
-    // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, in
-    // place of PackXKernel and its grid boundary. Each stage of a split's K range is packed by one of the split's
-    // column blocks, which then raises the stage's flag (p.xready[1 + stage]), and thread 0 waits for a stage's flag
-    // only before its copy: a block starts once its first stage is packed, not once all of X is. A block that has
-    // waited p.wait_ns for a flag (the grid was not resident after all) packs that stage itself: the same bytes, so
-    // nothing can hang. The last block done with its copies (departures in p.xready[0]) zeroes the words.
-    const int nsteps = PackedXStages(p) * kSubSteps, gs0 = split * ntot;  // the block's first stage of packed X
-    auto pack_stage = [&](int gs, int first, int stride) {
-      for (int q = first; q < C::kRows * kSubSteps; q += stride)
-        PackXItem<T>(p, (q / kSubSteps) * nsteps + gs * kSubSteps + q % kSubSteps, nsteps);
-      FenceProxyAsyncGlobal();  // these generic stores before the TMA reads
+    auto issue_x_ready = [&](int st, int slot) {
+      if (p.xready) {
+        if (WaitCount(p.xready + 1 + gs0 + st, ~0, 1, p.wait_ns) < 1) pack_stage(gs0 + st, 0, 1);
+        FenceProxyAsyncGlobal();
+      }
+      issue_x(slot);
     };
-    if (p.xready) {
-      for (int l = cblock; l < ntot; l += gridDim.z) {
-        pack_stage(gs0 + l, ptid, C::kProducerThreads);
-        asm volatile("bar.sync 1, %0;\n" ::"n"(C::kProducerThreads) : "memory");
-        if (ptid == 0) RedAddRelease(p.xready + 1 + gs0 + l, 1);  // releases the stage
-      }
+    for (int st = 0; st < S && st < ntot; ++st) issue_x_ready(st, st);
+    for (int st = S; st < ntot; ++st) {
+      const int slot = st % S;
+      MbarWait(empty_bar(slot), (st / S - 1) & 1);  // the math warps are done with stage st - S
+      issue_w(slot);
+      issue_x_ready(st, slot);
     }
-    if (ptid == 0) {
-      auto issue_x_ready = [&](int st, int slot) {
-        if (p.xready) {
-          if (WaitCount(p.xready + 1 + gs0 + st, ~0, 1, p.wait_ns) < 1) pack_stage(gs0 + st, 0, 1);
-          FenceProxyAsyncGlobal();
-        }
-        issue_x(slot);
-      };
-      for (int st = 0; st < S && st < ntot; ++st) issue_x_ready(st, st);
-      for (int st = S; st < ntot; ++st) {
-        const int slot = st % S;
-        MbarWait(empty_bar(slot), (st / S - 1) & 1);  // the math warps are done with stage st - S
-        issue_w(slot);
-        issue_x_ready(st, slot);
-      }
-      if (p.xready && atomicAdd(p.xready, 1) == gridDim.y * gridDim.z - 1) {
-        for (int i = 0; i <= PackedXStages(p); ++i) p.xready[i] = 0;
-      }
+    if (p.xready && atomicAdd(p.xready, 1) == gridDim.y * gridDim.z - 1) {
+      for (int i = 0; i <= PackedXStages(p); ++i) p.xready[i] = 0;
     }
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-  GridDependencyWait();  // the workspace and Y may still be in use by the kernel before
+  GridDependencyWait();  // X, the workspace and Y come from or may still be in use by the kernel before
   // The math warpgroups' block barrier (the producer warpgroup has left).
   auto math_sync = [] { asm volatile("bar.sync 2, %0;\n" ::"n"(C::kThreads) : "memory"); };
+  // The block's share of packing X (above): an item per thread, one L2 round trip (the producer's 128 threads, with 32
+  // registers, took two: H200 M = 40-64 0.4-0.8 µs faster on all four shapes, 14336 x 4096 M = 64 23.86 -> 23.23 µs;
+  // bench/results/gemm-nvidia-h200-2026-11-27-s27.md, call 6).
+  if (p.xready) {
+    for (int l = cblock; l < ntot; l += gridDim.z) {
+      pack_stage(gs0 + l, tid, C::kThreads);
+      math_sync();
+      if (tid == 0) RedAddRelease(p.xready + 1 + gs0 + l, 1);  // releases the stage
+    }
+  }
 
   // ---- math: warp w of warpgroup h: strip 2h + w / 2 of the block, half u = w % 2 ----
   const int h = warp >> 2, wi = warp & 3;
