@@ -67,9 +67,9 @@ struct WgCfg {
   static constexpr int kRingBytes = kStages * kStageBytes;
   static constexpr int kParkBytes = kThreads * 32 * 4;               // the first range's 32 sums per thread
   static constexpr int kParkOffset = kRingBytes;
-  static constexpr int kBarOffset = kParkOffset + kParkBytes;        // full[kStages], empty[kStages]
+  static constexpr int kBarOffset = kParkOffset + kParkBytes;        // full[kStages], empty[kStages], packed
   static constexpr int kTileLd = kCols + 4;                          // fp32 split tile row stride (banks)
-  static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8;     // the dynamic shared memory starts 1024-aligned
+  static constexpr int kSmemBytes = kBarOffset + (2 * kStages + 1) * 8;  // the dynamic shared memory starts 1024-aligned
   static_assert(kRows * kTileLd * 4 <= kRingBytes, "the split tile reuses the ring");
   static_assert(kSmemBytes + 1024 <= 228 * 1024, "shared memory");
 };
@@ -119,6 +119,8 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
 }
 // Orders this thread's generic-proxy global accesses with the async proxy's (the TMA reads of packed X).
 __device__ __forceinline__ void FenceProxyAsyncGlobal() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+// The same for this thread's shared-memory stores before the wgmma reads.
+__device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Thread 0 of a block of a resident grid: polls *ctr (acquire) until (value & mask) >= target or wait_ns have
 // passed; returns the last value read.
 __device__ __forceinline__ int WaitCount(const int* ctr, int mask, int target, uint32_t wait_ns) {
@@ -161,22 +163,28 @@ __device__ __forceinline__ void GridReset(int* ctr, int departed, int n) {
 // (r % 8) (128B swizzle), chunk q = words t = 0..3 of channels 8t + 2q, +1: k16 chunk ks holds channels 8t + 4ks +
 // {0..3} where the A fragment of thread t expects them. One thread per (row, k32 step); rows >= M and channels >= K
 // are zeros.
-// Item i = (row m, k32 step jj) of the packing below.
+// Row m, k32 step jj into `image`, the 16 KB image of jj's stage (in p.xpack, or a ring slot of the main kernel).
 template <typename T>
-__device__ __forceinline__ void PackXItem(const QLinearParams& p, int i, int nsteps) {
-  const int jj = i % nsteps, m = i / nsteps;
+__device__ __forceinline__ void PackXInto(const QLinearParams& p, int m, int jj, uint4* image) {
   uint4 in[4];  // channels 32 jj + 8t .. +7
 #pragma unroll
   for (int t = 0; t < 4; ++t) {
     const int k = jj * kStepK + 8 * t;
     in[t] = m < p.M && k < p.K ? LdCached16(static_cast<const T*>(p.x) + size_t(m) * p.K + k) : make_uint4(0u, 0u, 0u, 0u);
   }
-  const int mt = m / WgCfg::kRows, r = m % WgCfg::kRows, stage = jj / kSubSteps, s = jj % kSubSteps;
-  uint4* dst = static_cast<uint4*>(p.xpack) + ((size_t(mt) * PackedXStages(p) + stage) * 2 + s / 2) * (WgCfg::kRows * 8) + r * 8;
+  const int r = m % WgCfg::kRows, s = jj % kSubSteps;
+  uint4* dst = image + (s / 2) * (WgCfg::kRows * 8) + r * 8;
   dst[((s % 2) * 4 + 0) ^ (r & 7)] = make_uint4(in[0].x, in[1].x, in[2].x, in[3].x);
   dst[((s % 2) * 4 + 1) ^ (r & 7)] = make_uint4(in[0].y, in[1].y, in[2].y, in[3].y);
   dst[((s % 2) * 4 + 2) ^ (r & 7)] = make_uint4(in[0].z, in[1].z, in[2].z, in[3].z);
   dst[((s % 2) * 4 + 3) ^ (r & 7)] = make_uint4(in[0].w, in[1].w, in[2].w, in[3].w);
+}
+// Item i = (row m, k32 step jj) of the packing below, into p.xpack.
+template <typename T>
+__device__ __forceinline__ void PackXItem(const QLinearParams& p, int i, int nsteps) {
+  const int jj = i % nsteps, m = i / nsteps;
+  const size_t stage = size_t(m / WgCfg::kRows) * PackedXStages(p) + jj / kSubSteps;
+  PackXInto<T>(p, m, jj, static_cast<uint4*>(p.xpack) + stage * 2 * (WgCfg::kRows * 8));
 }
 template <typename T>
 __global__ void __launch_bounds__(256) PackXKernel(const QLinearParams p) {
@@ -201,6 +209,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   const uint32_t ring = sbase, bar0 = sbase + C::kBarOffset;
   auto full_bar = [&](int slot) { return bar0 + 8 * slot; };
   auto empty_bar = [&](int slot) { return bar0 + 8 * (S + slot); };
+  const uint32_t packed_bar = bar0 + 8 * 2 * S;  // the math warps' share of packed X for the other blocks is stored
   float* park = reinterpret_cast<float*>(smem + C::kParkOffset);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -245,16 +254,17 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
       MbarInit(full_bar(i), 1);            // the producer's expect_tx, then the copies' bytes
       MbarInit(empty_bar(i), C::kThreads);  // every math thread done with the stage
     }
+    MbarInit(packed_bar, C::kThreads / 2);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   Cursor pc;  // producer: the stage issued next
   range_start(pc, 0);
   const char* xsrc = static_cast<const char*>(p.xpack) + size_t(mtile) * PackedXStages(p) * C::kXBytes;
-  auto issue_w = [&](int slot) {
+  auto issue_w = [&](int slot, bool with_x) {
     const uint32_t base = ring + slot * C::kStageBytes, bar = full_bar(slot);
     const bool gs = group_start(pc);
-    MbarArriveExpectTx(bar, uint32_t(C::kWBytes + C::kXBytes + (gs ? nstrips * kSzBlockBytes : 0)));
+    MbarArriveExpectTx(bar, uint32_t(C::kWBytes + (with_x ? C::kXBytes : 0) + (gs ? nstrips * kSzBlockBytes : 0)));
     TmaLoad2d(base + C::kXBytes, &wmap, pc.j * 64, strip0, bar);
     if (gs)
       BulkCopy(base + C::kXBytes + C::kWBytes, static_cast<const char*>(p.sz) + (size_t(pc.g) * p.strips + strip0) * kSzBlockBytes,
@@ -267,12 +277,12 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   LaunchDependents();
 
   // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, in place of
-  // PackXKernel and its grid boundary. Each stage of a split's K range is packed by one of the split's column blocks,
-  // whose math warps (idle until their first stage arrives) then raise the stage's flag (p.xready[1 + stage]), and the
-  // producer's thread 0 waits for a stage's flag only before its copy: a block starts once its first stage is packed,
-  // not once all of X is. A block that has waited p.wait_ns for a flag (the grid was not resident after all) packs that
-  // stage itself: the same bytes, so nothing can hang. The last block done with its copies (departures in p.xready[0])
-  // zeroes the words.
+  // PackXKernel and its grid boundary. The math warps, idle until their first stage arrives, pack it straight into ring
+  // slot 0 (half of them, an item a thread), while the other half packs the block's share of the later stages for the
+  // split's other column blocks: stage l >= 1 of a split's K range by column block l - 1, whose producer thread then
+  // raises the stage's flag (p.xready[1 + stage]). The producer's thread 0 waits for a stage's flag only before its copy.
+  // A block that has waited p.wait_ns for a flag (the grid was not resident after all) packs that stage itself: the same
+  // bytes, so nothing can hang. The last block done with its copies (departures in p.xready[0]) zeroes the words.
   const int nsteps = PackedXStages(p) * kSubSteps, gs0 = split * ntot;  // the block's first stage of packed X
   auto pack_stage = [&](int gs, int first, int stride) {
     for (int q = first; q < C::kRows * kSubSteps; q += stride)
@@ -291,12 +301,17 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     if (tid != C::kThreads) return;
     Cursor save = pc;
     for (int st = 0; st < S && st < ntot; ++st) {
-      issue_w(st);
+      issue_w(st, st > 0 || !p.xready);
       advance(pc);
     }
     pc = save;
     GridDependencyWait();  // X (or PackXKernel's packed X) comes from the kernel before
+    if (p.xready && 1 + cblock < ntot) {
+      MbarWait(packed_bar, 0);  // the math warps stored the block's share (one phase: they never wait for this thread)
+      for (int l = 1 + cblock; l < ntot; l += gridDim.z) RedAddRelease(p.xready + 1 + gs0 + l, 1);  // releases the stages
+    }
     auto issue_x_ready = [&](int st, int slot) {
+      if (p.xready && st == 0) return advance(pc);  // the math warps pack it into slot 0
       if (p.xready) {
         if (WaitCount(p.xready + 1 + gs0 + st, ~0, 1, p.wait_ns) < 1) pack_stage(gs0 + st, 0, 1);
         FenceProxyAsyncGlobal();
@@ -307,7 +322,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     for (int st = S; st < ntot; ++st) {
       const int slot = st % S;
       MbarWait(empty_bar(slot), (st / S - 1) & 1);  // the math warps are done with stage st - S
-      issue_w(slot);
+      issue_w(slot, true);
       issue_x_ready(st, slot);
     }
     if (p.xready && atomicAdd(p.xready, 1) == gridDim.y * gridDim.z - 1) {
@@ -319,15 +334,19 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   GridDependencyWait();  // X, the workspace and Y come from or may still be in use by the kernel before
   // The math warpgroups' block barrier (the producer warpgroup has left).
   auto math_sync = [] { asm volatile("bar.sync 2, %0;\n" ::"n"(C::kThreads) : "memory"); };
-  // The block's share of packing X (above): an item per thread, one L2 round trip (the producer's 128 threads, with 32
-  // registers, took two: H200 M = 40-64 0.4-0.8 µs faster on all four shapes, 14336 x 4096 M = 64 23.86 -> 23.23 µs;
+  // The packing of X (above), an item a thread: one L2 round trip (the producer's 128 threads, with 32 registers, took
+  // two: H200 M = 40-64 0.4-0.8 µs faster on all four shapes, 14336 x 4096 M = 64 23.86 -> 23.23 µs;
   // bench/results/gemm-nvidia-h200-2026-11-27-s27.md, call 6).
   if (p.xready) {
-    for (int l = cblock; l < ntot; l += gridDim.z) {
-      pack_stage(gs0 + l, tid, C::kThreads);
-      math_sync();
-      if (tid == 0) RedAddRelease(p.xready + 1 + gs0 + l, 1);  // releases the stage
+    static_assert(C::kRows * kSubSteps == C::kThreads / 2, "a stage is an item for each of half the math threads");
+    if (tid < C::kThreads / 2) {
+      PackXInto<T>(p, tid / kSubSteps, gs0 * kSubSteps + tid % kSubSteps, reinterpret_cast<uint4*>(smem));
+      FenceProxyAsyncShared();
+    } else {
+      for (int l = 1 + cblock; l < ntot; l += gridDim.z) pack_stage(gs0 + l, tid - C::kThreads / 2, C::kThreads / 2);
+      if (1 + cblock < ntot) MbarArrive(packed_bar);  // the producer releases the stages
     }
+    math_sync();
   }
 
   // ---- math: warp w of warpgroup h: strip 2h + w / 2 of the block, half u = w % 2 ----
