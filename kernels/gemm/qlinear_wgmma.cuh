@@ -335,8 +335,8 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   // The math warpgroups' block barrier (the producer warpgroup has left).
   auto math_sync = [] { asm volatile("bar.sync 2, %0;\n" ::"n"(C::kThreads) : "memory"); };
   // The packing of X (above), an item a thread: one L2 round trip (the producer's 128 threads, with 32 registers, took
-  // two: H200 M = 40-64 0.4-0.8 µs faster on all four shapes, 14336 x 4096 M = 64 23.86 -> 23.23 µs;
-  // bench/results/gemm-nvidia-h200-2026-11-27-s27.md, call 6).
+  // two: H200 M = 40-64 0.4-0.8 µs faster on all four shapes; bench/results/gemm-nvidia-h200-2026-11-27-s27.md, call 6),
+  // and the first stage in the block's own slot waits for no other block (a further 0.2-0.6 µs, call 7).
   if (p.xready) {
     static_assert(C::kRows * kSubSteps == C::kThreads / 2, "a stage is an item for each of half the math threads");
     if (tid < C::kThreads / 2) {
