@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -34,6 +36,27 @@ using testing::RandomVec;
     Status s_ = (x);                           \
     ASSERT_TRUE(s_.ok()) << #x << ": " << s_.message(); \
   } while (0)
+
+// Sets a process-wide kernel knob (gemm_internal.h) for a scope and restores it however the scope ends, a failed ASSERT
+// included, so that no later test runs with it.
+template <typename V>
+class KnobScope {
+ public:
+  KnobScope(std::atomic<V>& knob, std::type_identity_t<V> value) : knob_(knob), saved_(knob.exchange(value)) {}
+  ~KnobScope() { knob_ = saved_; }
+  KnobScope(const KnobScope&) = delete;
+  KnobScope& operator=(const KnobScope&) = delete;
+
+ private:
+  std::atomic<V>& knob_;
+  V saved_;
+};
+// fn() with `knob` set to `value`.
+template <typename V, typename Fn>
+auto WithKnob(std::atomic<V>& knob, std::type_identity_t<V> value, Fn fn) {
+  KnobScope<V> scope(knob, value);
+  return fn();
+}
 
 struct Dev {
   void* p = nullptr;
@@ -293,9 +316,7 @@ TEST(GemmGpu, W4A16StagedKernelKeepsTheBits) {
         auto staged = RunW4(*dw, x, M, act, true, nullptr);
         const int limit = std::min({fits, detail::staged_max_rows.load(), detail::kStagedMaxRows});  // the knob may lower it
         EXPECT_EQ(detail::staged_launches.load() - before, major >= 9 && M <= limit ? 1 : 0);
-        const int rows = detail::staged_max_rows.exchange(0);
-        auto direct = RunW4(*dw, x, M, act, true, nullptr);
-        detail::staged_max_rows = rows;
+        auto direct = WithKnob(detail::staged_max_rows, 0, [&] { return RunW4(*dw, x, M, act, true, nullptr); });
         ExpectClose(staged, GemmF64(x.f, M, K, deq, N), act, 0, "staged");
         ASSERT_EQ(0, std::memcmp(staged.data(), direct.data(), staged.size() * sizeof(float)));
       }
@@ -313,7 +334,7 @@ TEST(GemmGpu, W4A16StripPairsKeepTheBits) {
   int dev = 0, major = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
-  const int staged_rows = detail::staged_max_rows.exchange(0);
+  KnobScope<int> staged_off(detail::staged_max_rows, 0);
   for (auto [K, N] : {std::pair{4096, 512}, std::pair{5496, 1000}, std::pair{8192, 2048}, std::pair{13312, 200}}) {
     Int4Weights w = QuantizeInt4(RandomVec(size_t(N) * K, 13).data(), N, K, 128, false);
     std::unique_ptr<W4A16Weights> dw;
@@ -328,15 +349,12 @@ TEST(GemmGpu, W4A16StripPairsKeepTheBits) {
         const long before = detail::pair_launches.load();
         auto paired = RunW4(*dw, x, M, act, true, nullptr);
         EXPECT_EQ(detail::pair_launches.load() - before, major >= 9 && detail::strip_pairs.load() ? 1 : 0);
-        const bool pairs = detail::strip_pairs.exchange(false);
-        auto single = RunW4(*dw, x, M, act, true, nullptr);
-        detail::strip_pairs = pairs;
+        auto single = WithKnob(detail::strip_pairs, false, [&] { return RunW4(*dw, x, M, act, true, nullptr); });
         ExpectClose(paired, GemmF64(x.f, M, K, deq, N), act, 0, "strip pairs");
         ASSERT_EQ(0, std::memcmp(paired.data(), single.data(), paired.size() * sizeof(float)));
       }
     }
   }
-  detail::staged_max_rows = staged_rows;
 }
 
 // The staged kernel's fp8 form (W8A16, 8-split plans of 8 steps per warp range, M <= kStagedMaxRows, sm_90) against
@@ -363,9 +381,7 @@ TEST(GemmGpu, W8A16StagedKernelKeepsTheBits) {
         auto staged = RunW8(*dw, x.bits.data(), M, act);
         const int limit = std::min(detail::staged_fp8_max_rows.load(), detail::kStagedMaxRows);  // the knob may lower it
         EXPECT_EQ(detail::staged_launches.load() - before, major >= 9 && M <= limit ? 1 : 0);
-        const int rows = detail::staged_fp8_max_rows.exchange(0);
-        auto direct = RunW8(*dw, x.bits.data(), M, act);
-        detail::staged_fp8_max_rows = rows;
+        auto direct = WithKnob(detail::staged_fp8_max_rows, 0, [&] { return RunW8(*dw, x.bits.data(), M, act); });
         ExpectClose(staged, GemmF64(x.f, M, K, deq, N), act, 0, "staged fp8");
         ASSERT_EQ(0, std::memcmp(staged.data(), direct.data(), staged.size() * sizeof(float)));
       }
@@ -386,9 +402,7 @@ TEST(GemmGpu, W4A16ResidentGridFallbacksKeepTheBits) {
       SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N) + " M=" + std::to_string(M));
       Acts x = MakeActs(M, K, ActType::kBF16, 4);
       auto normal = RunW4(*dw, x, M, ActType::kBF16, true, nullptr);
-      const uint32_t wait = detail::grid_wait_ns.exchange(0);
-      auto fallback = RunW4(*dw, x, M, ActType::kBF16, true, nullptr);
-      detail::grid_wait_ns = wait;
+      auto fallback = WithKnob(detail::grid_wait_ns, 0, [&] { return RunW4(*dw, x, M, ActType::kBF16, true, nullptr); });
       ASSERT_EQ(0, std::memcmp(normal.data(), fallback.data(), normal.size() * sizeof(float)));
     }
   }
