@@ -1220,12 +1220,14 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
     }
     next_pass();
   };
-  // Steady passes first, where they paid on the H200 (bench/gemm/NOTES.md v6.3): int4 with stage flush, blocks of
-  // fewer than kMaxSplits splits (4096 x 14336 and 8192², M = 1-16, 2.5-5% faster). With one 512-thread block per SM
-  // they cost 3-4% (14336 x 4096); fp8 lost 1-3%, and the step-flush instances spilled registers.
+  // Steady passes first, where they paid on the H200 (bench/gemm/NOTES.md v6.3, v7.4): int4 with stage flush, two token
+  // tiles on every plan (8 splits: 14336 x 4096 M = 16 12.02 -> 11.28 µs, M = 12 11.83 -> 11.04, 4096² M = 16 5.18 ->
+  // 5.12; bench/results/gemm-nvidia-h200-2026-11-27-s28.md, calls 5-6), one tile on plans of fewer than kMaxSplits
+  // splits (4096 x 14336 and 8192² M = 1-8 2.5-5% faster; on 8-split plans, one 512-thread block per SM, 1-4% slower at
+  // 14336 x 4096). fp8 lost 0-3% in both forms, and the step-flush instances spilled registers.
   int i = 0;
   if constexpr (!kFp8 && kStageFlush) {
-    if (p.splits < kMaxSplits)
+    if (NT > 1 || p.splits < kMaxSplits)
       for (; i + 2 * kD <= nfast; i += kD) pass(i, std::true_type{});
   }
   for (; i < spw; i += kD) pass(i, std::false_type{});
