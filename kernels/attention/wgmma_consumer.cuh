@@ -39,8 +39,6 @@ __device__ __forceinline__ uint64_t SmemDesc(uint32_t addr, uint32_t lbo, uint32
          (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
 }
 
-__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
 template <typename T, int D, int kBM, int kBN, bool kCausal>
 struct WgmmaConsumer {
   static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;

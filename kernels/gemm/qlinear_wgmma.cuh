@@ -98,6 +98,7 @@ __device__ __forceinline__ void WgmmaRsK(float (&d)[32], const uint32_t (&a)[4],
 #endif
 }
 // The wgmma fence / commit / wait and register fences of the attention kernels.
+using attention::detail::FenceProxyAsync;
 using attention::detail::RegFence;
 using attention::detail::WgmmaCommit;
 using attention::detail::WgmmaFence;
@@ -119,8 +120,6 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
 }
 // Orders this thread's generic-proxy global accesses with the async proxy's (the TMA reads of packed X).
 __device__ __forceinline__ void FenceProxyAsyncGlobal() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
-// The same for this thread's shared-memory stores before the wgmma reads.
-__device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Thread 0 of a block of a resident grid: polls *ctr (acquire) until (value & mask) >= target or wait_ns have
 // passed; returns the last value read.
 __device__ __forceinline__ int WaitCount(const int* ctr, int mask, int target, uint32_t wait_ns) {
@@ -341,7 +340,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     static_assert(C::kRows * kSubSteps == C::kThreads / 2, "a stage is an item for each of half the math threads");
     if (tid < C::kThreads / 2) {
       PackXInto<T>(p, tid / kSubSteps, gs0 * kSubSteps + tid % kSubSteps, reinterpret_cast<uint4*>(smem));
-      FenceProxyAsyncShared();
+      FenceProxyAsync();  // these generic stores before the wgmma reads
     } else {
       for (int l = 1 + cblock; l < ntot; l += gridDim.z) pack_stage(gs0 + l, tid - C::kThreads / 2, C::kThreads / 2);
       if (1 + cblock < ntot) MbarArrive(packed_bar);  // the producer releases the stages
