@@ -25,6 +25,8 @@
 
 namespace flashq::server {
 
+constexpr int64_t kMaxQueueDelayUs = 60'000'000, kMaxQueueSize = 10'000'000;
+
 struct Options {
   std::string host = "0.0.0.0";
   int64_t grpc_port = 8001, metrics_port = 8002;
@@ -41,8 +43,8 @@ struct Options {
 
 void AddFlags(FlagSet& f, Options& o) {
   f.Add("host", &o.host, "Address to listen on (gRPC and metrics).");
-  f.Add("grpc-port", &o.grpc_port, "gRPC port (KServe v2 inference protocol, health, reflection).");
-  f.Add("metrics-port", &o.metrics_port, "HTTP port serving Prometheus metrics at /metrics; 0 disables.");
+  f.Add("grpc-port", &o.grpc_port, "gRPC port (KServe v2 inference protocol, health, reflection).", 0, 65535);
+  f.Add("metrics-port", &o.metrics_port, "HTTP port serving Prometheus metrics at /metrics; 0 disables.", 0, 65535);
   f.Add("model-repository", &o.model_repository,
         "Model repository: one folder per model with config.pbtxt (and model.safetensors for linear layers). "
         "Empty: generate the embedded Llama-3-8B-shaped demo repository.");
@@ -50,17 +52,23 @@ void AddFlags(FlagSet& f, Options& o) {
         "Where the demo repository is generated and cached (default $XDG_CACHE_HOME/flashq or ~/.cache/flashq).");
   f.Add("backend", &o.backend, "Compute backend: auto (cuda when a GPU is visible, else cpu), cpu or cuda.");
   f.Add("max-queue-delay-us", &o.max_queue_delay_us,
-        "Override every model's max queue delay in microseconds (-1: each model's config).");
-  f.Add("max-queue-size", &o.max_queue_size, "Override every model's bounded queue length (-1: each model's config).");
-  f.Add("max-batch-tokens", &o.max_batch_tokens, "Override every model's token budget per batch (-1: each model's config).");
+        "Override every model's max queue delay in microseconds (-1: each model's config).", -1, kMaxQueueDelayUs);
+  f.Add("max-queue-size", &o.max_queue_size, "Override every model's bounded queue length (-1: each model's config).",
+        -1, kMaxQueueSize);
+  f.Add("max-batch-tokens", &o.max_batch_tokens, "Override every model's token budget per batch (-1: each model's config).",
+        -1, INT32_MAX);
   f.Add("grpc-max-message-bytes", &o.grpc_max_message_bytes,
-        "Largest gRPC message accepted or sent; a larger request gets RESOURCE_EXHAUSTED.");
+        "Largest gRPC message accepted or sent; a larger request gets RESOURCE_EXHAUSTED, and so does a request whose "
+        "response would be larger, before it is computed.",
+        4096, INT32_MAX);
   f.Add("max-tensor-bytes", &o.max_tensor_bytes,
         "Largest input tensor accepted, in bytes (shape x datatype), checked before any copy; a larger one gets "
-        "RESOURCE_EXHAUSTED. 0: only --grpc-max-message-bytes applies.");
+        "RESOURCE_EXHAUSTED. 0: only --grpc-max-message-bytes applies.",
+        0, INT64_MAX);
   f.Add("max-sequences-per-request", &o.max_sequences_per_request,
         "attention: most sequences (CU_SEQLENS entries - 1) in one request; more gets RESOURCE_EXHAUSTED. 0: no limit "
-        "beyond the token budget.");
+        "beyond the token budget.",
+        0, INT32_MAX);
   f.Add("tls-cert", &o.tls_cert, "PEM certificate chain of the gRPC server; with --tls-key, gRPC is served over TLS only.");
   f.Add("tls-key", &o.tls_key, "PEM private key for --tls-cert.");
   f.Add("tls-ca", &o.tls_ca,
@@ -71,16 +79,19 @@ void AddFlags(FlagSet& f, Options& o) {
   f.Add("auth-token-file", &o.auth_token_file, "File whose first line is the bearer token (see --auth-token).");
   f.Add("auth-inference", &o.auth_inference,
         "With a token: require it on ModelInfer/ModelStreamInfer too (false: only the administrative RPCs need it).");
-  f.Add("kv-cache-blocks", &o.kv_cache_blocks, "Override kv_attention's number of KV-cache blocks (0: the model's config).");
+  f.Add("kv-cache-blocks", &o.kv_cache_blocks, "Override kv_attention's number of KV-cache blocks (0: the model's config).",
+        0, INT32_MAX);
   f.Add("batch-invariant", &o.batch_invariant,
         "Batch-invariant mode: a request's output is bitwise identical whatever else shares its batch.");
-  f.Add("workers-per-model", &o.workers_per_model, "Batches executed concurrently per model.");
-  f.Add("cpu-threads", &o.cpu_threads, "Threads of the CPU backend (0: all cores).");
+  f.Add("workers-per-model", &o.workers_per_model, "Batches executed concurrently per model.", 1, 64);
+  f.Add("cpu-threads", &o.cpu_threads, "Threads of the CPU backend (0: all cores).", 0, 1024);
   f.Add("gpu-streams", &o.gpu_streams,
-        "CUDA backend: streams per GPU, each with its own pinned and device staging; batches overlap across them.");
-  f.Add("gpu-staging-mb", &o.gpu_staging_mb, "CUDA backend: staging buffer per stream, host (pinned) and device, in MiB.");
+        "CUDA backend: streams per GPU, each with its own pinned and device staging; batches overlap across them.", 1, 64);
+  f.Add("gpu-staging-mb", &o.gpu_staging_mb, "CUDA backend: staging buffer per stream, host (pinned) and device, in MiB.",
+        1, 1 << 20);
   f.Add("gpu-arena-mb", &o.gpu_arena_mb,
-        "CUDA backend: device memory arena per GPU allocated at start-up (staging, KV cache, workspaces), in MiB.");
+        "CUDA backend: device memory arena per GPU allocated at start-up (staging, KV cache, workspaces), in MiB.", 1,
+        1 << 24);
 }
 
 std::string DefaultCacheDir() {
@@ -166,7 +177,7 @@ int Run(const Options& o) {
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(absl::StrCat(host, ":", o.grpc_port), *credentials, &bound_port);
-  const int max_msg = int(std::min<int64_t>(o.grpc_max_message_bytes, INT32_MAX));
+  const int max_msg = int(o.grpc_max_message_bytes);
   builder.SetMaxReceiveMessageSize(max_msg);
   builder.SetMaxSendMessageSize(max_msg);
   // Tensors are megabytes: start each stream with a large HTTP/2 window instead of
@@ -224,8 +235,9 @@ int Run(const Options& o) {
   opts.max_queue_size = Override(o.max_queue_size);
   opts.max_queue_delay_us = Override(o.max_queue_delay_us);
   opts.max_batch_tokens = Override(o.max_batch_tokens);
-  opts.workers_per_model = int(std::max<int64_t>(1, o.workers_per_model));
-  opts.load.kv_cache_blocks = int(o.kv_cache_blocks);
+  opts.workers_per_model = int(o.workers_per_model);
+  opts.max_response_bytes = o.grpc_max_message_bytes;
+  opts.load.kv_cache_blocks = o.kv_cache_blocks;
   auto server = InferenceServer::Create(*entries, **backend, metrics, opts);
   if (!server.ok()) {
     std::cerr << "flashq-server: " << server.status() << "\n";
@@ -273,6 +285,12 @@ int main(int argc, char** argv) {
   if (help) {
     std::cout << flags.Help();
     return 0;
+  }
+  // An empty token would turn authentication off without a word; a token file that holds
+  // none is refused the same way (TokenAuth::Create).
+  if (flags.WasSet("auth-token") && options.auth_token.empty()) {
+    std::cerr << "flashq-server: --auth-token is empty; give a token, or leave the flag out to serve without one\n";
+    return 2;
   }
   return flashq::server::Run(options);
 }

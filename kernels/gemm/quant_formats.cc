@@ -39,15 +39,16 @@ int Int4Weights::num_groups() const {
 
 Status Int4Weights::Validate() const {
   if (K <= 0 || N <= 0 || group_size <= 0) return InvalidArgument("Int4Weights: K, N, group_size must be positive (" + Shape(K, N, group_size) + ")");
+  if (!g_idx.empty()) {
+    if (g_idx.size() != size_t(K)) return InvalidArgument("Int4Weights: g_idx must hold K entries");
+    for (int32_t g : g_idx)
+      if (g < 0 || g >= (K + group_size - 1) / group_size)
+        return InvalidArgument("Int4Weights: g_idx entries must be in 0..ceil(K / group_size) - 1");
+  }
   const int G = num_groups();
   if (q.size() != size_t(N) * K) return InvalidArgument("Int4Weights: q must hold N*K values");
   if (scales.size() != size_t(N) * G || zeros.size() != size_t(N) * G)
     return InvalidArgument("Int4Weights: scales and zeros must hold N*num_groups values");
-  if (!g_idx.empty()) {
-    if (g_idx.size() != size_t(K)) return InvalidArgument("Int4Weights: g_idx must hold K entries");
-    for (int32_t g : g_idx)
-      if (g < 0) return InvalidArgument("Int4Weights: g_idx entries must be >= 0");
-  }
   for (uint8_t v : q)
     if (v > 15) return InvalidArgument("Int4Weights: q values must be 0..15");
   return Status::Ok();
@@ -57,6 +58,8 @@ Status Fp8Weights::Validate() const {
   if (K <= 0 || N <= 0) return InvalidArgument("Fp8Weights: K and N must be positive");
   if (w.size() != size_t(N) * K) return InvalidArgument("Fp8Weights: w must hold N*K bytes");
   if (scale.size() != 1 && scale.size() != size_t(N)) return InvalidArgument("Fp8Weights: scale must hold 1 or N floats");
+  for (float s : scale)
+    if (!std::isfinite(s) || s <= 0.0f) return InvalidArgument("Fp8Weights: scales must be finite and > 0");
   return Status::Ok();
 }
 
@@ -200,9 +203,13 @@ Status UnpackGptq(const GptqTensors& t, Int4Weights* out) {
   int G = (t.K + t.group_size - 1) / t.group_size;
   if (!t.g_idx.empty()) {
     if (t.g_idx.size() != size_t(t.K)) return InvalidArgument("GPTQ: g_idx must be int32 [K] = [" + std::to_string(t.K) + "]");
+    // Act-order only permutes channels among the ceil(K / group_size) groups, so a larger
+    // entry is a malformed checkpoint; refusing it first bounds what is allocated below.
     int mx = -1;
     for (int32_t g : t.g_idx) {
-      if (g < 0) return InvalidArgument("GPTQ: g_idx entries must be >= 0");
+      if (g < 0 || g >= G)
+        return InvalidArgument("GPTQ: g_idx entry " + std::to_string(g) + " is outside 0.." + std::to_string(G - 1) +
+                               " (ceil(K / group_size) groups)");
       mx = std::max(mx, int(g));
     }
     G = mx + 1;

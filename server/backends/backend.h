@@ -39,6 +39,9 @@ struct KvGeometry {
   int num_heads_q = 0, num_heads_kv = 0, head_dim = 0;
   int page_size = 16, num_blocks = 0;
   int max_blocks_per_sequence = 0;
+  // Elements of the K (or V) page pool. The model checks that this product fits far below
+  // INT64_MAX before a backend sees the geometry, so backends may scale it by a dtype size.
+  int64_t pool_elements() const { return int64_t(num_blocks) * page_size * num_heads_kv * head_dim; }
 };
 
 struct KvItem {

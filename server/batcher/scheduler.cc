@@ -24,7 +24,7 @@ absl::Status Scheduler::Enqueue(std::unique_ptr<Pending> p) {
     } else if (int64_t(queue_.size()) >= options_.max_queue_size) {
       rejected = absl::ResourceExhaustedError(absl::StrCat("queue of model '", model_.name(), "' is full (",
                                                            options_.max_queue_size, " requests, max_queue_size)"));
-    } else {
+    } else if (rejected = model_.Admit(*p->work); rejected.ok()) {
       queued_tokens_ += p->work->tokens;
       queue_.push_back(std::move(p));
       metrics_.queue_depth->Set(double(queue_.size()));

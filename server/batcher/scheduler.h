@@ -51,9 +51,9 @@ class Scheduler {
   Scheduler(Model& model, SchedulerOptions options, ServerMetrics::Model& metrics, ModelStats& stats);
   ~Scheduler();
 
-  // RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE after Shutdown. On error the
-  // caller keeps ownership of nothing: the work has been dropped (Model::Drop) and
-  // `done` has NOT been called.
+  // RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE after Shutdown, or the error of
+  // Model::Admit, which runs under the queue's lock. On error the caller keeps ownership
+  // of nothing: the work has been dropped (Model::Drop) and `done` has NOT been called.
   absl::Status Enqueue(std::unique_ptr<Pending> p);
   // Stops accepting, runs everything already queued, joins the workers.
   void Shutdown();

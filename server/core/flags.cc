@@ -8,8 +8,8 @@ namespace flashq::server {
 void FlagSet::Add(std::string name, std::string* target, std::string help) {
   flags_.push_back({std::move(name), std::move(help), "\"" + *target + "\"", target});
 }
-void FlagSet::Add(std::string name, int64_t* target, std::string help) {
-  flags_.push_back({std::move(name), std::move(help), std::to_string(*target), target});
+void FlagSet::Add(std::string name, int64_t* target, std::string help, int64_t lo, int64_t hi) {
+  flags_.push_back({std::move(name), std::move(help), std::to_string(*target), target, lo, hi});
 }
 void FlagSet::Add(std::string name, bool* target, std::string help) {
   flags_.push_back({std::move(name), std::move(help), *target ? "true" : "false", target});
@@ -26,6 +26,11 @@ bool FlagSet::Set(Flag& f, const std::string& value, std::string* error) {
     long long v = std::strtoll(value.c_str(), &end, 10);
     if (value.empty() || *end != '\0' || errno == ERANGE) {  // ERANGE: strtoll clamps out-of-range values
       *error = "--" + f.name + " expects an integer, got '" + value + "'";
+      return false;
+    }
+    if (v < f.lo || v > f.hi) {
+      *error = "--" + f.name + "=" + value + " is out of range; it must be in " + std::to_string(f.lo) + ".." +
+               std::to_string(f.hi);
       return false;
     }
     **i = v;
@@ -75,13 +80,25 @@ bool FlagSet::Parse(int argc, char** argv, bool* help, std::string* error) {
       value = argv[++i];
     }
     if (!Set(*flag, value, error)) return false;
+    flag->set = true;
   }
   return true;
 }
 
+bool FlagSet::WasSet(const std::string& name) const {
+  for (const auto& f : flags_) {
+    if (f.name == name) return f.set;
+  }
+  return false;
+}
+
 std::string FlagSet::Help() const {
   std::string out = usage_ + "\n\nFlags:\n";
-  for (const auto& f : flags_) out += "  --" + f.name + " (default " + f.def + ")\n      " + f.help + "\n";
+  for (const auto& f : flags_) {
+    std::string range;
+    if (f.lo != INT64_MIN || f.hi != INT64_MAX) range = ", " + std::to_string(f.lo) + ".." + std::to_string(f.hi);
+    out += "  --" + f.name + " (default " + f.def + range + ")\n      " + f.help + "\n";
+  }
   return out;
 }
 

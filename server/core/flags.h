@@ -13,16 +13,21 @@ class FlagSet {
  public:
   explicit FlagSet(std::string usage) : usage_(std::move(usage)) {}
   void Add(std::string name, std::string* target, std::string help);
-  void Add(std::string name, int64_t* target, std::string help);
+  // An integer flag is refused outside [lo, hi], before anything sizes itself with it.
+  void Add(std::string name, int64_t* target, std::string help, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX);
   void Add(std::string name, bool* target, std::string help);
   // Returns false and fills `error` on a bad flag; sets `help` on --help.
   bool Parse(int argc, char** argv, bool* help, std::string* error);
   std::string Help() const;
+  // Whether the command line named the flag (also when it gave the default's value).
+  bool WasSet(const std::string& name) const;
 
  private:
   struct Flag {
     std::string name, help, def;
     std::variant<std::string*, int64_t*, bool*> target;
+    int64_t lo = INT64_MIN, hi = INT64_MAX;
+    bool set = false;
   };
   bool Set(Flag& f, const std::string& value, std::string* error);
   std::string usage_;

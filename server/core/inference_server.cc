@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/core/client_text.h"
 #include "server/repository/model_repository.h"
 
 namespace flashq::server {
@@ -17,6 +18,10 @@ std::string CodeName(absl::StatusCode c) {
   return i >= 0 && i < int(std::size(kNames)) ? kNames[i] : "UNKNOWN";
 }
 
+// A response holds the outputs plus names, shapes, the model name and the request id.
+constexpr int64_t kMaxRequestIdBytes = 1024;
+constexpr int64_t kResponseOverheadBytes = 16 << 10;
+
 uint64_t Ns(Clock::duration d) { return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); }
 
 absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfig& c, const InferenceServerOptions& o) {
@@ -28,9 +33,9 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
       size = c.dynamic_batching().default_queue_policy().max_queue_size();
     }
   }
-  auto p_size = ConfigIntParam(c, "max_queue_size", size);
-  auto p_delay = ConfigIntParam(c, "max_queue_delay_us", delay);
-  auto p_tokens = ConfigIntParam(c, "max_batch_tokens", 16384);
+  auto p_size = ConfigIntParam(c, "max_queue_size", size, 1, 10'000'000);
+  auto p_delay = ConfigIntParam(c, "max_queue_delay_us", delay, 0, 60'000'000);
+  auto p_tokens = ConfigIntParam(c, "max_batch_tokens", 16384, 1, INT32_MAX);
   for (const auto* v : {&p_size, &p_delay, &p_tokens}) {
     if (!v->ok()) return v->status();
   }
@@ -50,7 +55,7 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
 absl::StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Create(const std::vector<ModelEntry>& entries,
                                                                          Backend& backend, ServerMetrics& metrics,
                                                                          const InferenceServerOptions& options) {
-  std::unique_ptr<InferenceServer> server(new InferenceServer(metrics));
+  std::unique_ptr<InferenceServer> server(new InferenceServer(metrics, options.max_response_bytes));
   for (const ModelEntry& e : entries) {
     auto sched = SchedulerOptionsFor(e.config, options);
     if (!sched.ok()) return sched.status();
@@ -122,6 +127,10 @@ void InferenceServer::FillStatistics(const std::string& name, inference::ModelSt
   }
 }
 
+void InferenceServer::CountRejected(const std::string& model, absl::StatusCode code) {
+  metrics_.CountRequest(models_.count(model) ? model : "(unknown)", CodeName(code));
+}
+
 void InferenceServer::Infer(const inference::ModelInferRequest& request, std::optional<Clock::time_point> deadline,
                             std::function<bool()> cancelled, Done done) {
   const auto start = Clock::now();
@@ -130,15 +139,22 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
     std::vector<std::string> names;
     for (const auto& [n, s] : models_) names.push_back(n);
     metrics_.CountRequest(request.model_name().empty() ? "(none)" : "(unknown)", "NOT_FOUND");
-    done(absl::NotFoundError(absl::StrCat("unknown model '", request.model_name(), "'; this server serves ",
+    done(absl::NotFoundError(absl::StrCat("unknown model ", Quoted(request.model_name()), "; this server serves ",
                                           absl::StrJoin(names, ", "))),
          nullptr);
     return;
   }
   Served& s = it->second;
-  auto finish = [this, &s, start](const absl::Status& status, Work* work, uint64_t queue_ns, uint64_t compute_ns,
-                                  const Done& done) {
+  auto finish = [this, &s, start, deadline, cancelled](const absl::Status& status, Work* work, uint64_t queue_ns,
+                                                       uint64_t compute_ns, const Done& done) {
     absl::Status st = status.ok() && work ? work->status : status;
+    // A client that gave up while its request computed never sees the result: count it
+    // as the client saw it, not as OK.
+    if (st.ok() && deadline && Clock::now() >= *deadline) {
+      st = absl::DeadlineExceededError("the request passed its deadline while it was computed");
+    } else if (st.ok() && cancelled && cancelled()) {
+      st = absl::CancelledError("the client cancelled the request while it was computed");
+    }
     const uint64_t total_ns = Ns(Clock::now() - start);
     if (st.ok()) {
       s.stats->RecordSuccess(total_ns, queue_ns, compute_ns);
@@ -156,9 +172,30 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
     finish(absl::UnavailableError("server is shutting down"), nullptr, 0, 0, done);
     return;
   }
+  if (!request.model_version().empty() && request.model_version() != "1") {
+    finish(absl::NotFoundError(absl::StrCat("model '", s.model->name(), "' has no version ",
+                                            Quoted(request.model_version()), "; it serves version 1")),
+           nullptr, 0, 0, done);
+    return;
+  }
+  if (request.id().size() > kMaxRequestIdBytes) {
+    finish(absl::InvalidArgumentError(absl::StrCat("request id is ", request.id().size(), " bytes; the limit is ",
+                                                   kMaxRequestIdBytes)),
+           nullptr, 0, 0, done);
+    return;
+  }
   auto work = s.model->Prepare(request);
   if (!work.ok()) {
     finish(work.status(), nullptr, 0, 0, done);
+    return;
+  }
+  // Refused before compute: a response over the frontend's message limit could not be sent.
+  if (max_response_bytes_ > 0 && (*work)->output_bytes > max_response_bytes_ - kResponseOverheadBytes) {
+    absl::Status too_big = absl::ResourceExhaustedError(absl::StrCat(
+        "the outputs of this request come to ", (*work)->output_bytes, " bytes; responses are limited to ",
+        max_response_bytes_, " bytes (--grpc-max-message-bytes); send fewer tokens or rows per request"));
+    s.model->Drop(**work, too_big);
+    finish(too_big, nullptr, 0, 0, done);
     return;
   }
   auto p = std::make_unique<Pending>();

@@ -28,6 +28,9 @@ struct InferenceServerOptions {
   std::optional<int64_t> max_queue_delay_us;
   std::optional<int64_t> max_batch_tokens;
   int workers_per_model = 1;
+  // The largest response the frontend can send (its message limit); a request whose
+  // outputs would not fit is refused before compute. 0: no limit.
+  int64_t max_response_bytes = 0;
   ModelLoadOptions load;
 };
 
@@ -44,6 +47,9 @@ class InferenceServer {
   void Infer(const inference::ModelInferRequest& request, std::optional<Clock::time_point> deadline,
              std::function<bool()> cancelled, Done done);
 
+  // Counts a request the frontend refused before Infer (e.g. UNAUTHENTICATED) in
+  // flashq_requests_total, under its model if that model is served.
+  void CountRejected(const std::string& model, absl::StatusCode code);
   const Model* FindModel(const std::string& name) const;
   std::vector<const Model*> models() const;
   void FillStatistics(const std::string& name, inference::ModelStatisticsResponse* out) const;
@@ -61,11 +67,13 @@ class InferenceServer {
     ServerMetrics::Model* metrics = nullptr;
     std::unique_ptr<Scheduler> scheduler;
   };
-  InferenceServer(ServerMetrics& metrics) : metrics_(metrics) {}
+  InferenceServer(ServerMetrics& metrics, int64_t max_response_bytes)
+      : metrics_(metrics), max_response_bytes_(max_response_bytes) {}
   void Housekeeping();
   static void UpdateKvGauges(Served& s);
 
   ServerMetrics& metrics_;
+  const int64_t max_response_bytes_;
   double weights_seconds_ = 0;
   std::vector<std::pair<std::string, double>> load_seconds_;
   std::map<std::string, Served> models_;

@@ -27,6 +27,11 @@ class Model {
   // Decodes and validates one request (on the gRPC thread). Errors name the tensor,
   // the parameter or the limit, and the expected value.
   virtual absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request) = 0;
+  // Called by the scheduler, with its queue locked, as a prepared work joins the queue.
+  // State that must follow queue order (a KV sequence's cache positions) is reserved
+  // here, so that works queue in the order of their reservations. An error rejects the
+  // work; nothing is reserved then.
+  virtual absl::Status Admit(Work& work) { return absl::OkStatus(); }
   // Runs a batch of works that share a batch_key; sets each work's status and outputs.
   virtual void Execute(const std::vector<Work*>& batch) = 0;
   // A prepared work that will never run (cancelled, timed out, queue full, shutdown).

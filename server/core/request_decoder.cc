@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/core/client_text.h"
 #include "server/repository/model_repository.h"
 
 namespace flashq::server {
@@ -37,6 +38,13 @@ int64_t TypedContentsBytes(DType t, const inference::InferTensorContents& c) {
   }
 }
 
+// Whether any typed field of `contents` holds values (of any type: a client that sends
+// both typed values and raw bytes has sent one of them by mistake).
+bool HasTypedContents(const inference::InferTensorContents& c) {
+  return c.bool_contents_size() || c.int_contents_size() || c.int64_contents_size() || c.uint_contents_size() ||
+         c.uint64_contents_size() || c.fp32_contents_size() || c.fp64_contents_size() || c.bytes_contents_size();
+}
+
 }  // namespace
 
 const InputTensor* DecodedInputs::Find(const std::string& name) const {
@@ -62,24 +70,32 @@ absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& r
   for (int i = 0; i < request.inputs_size(); ++i) {
     const auto& in = request.inputs(i);
     if (std::find(declared.begin(), declared.end(), in.name()) == declared.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("model '", model, "' has no input '", in.name(),
-                                                     "'; its inputs are ", absl::StrJoin(declared, ", ")));
+      return absl::InvalidArgumentError(absl::StrCat("model '", model, "' has no input ", Quoted(in.name()),
+                                                     "; its inputs are ", absl::StrJoin(declared, ", ")));
     }
     if (out.tensors.count(in.name())) {
       return absl::InvalidArgumentError(absl::StrCat("input '", in.name(), "' appears twice"));
     }
+    if (n_raw && HasTypedContents(in.contents())) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", in.name(),
+                                                     "' has both typed contents and raw_input_contents; send one"));
+    }
     auto dtype = ParseDType(in.datatype());
     if (!dtype) {
-      return absl::InvalidArgumentError(absl::StrCat("input '", in.name(), "' has unsupported datatype '",
-                                                     in.datatype(), "'"));
+      return absl::InvalidArgumentError(absl::StrCat("input '", in.name(), "' has unsupported datatype ",
+                                                     Quoted(in.datatype())));
     }
     InputTensor t;
     t.name = in.name();
     t.dtype = *dtype;
+    // No model takes a dimension above INT32_MAX; refusing it here means that no later
+    // narrowing to int can wrap, whatever the model checks after.
     for (int64_t d : in.shape()) {
-      if (d < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("input '", in.name(), "' has a negative dimension in shape ",
-                                                       ShapeString({in.shape().begin(), in.shape().end()})));
+      if (d < 0 || d > kMaxDimension) {
+        return absl::InvalidArgumentError(absl::StrCat("input '", in.name(), "' has ", d < 0 ? "a negative " : "",
+                                                       "dimension ", d, " in shape ",
+                                                       ShapeString({in.shape().begin(), in.shape().end()}),
+                                                       "; dimensions must be in 0..", kMaxDimension));
       }
       t.shape.push_back(d);
     }
@@ -110,14 +126,20 @@ absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& r
     }
     out.tensors.emplace(t.name, std::move(t));
   }
-  for (const auto& o : request.outputs()) {
+  for (int i = 0; i < request.outputs_size(); ++i) {
+    const auto& o = request.outputs(i);
     bool known = false;
     for (const auto& co : config.output()) known |= co.name() == o.name();
     if (!known) {
       std::vector<std::string> names;
       for (const auto& co : config.output()) names.push_back(co.name());
-      return absl::InvalidArgumentError(absl::StrCat("model '", model, "' has no output '", o.name(),
-                                                     "'; its outputs are ", absl::StrJoin(names, ", ")));
+      return absl::InvalidArgumentError(absl::StrCat("model '", model, "' has no output ", Quoted(o.name()),
+                                                     "; its outputs are ", absl::StrJoin(names, ", ")));
+    }
+    for (int j = 0; j < i; ++j) {
+      if (request.outputs(j).name() == o.name()) {
+        return absl::InvalidArgumentError(absl::StrCat("output '", o.name(), "' is requested twice"));
+      }
     }
   }
   for (const auto& in : config.input()) {
@@ -170,8 +192,15 @@ absl::StatusOr<std::string> SequenceIdParam(const inference::ModelInferRequest& 
     case inference::InferParameter::kUint64Param:
       return p.uint64_param() ? std::to_string(p.uint64_param()) : std::string();
     case inference::InferParameter::kInt64Param:
-      return p.int64_param() ? std::to_string(p.int64_param()) : std::string();
-    case inference::InferParameter::kStringParam: return p.string_param();
+      return p.int64_param() ? std::to_string(uint64_t(p.int64_param())) : std::string();
+    case inference::InferParameter::kStringParam: {
+      const std::string& id = p.string_param();
+      if (id.size() > kMaxSequenceIdBytes) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter 'sequence_id' is a string of ", id.size(),
+                                                       " bytes; the limit is ", kMaxSequenceIdBytes));
+      }
+      return id.empty() ? std::string() : absl::StrCat("\"", id, "\"");
+    }
     default: return absl::InvalidArgumentError("parameter 'sequence_id' must be an integer or a string");
   }
 }

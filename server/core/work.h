@@ -15,6 +15,7 @@ struct Work {
   virtual ~Work() = default;
 
   int64_t tokens = 1;          // what the batch's token budget counts
+  int64_t output_bytes = 0;    // bytes of the outputs asked for, known before compute
   std::string batch_key;       // only works with equal keys share a batch
   std::string exclusive_key;   // non-empty: works with equal keys never share a batch nor run at once
 

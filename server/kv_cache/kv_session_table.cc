@@ -20,24 +20,24 @@ absl::StatusOr<KvReservation> KvSessionTable::Reserve(const std::string& sequenc
                                                       int new_tokens, Clock::time_point now) {
   if (new_tokens < 0)
     return absl::InvalidArgumentError(
-        absl::StrCat("sequence '", sequence_id, "': negative number of new tokens (", new_tokens, ")"));
+        absl::StrCat("sequence ", sequence_id, ": negative number of new tokens (", new_tokens, ")"));
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(sequence_id);
   const Sequence* seq = nullptr;
   if (start) {
     if (it != live_.end())
       return absl::AlreadyExistsError(absl::StrCat(
-          "sequence '", sequence_id, "' is already active (", it->second.reserved,
+          "sequence ", sequence_id, " is already active (", it->second.reserved,
           " tokens cached); send sequence_end to finish it before starting it again"));
   } else {
     if (it == live_.end()) {
       auto ab = aborted_.find(sequence_id);
       if (ab != aborted_.end())
-        return absl::FailedPreconditionError(absl::StrCat("sequence '", sequence_id,
-                                                          "' is not active: it was dropped (", ab->second,
+        return absl::FailedPreconditionError(absl::StrCat("sequence ", sequence_id,
+                                                          " is not active: it was dropped (", ab->second,
                                                           "); start it again with sequence_start"));
       return absl::FailedPreconditionError(absl::StrCat(
-          "sequence '", sequence_id, "' is not active: the first request must set sequence_start"));
+          "sequence ", sequence_id, " is not active: the first request must set sequence_start"));
     }
     seq = &it->second;
   }
@@ -45,14 +45,14 @@ absl::StatusOr<KvReservation> KvSessionTable::Reserve(const std::string& sequenc
   const int64_t cached = seq ? seq->reserved : 0;
   const int64_t total = cached + new_tokens;
   if (total > max_tokens_)
-    return absl::InvalidArgumentError(absl::StrCat("sequence '", sequence_id, "' would hold ", total, " tokens (",
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", sequence_id, " would hold ", total, " tokens (",
                                                    cached, " cached + ", new_tokens,
                                                    " new), over max_tokens_per_sequence=", max_tokens_));
   const int64_t have = seq ? int64_t(seq->blocks.size()) : 0;
   const int64_t need = std::max<int64_t>(0, (total + page_size_ - 1) / page_size_ - have);
   if (need > int64_t(free_.size()))
     return absl::ResourceExhaustedError(absl::StrCat("KV cache full: need ", need, " blocks, ", free_.size(),
-                                                     " free of ", num_blocks_, " (sequence '", sequence_id, "', ",
+                                                     " free of ", num_blocks_, " (sequence ", sequence_id, ", ",
                                                      total, " tokens at ", page_size_, " tokens per block)"));
 
   // Admitted: nothing below can fail.

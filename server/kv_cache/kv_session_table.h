@@ -3,8 +3,9 @@
 // allocator over a fixed pool and the table of live sequences keyed by Triton's
 // `sequence_id`. Thread-safe.
 //
-// Lifecycle: the frontend calls Reserve() when it admits a request (so that misuse
-// and a full cache are answered at once, in arrival order); the executor writes
+// Lifecycle: the model calls Reserve() as the scheduler queues a request (so that misuse
+// and a full cache are answered at once, and a sequence's requests queue in the order
+// of their positions); the executor writes
 // the new K/V at positions [start_pos, start_pos + new_tokens) and calls Commit();
 // a request dropped before compute calls Abort(), which ends its sequence, since
 // the positions after it would be wrong.
@@ -40,8 +41,9 @@ class KvSessionTable {
   using Clock = std::chrono::steady_clock;
   KvSessionTable(int num_blocks, int page_size, int64_t max_tokens_per_sequence, std::chrono::seconds idle_timeout);
 
-  // start && live            -> ALREADY_EXISTS   ("sequence 'x' is already active ...")
-  // !start && not live       -> FAILED_PRECONDITION ("sequence 'x' is not active: the first request must set sequence_start")
+  // `sequence_id` is the key as messages print it (e.g. 42, or "abc" with its quotes).
+  // start && live            -> ALREADY_EXISTS   ("sequence 42 is already active ...")
+  // !start && not live       -> FAILED_PRECONDITION ("sequence 42 is not active: the first request must set sequence_start")
   // aborted earlier          -> FAILED_PRECONDITION naming why
   // too long                 -> INVALID_ARGUMENT naming the limit
   // not enough free blocks   -> RESOURCE_EXHAUSTED ("KV cache full: need N blocks, F free of T")

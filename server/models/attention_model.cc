@@ -14,6 +14,10 @@
 namespace flashq::server {
 namespace {
 
+// Heads per request. Real models have at most a few hundred; the bound keeps every
+// product of tokens, heads and head_dim far from overflowing.
+constexpr int64_t kMaxHeads = 1024;
+
 struct AttentionWork : Work {
   DecodedInputs inputs;
   const InputTensor *q = nullptr, *k = nullptr, *v = nullptr;
@@ -44,14 +48,15 @@ absl::Status CheckCu(const InputTensor& t, int64_t total, int* batch) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> AttentionModel::Create(inference::ModelConfig config, Backend& backend) {
-  auto max_tokens = ConfigIntParam(config, "max_batch_tokens", 16384);
+  // Token offsets travel as INT32 (CU_SEQLENS), so a request's tokens must fit one.
+  auto max_tokens = ConfigIntParam(config, "max_batch_tokens", 16384, 1, 2147483647);
   if (!max_tokens.ok()) return max_tokens.status();
-  auto max_sequences = ConfigIntParam(config, "max_sequences_per_request", 0);
+  auto max_sequences = ConfigIntParam(config, "max_sequences_per_request", 0, 0, 2147483647);
   if (!max_sequences.ok()) return max_sequences.status();
-  std::set<int> dims;
+  std::set<int64_t> dims;
   for (absl::string_view s : absl::StrSplit(ConfigParam(config, "head_dims", "64,128,256"), ',', absl::SkipEmpty())) {
-    int d;
-    if (!absl::SimpleAtoi(s, &d) || d <= 0) {
+    int64_t d;
+    if (!absl::SimpleAtoi(s, &d) || d <= 0 || d > 1024) {
       return absl::InvalidArgumentError(absl::StrCat("model '", config.name(), "': bad head_dims entry '", s, "'"));
     }
     dims.insert(d);
@@ -63,7 +68,7 @@ absl::StatusOr<std::unique_ptr<Model>> AttentionModel::Create(inference::ModelCo
 }
 
 AttentionModel::AttentionModel(inference::ModelConfig config, std::unique_ptr<AttentionExecutor> executor,
-                               int64_t max_tokens, int64_t max_sequences, std::set<int> head_dims)
+                               int64_t max_tokens, int64_t max_sequences, std::set<int64_t> head_dims)
     : Model(std::move(config)),
       executor_(std::move(executor)),
       max_tokens_(max_tokens),
@@ -98,21 +103,20 @@ absl::StatusOr<std::unique_ptr<Work>> AttentionModel::Prepare(const inference::M
     return absl::InvalidArgumentError(absl::StrCat("input 'V' has shape ", ShapeString(v->shape),
                                                    "; expected the shape of 'K', ", ShapeString(k->shape)));
   }
-  w->hq = int(q->shape[1]);
-  w->hkv = int(k->shape[1]);
-  w->d = int(q->shape[2]);
-  if (k->shape[2] != w->d) {
-    return absl::InvalidArgumentError(absl::StrCat("input 'K' has head_dim ", k->shape[2], "; expected ", w->d,
+  // Every dimension is checked as int64 against its limit before it narrows to int.
+  const int64_t hq = q->shape[1], hkv = k->shape[1], d = q->shape[2];
+  if (k->shape[2] != d) {
+    return absl::InvalidArgumentError(absl::StrCat("input 'K' has head_dim ", k->shape[2], "; expected ", d,
                                                    " (the head_dim of 'Q')"));
   }
-  if (!head_dims_.count(w->d)) {
-    std::vector<int> dims(head_dims_.begin(), head_dims_.end());
-    return absl::InvalidArgumentError(absl::StrCat("input 'Q' has head_dim ", w->d, "; this model supports ",
+  if (!head_dims_.count(d)) {
+    std::vector<int64_t> dims(head_dims_.begin(), head_dims_.end());
+    return absl::InvalidArgumentError(absl::StrCat("input 'Q' has head_dim ", d, "; this model supports ",
                                                    absl::StrJoin(dims, ", ")));
   }
-  if (w->hq == 0 || w->hkv == 0 || w->hq % w->hkv != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("num_heads_q (", w->hq, ", dim 1 of 'Q') must be a positive multiple of num_heads_kv (",
-                                                   w->hkv, ", dim 1 of 'K')"));
+  if (hq < 1 || hkv < 1 || hq > kMaxHeads || hkv > kMaxHeads || hq % hkv != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_heads_q (", hq, ", dim 1 of 'Q') must be a multiple of num_heads_kv (",
+                                                   hkv, ", dim 1 of 'K'), both in 1..", kMaxHeads));
   }
   const int64_t total_q = q->shape[0], total_k = k->shape[0];
   // Limits first, before CU_SEQLENS are read or anything is allocated for the request.
@@ -121,6 +125,13 @@ absl::StatusOr<std::unique_ptr<Work>> AttentionModel::Prepare(const inference::M
     return absl::InvalidArgumentError(absl::StrCat("request has ", w->tokens, " tokens; model '", name(),
                                                    "' takes at most max_batch_tokens=", max_tokens_, " per request"));
   }
+  if (total_q < 1 || total_k < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("request has ", total_q, " query and ", total_k,
+                                                   " key tokens; attention needs at least one of each"));
+  }
+  w->hq = int(hq);
+  w->hkv = int(hkv);
+  w->d = int(d);
   const InputTensor* cq = w->inputs.Find("CU_SEQLENS_Q");
   const InputTensor* ck = w->inputs.Find("CU_SEQLENS_K");
   for (const InputTensor* c : {cq, ck}) {
@@ -162,6 +173,7 @@ absl::StatusOr<std::unique_ptr<Work>> AttentionModel::Prepare(const inference::M
   }
   w->want_o = WantsOutput(request, "O", true);
   w->want_lse = WantsOutput(request, "LSE", false);
+  w->output_bytes = (w->want_o ? total_q * hq * d * DTypeSize(q->dtype) : 0) + (w->want_lse ? total_q * hq * 4 : 0);
   w->batch_key = absl::StrCat(DTypeName(q->dtype), "/", w->hq, "/", w->hkv, "/", w->d, "/", w->causal, "/",
                               FloatBits(w->scale), "/", w->want_lse);
   return std::unique_ptr<Work>(std::move(w));

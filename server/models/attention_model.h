@@ -20,11 +20,11 @@ class AttentionModel : public Model {
 
  private:
   AttentionModel(inference::ModelConfig config, std::unique_ptr<AttentionExecutor> executor, int64_t max_tokens,
-                 int64_t max_sequences, std::set<int> head_dims);
+                 int64_t max_sequences, std::set<int64_t> head_dims);
   std::unique_ptr<AttentionExecutor> executor_;
   const int64_t max_tokens_;
   const int64_t max_sequences_;  // per request; 0: bounded only by max_tokens_
-  const std::set<int> head_dims_;
+  const std::set<int64_t> head_dims_;
 };
 
 }  // namespace flashq::server

@@ -12,31 +12,49 @@ namespace {
 struct KvWork : Work {
   DecodedInputs inputs;
   const InputTensor *q = nullptr, *k = nullptr, *v = nullptr;
+  int n = 0;                       // new tokens; 0 only for an end that appends nothing
+  bool start = false, end = false;
   KvReservation reservation;
   bool reserved = false;
 };
 
+// Limits of the geometry. The kernels take head_dim 64/128/256 (the CUDA backend checks
+// that); these bounds only keep every product of the geometry far from overflowing.
+constexpr int64_t kMaxHeads = 1024, kMaxHeadDim = 1024, kMaxPageSize = 65536, kMaxInt = 2147483647;
+constexpr int64_t kMaxPoolElements = int64_t(1) << 50;
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> KvAttentionModel::Create(inference::ModelConfig config, Backend& backend,
-                                                                int kv_cache_blocks) {
+                                                                int64_t kv_cache_blocks) {
   KvGeometry g;
   int64_t max_tokens = 0, idle_s = 0;
-  struct P { const char* key; int64_t def; int64_t* out; };
+  struct P { const char* key; int64_t def, hi; int64_t* out; };
   int64_t hq, hkv, d, page, blocks;
-  for (P p : {P{"num_heads_q", 32, &hq}, P{"num_heads_kv", 8, &hkv}, P{"head_dim", 128, &d}, P{"page_size", 16, &page},
-              P{"num_blocks", 512, &blocks}, P{"max_tokens_per_sequence", 8192, &max_tokens},
-              P{"session_idle_timeout_s", 600, &idle_s}}) {
-    auto v = ConfigIntParam(config, p.key, p.def);
+  for (P p : {P{"num_heads_q", 32, kMaxHeads, &hq}, P{"num_heads_kv", 8, kMaxHeads, &hkv},
+              P{"head_dim", 128, kMaxHeadDim, &d}, P{"page_size", 16, kMaxPageSize, &page},
+              P{"num_blocks", 512, kMaxInt, &blocks}, P{"max_tokens_per_sequence", 8192, kMaxInt, &max_tokens},
+              P{"session_idle_timeout_s", 600, int64_t(365) * 24 * 3600, &idle_s}}) {
+    auto v = ConfigIntParam(config, p.key, p.def, 1, p.hi);
     if (!v.ok()) return v.status();
-    if (*v <= 0) return absl::InvalidArgumentError(absl::StrCat("model '", config.name(), "': ", p.key, " must be > 0"));
     *p.out = *v;
   }
   if (hq % hkv != 0) {
     return absl::InvalidArgumentError(absl::StrCat("model '", config.name(), "': num_heads_q ", hq,
                                                    " is not a multiple of num_heads_kv ", hkv));
   }
-  if (kv_cache_blocks > 0) blocks = kv_cache_blocks;
+  if (kv_cache_blocks != 0) {
+    if (kv_cache_blocks < 1 || kv_cache_blocks > kMaxInt) {
+      return absl::InvalidArgumentError(absl::StrCat("--kv-cache-blocks is ", kv_cache_blocks, "; it must be in 1..",
+                                                     kMaxInt, " (or 0: the model's num_blocks)"));
+    }
+    blocks = kv_cache_blocks;
+  }
+  if (blocks * page * hkv * d > kMaxPoolElements) {  // each factor is at most 2^31: no overflow
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", config.name(), "': a KV cache of num_blocks ", blocks, " x page_size ", page, " x num_heads_kv ",
+        hkv, " x head_dim ", d, " elements is over the limit of 2^50; lower num_blocks or page_size"));
+  }
   g.num_heads_q = int(hq);
   g.num_heads_kv = int(hkv);
   g.head_dim = int(d);
@@ -61,6 +79,15 @@ absl::StatusOr<std::unique_ptr<Work>> KvAttentionModel::Prepare(const inference:
   w->q = w->inputs.Find("Q");
   w->k = w->inputs.Find("K");
   w->v = w->inputs.Find("V");
+  auto start = BoolParam(request, "sequence_start", false);
+  if (!start.ok()) return start.status();
+  auto end = BoolParam(request, "sequence_end", false);
+  if (!end.ok()) return end.status();
+  w->start = *start;
+  w->end = *end;
+  // Zero new tokens only ends a sequence: the way to release one whose cache is at
+  // max_tokens_per_sequence, or whose next token would need a block the cache lacks.
+  const bool release = w->end && !w->start;
   const int64_t n = w->q->shape.empty() ? 0 : w->q->shape[0];
   const std::vector<int64_t> want_q = {n, geometry_.num_heads_q, geometry_.head_dim};
   const std::vector<int64_t> want_kv = {n, geometry_.num_heads_kv, geometry_.head_dim};
@@ -73,28 +100,37 @@ absl::StatusOr<std::unique_ptr<Work>> KvAttentionModel::Prepare(const inference:
       return absl::InvalidArgumentError("Q, K and V must share one datatype");
     }
     const auto& want = t == w->q ? want_q : want_kv;
-    if (t->shape != want || n < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("input '", t->name, "' has shape ", ShapeString(t->shape),
-                                                     "; expected ", ShapeString(want), " with n >= 1 new tokens"));
+    if (t->shape != want || n < (release ? 0 : 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input '", t->name, "' has shape ", ShapeString(t->shape), "; expected ", ShapeString(want),
+          " with n >= 1 new tokens (n = 0 only with sequence_end, to end a sequence without appending)"));
     }
+  }
+  if (n > sessions_->max_tokens_per_sequence()) {
+    return absl::InvalidArgumentError(absl::StrCat("request has ", n, " new tokens; model '", name(),
+                                                   "' holds at most max_tokens_per_sequence=",
+                                                   sessions_->max_tokens_per_sequence(), " per sequence"));
   }
   auto id = SequenceIdParam(request);
   if (!id.ok()) return id.status();
   if (id->empty()) {
-    return absl::InvalidArgumentError("model 'kv_attention' needs a non-zero 'sequence_id' parameter");
+    return absl::InvalidArgumentError(absl::StrCat("model '", name(), "' needs a non-zero 'sequence_id' parameter"));
   }
-  auto start = BoolParam(request, "sequence_start", false);
-  if (!start.ok()) return start.status();
-  auto end = BoolParam(request, "sequence_end", false);
-  if (!end.ok()) return end.status();
-  auto r = sessions_->Reserve(*id, *start, *end, int(n));
-  if (!r.ok()) return r.status();
-  w->reservation = std::move(*r);
-  w->reserved = true;
+  w->n = int(n);
   w->tokens = n;
+  w->output_bytes = WantsOutput(request, "O", true) ? n * geometry_.num_heads_q * geometry_.head_dim * 2 : 0;
   w->batch_key = std::string(DTypeName(w->q->dtype));
   w->exclusive_key = *id;
   return std::unique_ptr<Work>(std::move(w));
+}
+
+absl::Status KvAttentionModel::Admit(Work& work) {
+  auto& w = static_cast<KvWork&>(work);
+  auto r = sessions_->Reserve(w.exclusive_key, w.start, w.end, w.n);
+  if (!r.ok()) return r.status();
+  w.reservation = std::move(*r);
+  w.reserved = true;
+  return absl::OkStatus();
 }
 
 void KvAttentionModel::Execute(const std::vector<Work*>& batch) {
@@ -103,23 +139,36 @@ void KvAttentionModel::Execute(const std::vector<Work*>& batch) {
   std::vector<KvWork*> run;
   for (Work* wp : batch) {
     auto& w = static_cast<KvWork&>(*wp);
+    if (!w.reserved) {  // never admitted: only a direct caller of Execute gets here
+      w.status = absl::FailedPreconditionError("kv_attention: Execute without Admit");
+      continue;
+    }
     if (sessions_->Valid(w.reservation)) {
       run.push_back(&w);
       continue;
     }
     w.status = absl::FailedPreconditionError(absl::StrCat(
-        "sequence '", w.reservation.sequence_id,
-        "' was dropped before this request ran (an earlier request of it was cancelled, timed out or failed); "
+        "sequence ", w.reservation.sequence_id,
+        " was dropped before this request ran (an earlier request of it was cancelled, timed out or failed); "
         "start it again with sequence_start"));
     sessions_->Abort(w.reservation, std::string(w.status.message()));
     w.reserved = false;
   }
+  // An end with no new tokens computes nothing: its answer is an empty O.
+  std::erase_if(run, [&](KvWork* w) {
+    if (w->n > 0) return false;
+    sessions_->Commit(w->reservation);
+    w->reserved = false;
+    w->status = absl::OkStatus();
+    w->outputs.push_back({"O", w->q->dtype, {0, geometry_.num_heads_q, geometry_.head_dim}, std::string()});
+    return true;
+  });
   if (run.empty()) return;
   KvBatch b;
   b.dtype = run[0]->q->dtype;
   b.softmax_scale = float(1.0 / std::sqrt(double(geometry_.head_dim)));
   for (const KvWork* w : run) {
-    b.items.push_back({w->exclusive_key, w->q->data, w->k->data, w->v->data, int(w->q->shape[0]),
+    b.items.push_back({w->exclusive_key, w->q->data, w->k->data, w->v->data, w->n,
                        w->reservation.start_pos, &w->reservation.blocks});
   }
   std::vector<std::string> outs;
@@ -129,7 +178,7 @@ void KvAttentionModel::Execute(const std::vector<Work*>& batch) {
     w.status = s;
     if (s.ok()) {
       sessions_->Commit(w.reservation);
-      w.outputs.push_back({"O", b.dtype, {w.q->shape[0], geometry_.num_heads_q, geometry_.head_dim}, std::move(outs[i])});
+      w.outputs.push_back({"O", b.dtype, {w.n, geometry_.num_heads_q, geometry_.head_dim}, std::move(outs[i])});
     } else {
       sessions_->Abort(w.reservation, s.ToString());
     }

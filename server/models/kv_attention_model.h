@@ -3,7 +3,9 @@
 // keyed by Triton's sequence parameters sequence_id / sequence_start /
 // sequence_end. Their K/V are appended to the sequence's pages and the queries
 // attend causally over everything cached. Requests of different sequences share
-// a batch; two requests of one sequence never do, and run in arrival order.
+// a batch; two requests of one sequence never do, and run in the order of the
+// positions they reserved as they were queued. A request with sequence_end and zero
+// new tokens ends its sequence without appending.
 #pragma once
 
 #include <memory>
@@ -16,11 +18,13 @@ namespace flashq::server {
 
 class KvAttentionModel : public Model {
  public:
-  // kv_cache_blocks > 0 overrides the config's num_blocks.
+  // kv_cache_blocks > 0 overrides the config's num_blocks (--kv-cache-blocks).
   static absl::StatusOr<std::unique_ptr<Model>> Create(inference::ModelConfig config, Backend& backend,
-                                                       int kv_cache_blocks);
+                                                       int64_t kv_cache_blocks);
 
   absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request) override;
+  // Reserves the request's cache positions (KvSessionTable::Reserve) in queue order.
+  absl::Status Admit(Work& work) override;
   void Execute(const std::vector<Work*>& batch) override;
   void Drop(Work& work, const absl::Status& why) override;
   void Tick(std::chrono::steady_clock::time_point now) override;

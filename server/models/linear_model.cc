@@ -1,5 +1,6 @@
 #include "server/models/linear_model.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,9 @@ struct LinearWork : Work {
   DecodedInputs inputs;
   const InputTensor* x = nullptr;
 };
+
+// K and N of a layer: int inside the kernels, and far below where N x K overflows.
+constexpr int64_t kMaxFeatures = 1 << 20;
 
 template <typename T>
 std::vector<T> Copy(const SafeTensor& t) {
@@ -34,22 +38,23 @@ absl::StatusOr<LinearWeights> LoadLinearWeights(const std::string& model_dir, co
   auto file = SafetensorsFile::Open(model_dir + "/model.safetensors");
   if (!file.ok()) return file.status();
   const std::string format = ConfigParam(config, "weight_format", "bf16");
-  auto K = ConfigIntParam(config, "in_features", 0);
-  auto N = ConfigIntParam(config, "out_features", 0);
+  auto K = ConfigIntParam(config, "in_features", 0, 0, kMaxFeatures);
+  auto N = ConfigIntParam(config, "out_features", 0, 0, kMaxFeatures);
   if (!K.ok()) return K.status();
   if (!N.ok()) return N.status();
   // Sizes come from the config's X / Y dims when in_features / out_features are not set.
   int64_t k = *K, n = *N;
   if (k == 0 && config.input_size() > 0 && config.input(0).dims_size() == 2) k = config.input(0).dims(1);
   if (n == 0 && config.output_size() > 0 && config.output(0).dims_size() == 2) n = config.output(0).dims(1);
-  if (k <= 0 || n <= 0) {
+  if (k <= 0 || n <= 0 || k > kMaxFeatures || n > kMaxFeatures) {
     return absl::InvalidArgumentError(absl::StrCat("model '", config.name(),
-                                                   "': set X dims [-1, K] and Y dims [-1, N] (or in_features/out_features)"));
+                                                   "': set X dims [-1, K] and Y dims [-1, N] (or in_features/out_features), "
+                                                   "K and N in 1..", kMaxFeatures));
   }
   LinearWeights w;
   w.K = int(k);
   w.N = int(n);
-  auto group = ConfigIntParam(config, "group_size", 128);
+  auto group = ConfigIntParam(config, "group_size", 128, 1, kMaxFeatures);
   if (!group.ok()) return group.status();
   if (format == "bf16") {
     w.format = WeightFormat::kBf16;
@@ -59,7 +64,7 @@ absl::StatusOr<LinearWeights> LoadLinearWeights(const std::string& model_dir, co
     w.bf16 = Copy<uint16_t>(*t);
   } else if (format == "gptq") {
     w.format = WeightFormat::kInt4;
-    auto version = ConfigIntParam(config, "gptq_version", 1);
+    auto version = ConfigIntParam(config, "gptq_version", 1, 1, 2);
     if (!version.ok()) return version.status();
     gemm::GptqTensors g;
     g.K = w.K;
@@ -116,6 +121,12 @@ absl::StatusOr<LinearWeights> LoadLinearWeights(const std::string& model_dir, co
     w.fp8.N = w.N;
     w.fp8.w = Copy<uint8_t>(*t);
     w.fp8.scale = Copy<float>(*sc);
+    for (size_t i = 0; i < w.fp8.scale.size(); ++i) {
+      if (!std::isfinite(w.fp8.scale[i]) || w.fp8.scale[i] <= 0.0f) {
+        return absl::InvalidArgumentError(absl::StrCat("weight 'weight_scale' element ", i, " is ", w.fp8.scale[i],
+                                                       "; scales must be finite and > 0"));
+      }
+    }
   } else {
     return absl::InvalidArgumentError(absl::StrCat("model '", config.name(), "': unknown weight_format '", format,
                                                    "'; expected bf16, gptq, awq or fp8"));
@@ -125,7 +136,7 @@ absl::StatusOr<LinearWeights> LoadLinearWeights(const std::string& model_dir, co
 
 absl::StatusOr<std::unique_ptr<Model>> LinearModel::Create(inference::ModelConfig config, const std::string& dir,
                                                            Backend& backend) {
-  auto max_tokens = ConfigIntParam(config, "max_batch_tokens", 4096);
+  auto max_tokens = ConfigIntParam(config, "max_batch_tokens", 4096, 1, 2147483647);
   if (!max_tokens.ok()) return max_tokens.status();
   auto weights = LoadLinearWeights(dir, config);
   if (!weights.ok()) return weights.status();
@@ -155,6 +166,7 @@ absl::StatusOr<std::unique_ptr<Work>> LinearModel::Prepare(const inference::Mode
                                                    "] with M >= 1"));
   }
   w->tokens = x.shape[0];
+  w->output_bytes = w->tokens * N_ * DTypeSize(x.dtype);
   if (w->tokens > max_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat("input 'X' has ", w->tokens, " rows; model '", name(),
                                                    "' takes at most max_batch_tokens=", max_tokens_, " per request"));

@@ -10,7 +10,7 @@
 namespace flashq::server {
 
 struct ModelLoadOptions {
-  int kv_cache_blocks = 0;  // > 0 overrides kv_attention's num_blocks
+  int64_t kv_cache_blocks = 0;  // > 0 overrides kv_attention's num_blocks (--kv-cache-blocks)
 };
 
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelEntry& entry, Backend& backend,

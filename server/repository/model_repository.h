@@ -2,6 +2,7 @@
 // ModelConfig in protobuf text format) and, for linear layers, model.safetensors.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ absl::StatusOr<inference::ModelConfig> ParseModelConfigFile(const std::string& p
 
 // String parameter of a model config, with a default.
 std::string ConfigParam(const inference::ModelConfig& config, const std::string& key, const std::string& def);
-absl::StatusOr<int64_t> ConfigIntParam(const inference::ModelConfig& config, const std::string& key, int64_t def);
+// An integer parameter, checked against [lo, hi] before anything narrows or allocates
+// with it; the error names the parameter, its value and the range.
+absl::StatusOr<int64_t> ConfigIntParam(const inference::ModelConfig& config, const std::string& key, int64_t def,
+                                       int64_t lo = INT64_MIN, int64_t hi = INT64_MAX);
 
 }  // namespace flashq::server

@@ -149,9 +149,17 @@ class KvAttentionModelTest : public ::testing::Test {
 
   const KvSessionTable& sessions() const { return static_cast<const KvAttentionModel&>(*model_).sessions(); }
 
-  // Prepare + Execute alone; returns the work (check its status), or the Prepare error.
-  absl::StatusOr<std::unique_ptr<Work>> Run(const inference::ModelInferRequest& r) {
+  // Prepare + Admit (what the scheduler does as it queues a work): the reservation is made.
+  absl::StatusOr<std::unique_ptr<Work>> Admitted(const inference::ModelInferRequest& r) {
     auto w = model_->Prepare(r);
+    if (!w.ok()) return w.status();
+    if (absl::Status s = model_->Admit(**w); !s.ok()) return s;
+    return w;
+  }
+
+  // Admitted + Execute alone; returns the work (check its status), or the admission error.
+  absl::StatusOr<std::unique_ptr<Work>> Run(const inference::ModelInferRequest& r) {
+    auto w = Admitted(r);
     if (!w.ok()) return w.status();
     model_->Execute({w->get()});
     return w;
@@ -187,8 +195,8 @@ TEST_F(KvAttentionModelTest, SequencesShareABatch) {
   ASSERT_TRUE(b0.ok()) << b0.status();
   // A work points into its request's bytes: keep the requests alive until Execute.
   const auto ra1 = Step(a, 17, 1, 1, false, true), rb1 = Step(b, 5, 35, 2, false, true);
-  auto a1 = model_->Prepare(ra1);
-  auto b1 = model_->Prepare(rb1);
+  auto a1 = Admitted(ra1);
+  auto b1 = Admitted(rb1);
   ASSERT_TRUE(a1.ok() && b1.ok());
   EXPECT_EQ((*a1)->batch_key, (*b1)->batch_key);
   EXPECT_NE((*a1)->exclusive_key, (*b1)->exclusive_key);
@@ -203,10 +211,10 @@ TEST_F(KvAttentionModelTest, SequencesShareABatch) {
 
 TEST_F(KvAttentionModelTest, NeverStartedSequence) {
   const Sequence s = MakeSequence(2, 4);
-  auto w = model_->Prepare(Step(s, 0, 1, 99, /*start=*/false, false));
+  auto w = Admitted(Step(s, 0, 1, 99, /*start=*/false, false));
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition) << w.status();
-  EXPECT_TRUE(Has(w.status(), "'99'")) << w.status();
+  EXPECT_TRUE(Has(w.status(), "sequence 99 ")) << w.status();
   EXPECT_TRUE(Has(w.status(), "sequence_start")) << w.status();
   EXPECT_EQ(sessions().blocks_in_use(), 0);
 }
@@ -215,10 +223,10 @@ TEST_F(KvAttentionModelTest, DuplicateStart) {
   const Sequence s = MakeSequence(4, 5);
   auto w = Run(Step(s, 0, 2, 7, true, false));
   ASSERT_TRUE(w.ok() && (*w)->status.ok());
-  auto again = model_->Prepare(Step(s, 2, 2, 7, /*start=*/true, false));
+  auto again = Admitted(Step(s, 2, 2, 7, /*start=*/true, false));
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
-  EXPECT_TRUE(Has(again.status(), "'7'")) << again.status();
+  EXPECT_TRUE(Has(again.status(), "sequence 7 ")) << again.status();
   // The live sequence is untouched: it continues at position 2.
   auto next = Run(Step(s, 2, 2, 7, false, true));
   ASSERT_TRUE(next.ok()) << next.status();
@@ -229,10 +237,10 @@ TEST_F(KvAttentionModelTest, ReuseAfterEnd) {
   const Sequence s = MakeSequence(3, 6);
   auto w = Run(Step(s, 0, 2, 7, true, /*end=*/true));
   ASSERT_TRUE(w.ok() && (*w)->status.ok());
-  auto after = model_->Prepare(Step(s, 2, 1, 7, false, false));
+  auto after = Admitted(Step(s, 2, 1, 7, false, false));
   ASSERT_FALSE(after.ok());
   EXPECT_EQ(after.status().code(), absl::StatusCode::kFailedPrecondition) << after.status();
-  EXPECT_TRUE(Has(after.status(), "'7'")) << after.status();
+  EXPECT_TRUE(Has(after.status(), "sequence 7 ")) << after.status();
   // The id can be started again.
   auto restart = Run(Step(s, 0, 3, 7, true, true));
   ASSERT_TRUE(restart.ok()) << restart.status();
@@ -245,7 +253,7 @@ TEST_F(KvAttentionModelTest, CacheFullThenBlocksAreFreed) {
   ASSERT_TRUE(a0.ok() && (*a0)->status.ok());
   EXPECT_EQ(sessions().blocks_in_use(), 7);
 
-  auto b0 = model_->Prepare(Step(b, 0, 20, 2, true, false));  // needs 2 blocks, 1 free
+  auto b0 = Admitted(Step(b, 0, 20, 2, true, false));  // needs 2 blocks, 1 free
   ASSERT_FALSE(b0.ok());
   EXPECT_EQ(b0.status().code(), absl::StatusCode::kResourceExhausted) << b0.status();
   EXPECT_TRUE(Has(b0.status(), "KV cache full")) << b0.status();
@@ -268,12 +276,12 @@ TEST_F(KvAttentionModelTest, DropAbortsTheSequence) {
   const Sequence s = MakeSequence(12, 9);
   auto w0 = Run(Step(s, 0, 10, 5, true, false));
   ASSERT_TRUE(w0.ok() && (*w0)->status.ok());
-  auto w1 = model_->Prepare(Step(s, 10, 1, 5, false, false));
+  auto w1 = Admitted(Step(s, 10, 1, 5, false, false));
   ASSERT_TRUE(w1.ok()) << w1.status();
   model_->Drop(**w1, absl::CancelledError("client went away"));
   EXPECT_EQ(sessions().blocks_in_use(), 0) << "the aborted sequence's blocks are freed";
   EXPECT_EQ(sessions().live_sequences(), 0);
-  auto w2 = model_->Prepare(Step(s, 10, 1, 5, false, false));
+  auto w2 = Admitted(Step(s, 10, 1, 5, false, false));
   ASSERT_FALSE(w2.ok());
   EXPECT_EQ(w2.status().code(), absl::StatusCode::kFailedPrecondition) << w2.status();
   EXPECT_TRUE(Has(w2.status(), "client went away")) << w2.status();
@@ -291,14 +299,14 @@ TEST_F(KvAttentionModelTest, WorkQueuedBehindADroppedOneFails) {
   auto w0 = Run(Step(s, 0, 10, 5, true, false));
   ASSERT_TRUE(w0.ok() && (*w0)->status.ok());
   const auto r1 = Step(s, 10, 1, 5, false, false), r2 = Step(s, 11, 1, 5, false, false);
-  auto w1 = model_->Prepare(r1);
-  auto w2 = model_->Prepare(r2);
+  auto w1 = Admitted(r1);
+  auto w2 = Admitted(r2);
   ASSERT_TRUE(w1.ok() && w2.ok());
   model_->Drop(**w1, absl::CancelledError("client went away"));
   model_->Execute({w2->get()});
   EXPECT_EQ((*w2)->status.code(), absl::StatusCode::kFailedPrecondition)
       << "computed on a sequence whose previous request was dropped: " << (*w2)->status;
-  EXPECT_TRUE(Has((*w2)->status, "'5'")) << (*w2)->status;
+  EXPECT_TRUE(Has((*w2)->status, "sequence 5 ")) << (*w2)->status;
   EXPECT_TRUE((*w2)->outputs.empty());
   EXPECT_EQ(sessions().blocks_in_use(), 0) << "the last request of the aborted sequence releases its blocks";
   auto w3 = Run(Step(s, 0, 12, 5, true, true));
@@ -357,15 +365,9 @@ TEST_F(KvAttentionModelTest, CancelledRequestFailsTheRestOfItsSequenceThroughThe
   EXPECT_EQ(sessions().live_sequences(), 0);
 }
 
-// DISABLED: scheduler ordering bug. Scheduler::WorkerLoop calls Model::Drop for the works
-// it dropped while forming a batch *before* it runs that batch. Here request 0 (sequence
-// 5's prefill) and the cancelled request 2 (a later request of sequence 5) come out of the
-// same FormBatch pass: request 2's Drop aborts sequence 5 first, so request 0, which is
-// complete and earlier, then fails with FAILED_PRECONDITION ("was dropped before this
-// request ran"). Before the Valid() check in KvAttentionModel::Execute it ran, but request 3
-// then computed on the gap. A fix: in FormBatch, hold the exclusive key of a dropped work
-// (so no later work of that sequence joins the same batch), and call Drop/done for dropped
-// works whose exclusive key is in the batch after Run(batch), before the keys are released.
+// Request 0 (sequence 5's prefill) and the cancelled request 2 (a later request of
+// sequence 5) come out of one FormBatch pass. The scheduler answers the drop after the
+// batch has run, so request 0, earlier and complete, succeeds; request 3 still fails.
 TEST_F(KvAttentionModelTest, EarlierRequestSurvivesTheDropOfALaterOneThroughTheScheduler) {
   auto answers = RunCancelScenario(*model_);
   ASSERT_EQ(answers.size(), 5u);
@@ -378,7 +380,7 @@ TEST_F(KvAttentionModelTest, BadRequests) {
   const Sequence s = MakeSequence(2, 11);
   auto r = Step(s, 0, 1, 3, true, false);
   r.mutable_parameters()->erase("sequence_id");
-  auto w = model_->Prepare(r);
+  auto w = Admitted(r);
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Has(w.status(), "sequence_id")) << w.status();
@@ -386,7 +388,7 @@ TEST_F(KvAttentionModelTest, BadRequests) {
   r = Step(s, 0, 1, 3, true, false);
   r.mutable_inputs(0)->set_shape(1, 2);
   r.mutable_inputs(0)->set_shape(2, 128);  // same bytes, wrong heads
-  w = model_->Prepare(r);
+  w = Admitted(r);
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Has(w.status(), "'Q'") && Has(w.status(), "[1, 4, 64]")) << w.status();

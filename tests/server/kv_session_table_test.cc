@@ -56,7 +56,7 @@ TEST(KvSessionTableTest, DuplicateStartIsAlreadyExists) {
   t.Commit(*r);
   auto dup = t.Reserve("seq-a", true, false, 3);
   EXPECT_EQ(dup.status().code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_TRUE(Contains(dup.status(), "sequence 'seq-a' is already active")) << dup.status();
+  EXPECT_TRUE(Contains(dup.status(), "sequence seq-a is already active")) << dup.status();
   EXPECT_TRUE(Contains(dup.status(), "3 tokens cached")) << dup.status();
   EXPECT_EQ(t.blocks_in_use(), 1) << "the rejected start allocated nothing";
 }
@@ -65,7 +65,7 @@ TEST(KvSessionTableTest, NeverStartedIsFailedPrecondition) {
   KvSessionTable t(8, 4, 64, seconds(600));
   auto r = t.Reserve("17", false, false, 1);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(Contains(r.status(), "sequence '17' is not active: the first request must set sequence_start"))
+  EXPECT_TRUE(Contains(r.status(), "sequence 17 is not active: the first request must set sequence_start"))
       << r.status();
   auto e = t.Reserve("17", false, true, 1);
   EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -80,7 +80,7 @@ TEST(KvSessionTableTest, ReuseAfterEnd) {
   // Continuing an ended sequence is an error...
   auto cont = t.Reserve("7", false, false, 1);
   EXPECT_EQ(cont.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(Contains(cont.status(), "sequence '7' is not active")) << cont.status();
+  EXPECT_TRUE(Contains(cont.status(), "sequence 7 is not active")) << cont.status();
   // ...starting it again is fine and begins at position 0.
   auto b = t.Reserve("7", true, false, 2);
   ASSERT_TRUE(b.ok()) << b.status();
@@ -123,7 +123,7 @@ TEST(KvSessionTableTest, AbortedSequenceNamesWhy) {
 
   auto next = t.Reserve("9", false, false, 1);
   EXPECT_EQ(next.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(Contains(next.status(), "sequence '9'")) << next.status();
+  EXPECT_TRUE(Contains(next.status(), "sequence 9")) << next.status();
   EXPECT_TRUE(Contains(next.status(), "request cancelled by the client")) << next.status();
   // A new start clears the record.
   auto again = t.Reserve("9", true, false, 1);
@@ -148,7 +148,7 @@ TEST(KvSessionTableTest, TooLongNamesTheLimit) {
   auto big = t.Reserve("long", true, false, 33);
   EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(big.status(), "max_tokens_per_sequence=32")) << big.status();
-  EXPECT_TRUE(Contains(big.status(), "sequence 'long'")) << big.status();
+  EXPECT_TRUE(Contains(big.status(), "sequence long")) << big.status();
   EXPECT_EQ(t.live_sequences(), 0);
   auto r = t.Reserve("long", true, false, 30);
   ASSERT_TRUE(r.ok());
@@ -168,7 +168,7 @@ TEST(KvSessionTableTest, CacheFullIsResourceExhaustedAndLeaksNothing) {
   auto b = t.Reserve("b", true, false, 20);  // needs 2, 1 free
   EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(Contains(b.status(), "KV cache full: need 2 blocks, 1 free of 4")) << b.status();
-  EXPECT_TRUE(Contains(b.status(), "sequence 'b'")) << b.status();
+  EXPECT_TRUE(Contains(b.status(), "sequence b")) << b.status();
   EXPECT_EQ(t.blocks_in_use(), 3);
   EXPECT_EQ(t.live_sequences(), 1);
   auto b_cont = t.Reserve("b", false, false, 1);

@@ -1,6 +1,10 @@
 #include "server/backends/cpu/cpu_backend.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -167,6 +171,17 @@ class CpuLinear : public LinearExecutor {
   std::vector<std::pair<int, LinearWeights>> slices_;
 };
 
+// MemAvailable from /proc/meminfo: what new allocations can use without swapping; the
+// physical memory where that file is missing.
+int64_t AvailableHostBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  long long kb = 0;
+  for (std::string line; std::getline(meminfo, line);) {
+    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kb) == 1) return int64_t(kb) * 1024;
+  }
+  return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+}
+
 }  // namespace
 
 CpuBackend::CpuBackend(const BackendOptions& options)
@@ -178,6 +193,16 @@ absl::StatusOr<std::unique_ptr<AttentionExecutor>> CpuBackend::CreateAttention()
 }
 
 absl::StatusOr<std::unique_ptr<KvAttentionExecutor>> CpuBackend::CreateKvAttention(const KvGeometry& g) {
+  // Refused here rather than by the allocator: Linux overcommits, so a cache larger than
+  // the machine would be granted and then end the process as its pages are zeroed.
+  const int64_t need = 2 * g.pool_elements() * int64_t(sizeof(float));
+  const int64_t have = AvailableHostBytes();
+  if (need > have) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the KV cache needs ", need, " bytes of host memory (K and V, num_blocks ", g.num_blocks, " x page_size ",
+        g.page_size, " x num_heads_kv ", g.num_heads_kv, " x head_dim ", g.head_dim, " x 4 bytes); ", have,
+        " bytes are available; lower num_blocks (or --kv-cache-blocks)"));
+  }
   return std::unique_ptr<KvAttentionExecutor>(new CpuKvAttention(g, pool_));
 }
 

@@ -192,7 +192,7 @@ class CudaKvAttention : public KvAttentionExecutor {
                                                                      const KvGeometry& g) {
     std::unique_ptr<CudaKvAttention> e(new CudaKvAttention(ctx, m, g));
     // Each GPU holds a full page pool; a sequence lives on the GPU its id hashes to.
-    const size_t pool = size_t(g.num_blocks) * g.page_size * g.num_heads_kv * g.head_dim * 2;
+    const size_t pool = size_t(g.pool_elements()) * 2;
     for (auto& d : ctx) {
       auto k = d->arena().Allocate(pool, "KV cache (K)");
       if (!k.ok()) return k.status();
