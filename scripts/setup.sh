@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libssl-dev
   prometheus-cpp-dev libgtest-dev googletest libbenchmark-dev libgoogle-perftools-dev
   prometheus libb64-0d python3-venv python3-pip curl
   clang libclang-rt-14-dev openssl debootstrap docker-compose

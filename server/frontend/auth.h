@@ -23,7 +23,9 @@ struct TlsOptions {
 };
 
 // Insecure credentials when no file is named; INVALID_ARGUMENT for a half-given pair,
-// NOT_FOUND / FAILED_PRECONDITION for a file that cannot be read or is not PEM.
+// NOT_FOUND / FAILED_PRECONDITION for a file that cannot be read, is not PEM, holds no
+// certificate (--tls-cert, --tls-ca) or no private key (--tls-key), or a key that is not
+// the certificate's. Each error names the flag and the file.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const TlsOptions& options);
 
 class TokenAuth {
