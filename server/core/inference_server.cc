@@ -127,6 +127,11 @@ void InferenceServer::FillStatistics(const std::string& name, inference::ModelSt
   }
 }
 
+absl::Status CheckModelVersion(const std::string& model, const std::string& version) {
+  if (version.empty() || version == "1") return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat("model '", model, "' has no version ", Quoted(version), "; it serves version 1"));
+}
+
 void InferenceServer::CountRejected(const std::string& model, absl::StatusCode code) {
   metrics_.CountRequest(models_.count(model) ? model : "(unknown)", CodeName(code));
 }
@@ -172,10 +177,8 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
     finish(absl::UnavailableError("server is shutting down"), nullptr, 0, 0, done);
     return;
   }
-  if (!request.model_version().empty() && request.model_version() != "1") {
-    finish(absl::NotFoundError(absl::StrCat("model '", s.model->name(), "' has no version ",
-                                            Quoted(request.model_version()), "; it serves version 1")),
-           nullptr, 0, 0, done);
+  if (absl::Status v = CheckModelVersion(s.model->name(), request.model_version()); !v.ok()) {
+    finish(v, nullptr, 0, 0, done);
     return;
   }
   if (request.id().size() > kMaxRequestIdBytes) {

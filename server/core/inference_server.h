@@ -34,6 +34,10 @@ struct InferenceServerOptions {
   ModelLoadOptions load;
 };
 
+// Each model serves one version, "1"; an empty version means the latest. NOT_FOUND
+// naming the model and the version for any other.
+absl::Status CheckModelVersion(const std::string& model, const std::string& version);
+
 class InferenceServer {
  public:
   // Loads every model; fails if any fails (naming it).

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/client_text.h"
 
 namespace flashq::server {
 namespace {
@@ -56,11 +57,19 @@ void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
   }
 }
 
-const inference::ModelConfig* GrpcInferenceService::FindConfig(const std::string& name, grpc::Status* error) const {
+const inference::ModelConfig* GrpcInferenceService::FindConfig(const std::string& name, const std::string& version,
+                                                                grpc::Status* error) const {
   InferenceServer* s = server_.load();
   const Model* m = s ? s->FindModel(name) : nullptr;
-  if (!m) *error = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("unknown model '", name, "'"));
-  return m ? &m->config() : nullptr;
+  if (!m) {
+    *error = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("unknown model ", Quoted(name)));
+    return nullptr;
+  }
+  if (absl::Status v = CheckModelVersion(name, version); !v.ok()) {
+    *error = ToGrpc(v);
+    return nullptr;
+  }
+  return &m->config();
 }
 
 grpc::Status GrpcInferenceService::Authenticate(const grpc::CallbackServerContext& ctx, bool inference) const {
@@ -86,7 +95,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelReady(grpc::CallbackServerC
                                                            const inference::ModelReadyRequest* req,
                                                            inference::ModelReadyResponse* resp) {
   grpc::Status err;
-  resp->set_ready(ready_.load() && FindConfig(req->name(), &err) != nullptr);
+  resp->set_ready(ready_.load() && FindConfig(req->name(), req->version(), &err) != nullptr);
   return Reply(ctx, grpc::Status::OK);
 }
 
@@ -105,7 +114,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelMetadata(grpc::CallbackServ
                                                               inference::ModelMetadataResponse* resp) {
   if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
   grpc::Status err;
-  const inference::ModelConfig* c = FindConfig(req->name(), &err);
+  const inference::ModelConfig* c = FindConfig(req->name(), req->version(), &err);
   if (!c) return Reply(ctx, err);
   resp->set_name(c->name());
   resp->add_versions("1");
@@ -130,7 +139,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelConfig(grpc::CallbackServer
                                                             inference::ModelConfigResponse* resp) {
   if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
   grpc::Status err;
-  const inference::ModelConfig* c = FindConfig(req->name(), &err);
+  const inference::ModelConfig* c = FindConfig(req->name(), req->version(), &err);
   if (!c) return Reply(ctx, err);
   *resp->mutable_config() = *c;
   return Reply(ctx, grpc::Status::OK);
@@ -144,7 +153,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelStatistics(grpc::CallbackSe
   if (!s) return Reply(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is loading models"));
   if (!req->name().empty()) {
     grpc::Status err;
-    if (!FindConfig(req->name(), &err)) return Reply(ctx, err);
+    if (!FindConfig(req->name(), req->version(), &err)) return Reply(ctx, err);
   }
   s->FillStatistics(req->name(), resp);
   return Reply(ctx, grpc::Status::OK);
@@ -153,7 +162,10 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelStatistics(grpc::CallbackSe
 grpc::ServerUnaryReactor* GrpcInferenceService::ModelInfer(grpc::CallbackServerContext* ctx,
                                                            const inference::ModelInferRequest* req,
                                                            inference::ModelInferResponse* resp) {
-  if (grpc::Status a = Authenticate(*ctx, true); !a.ok()) return Reply(ctx, a);
+  if (grpc::Status a = Authenticate(*ctx, true); !a.ok()) {
+    if (InferenceServer* s = server_.load()) s->CountRejected(req->model_name(), absl::StatusCode::kUnauthenticated);
+    return Reply(ctx, a);
+  }
   auto* reactor = ctx->DefaultReactor();
   InferenceServer* s = server_.load();
   if (!s || !ready_.load()) {
@@ -267,7 +279,11 @@ class RejectStream : public grpc::ServerBidiReactor<inference::ModelInferRequest
 
 grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
 GrpcInferenceService::ModelStreamInfer(grpc::CallbackServerContext* ctx) {
-  if (grpc::Status a = Authenticate(*ctx, true); !a.ok()) return new RejectStream(a);
+  if (grpc::Status a = Authenticate(*ctx, true); !a.ok()) {
+    // The stream is refused before any request is read, so no model name is known.
+    if (InferenceServer* s = server_.load()) s->CountRejected("", absl::StatusCode::kUnauthenticated);
+    return new RejectStream(a);
+  }
   InferenceServer* s = server_.load();
   if (!s || !ready_.load()) return new RejectStream(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is not ready"));
   return new StreamReactor(ctx, s);

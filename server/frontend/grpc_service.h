@@ -46,7 +46,10 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
       grpc::CallbackServerContext*) override;
 
  private:
-  const inference::ModelConfig* FindConfig(const std::string& name, grpc::Status* error) const;
+  // The model's config; null with NOT_FOUND in `error` for an unknown model, or for a
+  // version other than "1" (or empty: the latest), the only one served.
+  const inference::ModelConfig* FindConfig(const std::string& name, const std::string& version,
+                                           grpc::Status* error) const;
   grpc::Status Authenticate(const grpc::CallbackServerContext& ctx, bool inference) const;
   const std::string version_;
   std::atomic<InferenceServer*> server_{nullptr};
