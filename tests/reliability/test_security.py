@@ -216,6 +216,11 @@ def test_mtls_and_token_together(pki):
     (["--tls-cert={pki}/server.ext", "--tls-key={pki}/server.key"], "not PEM"),
     (["--auth-token=a", "--auth-token-file={pki}/ca_a.pem"], "not both"),
     (["--auth-token-file={pki}/empty"], "no token"),
+    (["--tls-cert={pki}/server.pem", "--tls-key={pki}/client.key"], "--tls-key '{pki}/client.key' is not the private key"),
+    (["--tls-cert={pki}/server.pem", "--tls-key={pki}/server.pem"], "--tls-key '{pki}/server.pem' holds no"),
+    (["--tls-cert={pki}/server.csr", "--tls-key={pki}/server.key"], "--tls-cert '{pki}/server.csr' holds no PEM certificate"),
+    (["--tls-cert={pki}/server.pem", "--tls-key={pki}/server.key", "--tls-ca={pki}/ca_a.key"],
+     "--tls-ca '{pki}/ca_a.key' holds no PEM certificate"),
 ])
 def test_bad_security_flags_stop_the_server(pki, flags, words):
     (pki / "empty").write_text("\n")
@@ -223,4 +228,4 @@ def test_bad_security_flags_stop_the_server(pki, flags, words):
            f"--model-repository={rel.shared_repository()}"] + [f.format(pki=pki) for f in flags]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, (p.returncode, p.stderr)
-    assert words in p.stderr, p.stderr
+    assert words.format(pki=pki) in p.stderr, p.stderr

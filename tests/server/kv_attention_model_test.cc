@@ -397,3 +397,88 @@ TEST_F(KvAttentionModelTest, BadRequests) {
 
 }  // namespace
 }  // namespace flashq::server
+
+namespace flashq::server {
+namespace {
+
+// A sequence at max_tokens_per_sequence cannot take another token, and one whose next
+// token needs a block the full cache lacks cannot either: sequence_end with zero new
+// tokens ends both and frees their blocks.
+TEST_F(KvAttentionModelTest, EndWithZeroTokensReleasesAFullSequence) {
+  const Sequence a = MakeSequence(128, 14), b = MakeSequence(1, 15);
+  auto a0 = Run(Step(a, 0, 128, 1, true, false));  // all 8 blocks
+  ASSERT_TRUE(a0.ok() && (*a0)->status.ok());
+  auto more = Admitted(Step(a, 127, 1, 1, false, /*end=*/true));
+  ASSERT_FALSE(more.ok());
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted) << more.status();
+  auto end = Run(Step(a, 0, 0, 1, false, /*end=*/true));
+  ASSERT_TRUE(end.ok()) << end.status();
+  ASSERT_TRUE((*end)->status.ok()) << (*end)->status;
+  ASSERT_EQ((*end)->outputs.size(), 1u);
+  EXPECT_EQ((*end)->outputs[0].shape, (std::vector<int64_t>{0, kHq, kD}));
+  EXPECT_TRUE((*end)->outputs[0].data.empty());
+  EXPECT_EQ(sessions().blocks_in_use(), 0);
+  EXPECT_EQ(sessions().live_sequences(), 0);
+  auto b0 = Run(Step(b, 0, 1, 2, true, true));
+  ASSERT_TRUE(b0.ok()) << b0.status();
+  ExpectRowsClose(**b0, Reference(b), 0, 1, "a new sequence in the freed cache");
+  // Zero tokens is only an end: not a start, not a step.
+  auto empty_start = Admitted(Step(b, 0, 0, 3, true, true));
+  ASSERT_FALSE(empty_start.ok());
+  EXPECT_TRUE(Has(empty_start.status(), "n = 0 only with sequence_end")) << empty_start.status();
+}
+
+TEST_F(KvAttentionModelTest, NumberAndStringIdsAreDifferentSequences) {
+  const Sequence s = MakeSequence(2, 16);
+  auto by_number = Run(Step(s, 0, 1, 42, true, false));
+  ASSERT_TRUE(by_number.ok() && (*by_number)->status.ok());
+  auto r = Step(s, 0, 1, 0, true, false);
+  (*r.mutable_parameters())["sequence_id"].set_string_param("42");
+  auto by_string = Run(r);
+  ASSERT_TRUE(by_string.ok()) << "string \"42\" is not the number 42: " << by_string.status();
+  EXPECT_EQ(sessions().live_sequences(), 2);
+  // int64 42 is the number 42 (Triton reads an int64 id as its uint64 bits).
+  auto r64 = Step(s, 1, 1, 0, false, true);
+  (*r64.mutable_parameters())["sequence_id"].set_int64_param(42);
+  auto again = Run(r64);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ExpectRowsClose(**again, Reference(s), 1, 1, "int64 42 continues uint64 42");
+}
+
+TEST_F(KvAttentionModelTest, LongStringIdsAreRefused) {
+  const Sequence s = MakeSequence(1, 17);
+  auto r = Step(s, 0, 1, 0, true, false);
+  (*r.mutable_parameters())["sequence_id"].set_string_param(std::string(4 << 20, 'x'));
+  auto w = Admitted(r);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status().code();
+  EXPECT_TRUE(Has(w.status(), "4194304 bytes; the limit is 256")) << w.status().message().substr(0, 200);
+  EXPECT_EQ(sessions().live_sequences(), 0);
+}
+
+// Config numbers are checked before anything is allocated with them.
+TEST(KvAttentionModelCreate, ConfigNumbersOutOfRangeAreRefused) {
+  BackendOptions o;
+  o.cpu_threads = 1;
+  CpuBackend backend(o);
+  struct Case { std::vector<std::pair<std::string, std::string>> params; std::string words; };
+  for (const Case& c : std::vector<Case>{{{{"num_blocks", "4294967297"}}, "num_blocks is 4294967297; it must be in 1.."},
+                                         {{{"page_size", "1000000000"}}, "page_size is 1000000000"},
+                                         {{{"num_blocks", "0"}}, "num_blocks is 0"},
+                                         {{{"head_dim", "-64"}}, "head_dim is -64"},
+                                         {{{"num_blocks", "100000000"}}, "host memory"},
+                                         {{{"num_blocks", "2147483647"}, {"page_size", "65536"}}, "limit of 2^50"}}) {
+    inference::ModelConfig config = KvConfig();
+    for (const auto& [k, v] : c.params) (*config.mutable_parameters())[k].set_string_value(v);
+    auto m = KvAttentionModel::Create(config, backend, 0);
+    ASSERT_FALSE(m.ok()) << c.words;
+    EXPECT_TRUE(Has(m.status(), c.words)) << m.status();
+  }
+  auto flag = KvAttentionModel::Create(KvConfig(), backend, 100000000);
+  ASSERT_FALSE(flag.ok());
+  EXPECT_EQ(flag.status().code(), absl::StatusCode::kResourceExhausted) << flag.status();
+  EXPECT_TRUE(Has(flag.status(), "--kv-cache-blocks")) << flag.status();
+}
+
+}  // namespace
+}  // namespace flashq::server

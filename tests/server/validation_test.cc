@@ -243,6 +243,69 @@ TEST_F(AttentionValidationTest, WrongShape) {
   ExpectInvalid(Prepare(r), {"'Q'", "negative"}, "negative dims");
 }
 
+// Empty tensors pass every byte-count check whatever their other dimensions, so each
+// dimension must be checked against its own limit before it narrows to int. Q [0, 2^31, 64]
+// with K/V [0, 2^32 - 1, 64] once gave int(Hq) % int(Hkv) = INT_MIN % -1: SIGFPE.
+TEST_F(AttentionValidationTest, ExtremeDimensionsOfEmptyTensorsAreRefused) {
+  const int64_t kTwo31 = int64_t(1) << 31;
+  auto empty = [&](std::vector<int64_t> q, std::vector<int64_t> kv) {
+    inference::ModelInferRequest r;
+    r.set_model_name("attention");
+    AddInput(&r, "Q", "FP16", q, "");
+    AddInput(&r, "K", "FP16", kv, "");
+    AddInput(&r, "V", "FP16", kv, "");
+    return r;
+  };
+  ExpectInvalid(Prepare(empty({0, kTwo31, 64}, {0, 2 * kTwo31 - 1, 64})), {"'Q'", "2147483648", "0..2147483647"},
+                "the SIGFPE request");
+  ExpectInvalid(Prepare(empty({0, kTwo31 - 1, 64}, {0, 1, 64})), {"num_heads_q (2147483647", "1..1024"},
+                "Hq INT32_MAX");
+  ExpectInvalid(Prepare(empty({0, 4, 64}, {0, 2, 64})), {"0 query", "at least one"}, "no tokens");
+  // Every combination of edge values in every dimension: refused, never a crash.
+  const int64_t edges[] = {0, 1, 2, kTwo31 - 1, kTwo31, 2 * kTwo31 - 1, INT64_MAX};
+  int refused = 0;
+  for (int64_t a : edges)
+    for (int64_t b : edges)
+      for (int64_t c : edges) {
+        auto w = Prepare(empty({a, b, c}, {a, b, c}));
+        refused += !w.ok();
+      }
+  EXPECT_EQ(refused, 7 * 7 * 7);
+}
+
+TEST_F(AttentionValidationTest, TypedContentsBesideRawBytesAreRefused) {
+  auto r = Good();
+  std::string* raw;
+  Input(&r, "Q", &raw)->mutable_contents()->add_fp32_contents(1.0f);
+  ExpectInvalid(Prepare(r), {"'Q'", "both typed contents and raw_input_contents"}, "typed and raw");
+}
+
+TEST_F(AttentionValidationTest, OutputRequestedTwiceIsRefused) {
+  auto r = Good();
+  r.add_outputs()->set_name("O");
+  r.add_outputs()->set_name("O");
+  ExpectInvalid(Prepare(r), {"'O'", "requested twice"}, "O twice");
+}
+
+TEST_F(AttentionValidationTest, ClientNamesAreQuotedShort) {
+  auto r = Good();
+  std::string* raw;
+  const std::string long_name(1 << 20, 'z');
+  Input(&r, "V", &raw)->set_name(long_name);
+  auto w = Prepare(r);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status().code();
+  EXPECT_LT(w.status().message().size(), 512u) << "a 1 MiB input name is quoted whole";
+  EXPECT_TRUE(Has(w.status(), "1048576 bytes")) << w.status().message().substr(0, 300);
+}
+
+TEST_F(AttentionValidationTest, OutputBytesAreKnownBeforeCompute) {
+  auto r = MakeAttention({.want_lse = true}).request;
+  auto w = Prepare(r);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->output_bytes, 5 * 4 * 64 * 2 + 5 * 4 * 4) << "O [5, 4, 64] FP16 and LSE [4, 5] FP32";
+}
+
 TEST_F(AttentionValidationTest, ShapeWhoseSizeOverflowsIsRejected) {
   // 1 x (2^57 + 4) x 64 FP16 elements is 2^64 + 512 bytes: if the element count wraps
   // around, 512 bytes "match" and int(2^57 + 4) = 4 heads pass every later check.
