@@ -2,7 +2,7 @@
 # Container entrypoint: turns FLASHQ_* environment variables into server flags, then
 # execs the bundle launcher (which sets LD_LIBRARY_PATH and finds cuBLASLt).
 # Arguments given to `docker run IMAGE ...` are appended, so flags also work:
-#   docker run flashq:cpu --max-queue-delay-us=500
+#   docker run flashq:cpu --workers-per-model=4
 # An empty variable means "use the server's default".
 #   FLASHQ_HOST, FLASHQ_GRPC_PORT, FLASHQ_METRICS_PORT, FLASHQ_BACKEND (auto|cpu|cuda),
 #   FLASHQ_MODEL_REPOSITORY (a folder; unset = the embedded demo repository),

@@ -1,12 +1,15 @@
 // Per-model bounded queue and dynamic batcher.
 //
-// Requests wait until the oldest has waited `max_queue_delay` or the queued tokens
-// reach `max_batch_tokens`; then a worker takes, in arrival order, the requests
-// that share the oldest's batch key and fit the budget. Cancelled and expired
+// Work-conserving: an idle worker takes a request at once, so requests wait only while
+// every worker is busy. A worker that frees up takes, in arrival order, the queued
+// requests that share the oldest's batch key and fit `max_batch_tokens`.
+// `max_queue_delay` (Triton's meaning, default 0) may hold the oldest request up to
+// that long to grow its batch, unless the budget fills first. Cancelled and expired
 // requests are answered and dropped here, before they reach a backend. Requests
 // with the same exclusive key (one KV sequence) never share a batch and never run
 // at once, so a sequence's requests run in arrival order. A full queue rejects at
-// once with RESOURCE_EXHAUSTED.
+// once with RESOURCE_EXHAUSTED. Model::Admit runs as a request joins the queue, under
+// the queue's lock, so what it reserves follows queue order.
 #pragma once
 
 #include <chrono>
@@ -31,7 +34,7 @@ using Clock = std::chrono::steady_clock;
 
 struct SchedulerOptions {
   int64_t max_queue_size = 1024;
-  std::chrono::microseconds max_queue_delay{500};
+  std::chrono::microseconds max_queue_delay{0};
   int64_t max_batch_tokens = 16384;
   int workers = 1;
 };

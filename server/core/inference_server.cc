@@ -26,7 +26,7 @@ uint64_t Ns(Clock::duration d) { return uint64_t(std::chrono::duration_cast<std:
 
 absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfig& c, const InferenceServerOptions& o) {
   SchedulerOptions s;
-  int64_t size = 1024, delay = 500;
+  int64_t size = 1024, delay = 0;
   if (c.has_dynamic_batching()) {
     delay = int64_t(c.dynamic_batching().max_queue_delay_microseconds());
     if (c.dynamic_batching().default_queue_policy().max_queue_size() > 0) {

@@ -36,7 +36,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int kDemoVersion = 1;  // bump when the generated content changes
+constexpr int kDemoVersion = 2;  // bump when the generated content changes
 constexpr int kGroupSize = 128;
 
 uint64_t SplitMix64(uint64_t& state) {
@@ -103,7 +103,7 @@ std::string Param(const std::string& key, const std::string& value) {
 }
 
 constexpr const char* kDynamicBatching =
-    "dynamic_batching {\n  max_queue_delay_microseconds: 500\n  default_queue_policy { max_queue_size: 1024 }\n}\n";
+    "dynamic_batching {\n  max_queue_delay_microseconds: 0\n  default_queue_policy { max_queue_size: 1024 }\n}\n";
 
 std::string AttentionConfig() {
   return absl::StrCat(
@@ -140,7 +140,7 @@ std::string KvAttentionConfig() {
       Param("kind", "kv_attention"), Param("num_heads_q", "32"), Param("num_heads_kv", "8"),
       Param("head_dim", "128"), Param("page_size", "16"), Param("num_blocks", "512"),
       Param("max_tokens_per_sequence", "8192"), Param("session_idle_timeout_s", "600"),
-      Param("max_queue_delay_us", "500"), Param("max_queue_size", "1024"));
+      Param("max_queue_delay_us", "0"), Param("max_queue_size", "1024"));
 }
 
 std::string LinearConfig(const std::string& name, int K, int N, const std::string& extra_params) {

@@ -40,7 +40,7 @@ std::unique_ptr<SafetensorsFile> Weights(const std::string& root, const std::str
 }
 
 void CheckLayoutAndConfigs(const std::string& root) {
-  EXPECT_EQ(fs::path(root).filename(), "demo-v1-20261122");
+  EXPECT_EQ(fs::path(root).filename(), "demo-v2-20261122");
   EXPECT_TRUE(fs::exists(fs::path(root) / "STAMP"));
 
   auto models = ScanModelRepository(root);
@@ -68,7 +68,7 @@ void CheckLayoutAndConfigs(const std::string& root) {
   ASSERT_EQ(att.output_size(), 2);
   EXPECT_EQ(att.output(1).name(), "LSE");
   EXPECT_EQ(att.output(1).data_type(), inference::TYPE_FP32);
-  EXPECT_EQ(att.dynamic_batching().max_queue_delay_microseconds(), 500u);
+  EXPECT_EQ(att.dynamic_batching().max_queue_delay_microseconds(), 0u);
   EXPECT_EQ(att.dynamic_batching().default_queue_policy().max_queue_size(), 1024u);
   EXPECT_EQ(*ConfigIntParam(att, "max_batch_tokens", 0), 16384);
 
@@ -83,7 +83,7 @@ void CheckLayoutAndConfigs(const std::string& root) {
   const std::map<std::string, int64_t> kv_params = {
       {"num_heads_q", 32},   {"num_heads_kv", 8},       {"head_dim", 128},
       {"page_size", 16},     {"num_blocks", 512},       {"max_tokens_per_sequence", 8192},
-      {"session_idle_timeout_s", 600}, {"max_queue_delay_us", 500}, {"max_queue_size", 1024}};
+      {"session_idle_timeout_s", 600}, {"max_queue_delay_us", 0}, {"max_queue_size", 1024}};
   for (const auto& [key, value] : kv_params) EXPECT_EQ(*ConfigIntParam(kv, key, -1), value) << key;
 
   for (const char* prefix : {"up_proj", "down_proj"}) {

@@ -337,6 +337,36 @@ TEST(SchedulerTest, RequestOverTheBudgetRunsAlone) {
   h.answers.ExpectEachOnce({100, 0, 1, 2, 3});
 }
 
+// The default delay is 0: a request that finds a worker idle runs at once; requests merge
+// only while every worker is busy, and the worker that frees up takes them all.
+TEST(SchedulerTest, WorkConservingByDefault) {
+  SchedulerOptions defaults;
+  EXPECT_EQ(defaults.max_queue_delay.count(), 0);
+  Harness h(Options(milliseconds(0), 16384, /*workers=*/2));
+  for (int i = 0; i < 20; ++i) {
+    const auto t0 = Clock::now();
+    ASSERT_TRUE(h.Enqueue({.id = i}).ok());
+    ASSERT_TRUE(h.answers.WaitFor(i + 1));
+    EXPECT_LT(std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count(), 100) << "request " << i;
+  }
+  std::vector<uint64_t> queued;
+  for (int i = 0; i < 20; ++i) queued.push_back(h.answers.queue_ns(i));
+  std::sort(queued.begin(), queued.end());
+  EXPECT_LT(queued[10], uint64_t(2'000'000)) << "median queue time of a lone request: no batching window";
+  // Both workers busy: the requests that arrive meanwhile form one batch when a worker frees.
+  ASSERT_TRUE(h.Enqueue({.id = 100, .batch_key = "plug-a", .block = true}).ok());
+  ASSERT_TRUE(h.model.WaitForBatches(21));
+  ASSERT_TRUE(h.Enqueue({.id = 101, .batch_key = "plug-b", .block = true}).ok());
+  const bool both_busy = h.model.WaitForBatches(22);
+  for (int i = 200; i < 205; ++i) EXPECT_TRUE(h.Enqueue({.id = i}).ok());
+  h.model.gate.Open();  // before any assertion can return: the workers must not stay blocked
+  ASSERT_TRUE(both_busy);
+  ASSERT_TRUE(h.answers.WaitFor(27));
+  const auto batches = h.model.batches();
+  EXPECT_TRUE(std::count(batches.begin(), batches.end(), std::vector<int>{200, 201, 202, 203, 204}))
+      << "the queued requests were not merged into one batch";
+}
+
 TEST(SchedulerTest, LoneRequestWaitsAboutTheDelay) {
   const milliseconds delay(60);
   Harness h(Options(delay));
