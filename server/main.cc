@@ -31,6 +31,7 @@ struct Options {
   std::string model_repository, demo_cache_dir, backend = "auto";
   int64_t max_queue_delay_us = -1, max_queue_size = -1, max_batch_tokens = -1;
   int64_t grpc_max_message_bytes = 64 << 20;
+  int64_t stream_max_unanswered = StreamLimits().max_answers, stream_max_unsent_bytes = StreamLimits().max_bytes;
   int64_t kv_cache_blocks = 0, workers_per_model = 2, cpu_threads = 0;
   int64_t gpu_streams = 2, gpu_staging_mb = 128, gpu_arena_mb = 2048;
   bool batch_invariant = true;
@@ -55,6 +56,13 @@ void AddFlags(FlagSet& f, Options& o) {
   f.Add("max-batch-tokens", &o.max_batch_tokens, "Override every model's token budget per batch (-1: each model's config).");
   f.Add("grpc-max-message-bytes", &o.grpc_max_message_bytes,
         "Largest gRPC message accepted or sent; a larger request gets RESOURCE_EXHAUSTED.");
+  f.Add("stream-max-unanswered", &o.stream_max_unanswered,
+        "ModelStreamInfer: most requests of one stream read but not yet answered on the wire (queued, computing or "
+        "unsent); the server stops reading that stream's requests until answers are written.");
+  f.Add("stream-max-unsent-bytes", &o.stream_max_unsent_bytes,
+        "ModelStreamInfer: most bytes of answers one stream holds unsent (waiting to be written, plus those still "
+        "computing counted at the stream's largest answer); the server stops reading that stream's requests until "
+        "answers are written.");
   f.Add("max-tensor-bytes", &o.max_tensor_bytes,
         "Largest input tensor accepted, in bytes (shape x datatype), checked before any copy; a larger one gets "
         "RESOURCE_EXHAUSTED. 0: only --grpc-max-message-bytes applies.");
@@ -105,6 +113,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& kind, co
 }
 
 int Run(const Options& o) {
+  if (o.stream_max_unanswered < 1 || o.stream_max_unsent_bytes < 1) {
+    std::cerr << "flashq-server: --stream-max-unanswered and --stream-max-unsent-bytes must be at least 1\n";
+    return 2;
+  }
   // Request buffers (up to tens of MB) come from the heap and stay there once freed, so requests
   // pay no mmap or page faults for their tensors (kernels/common/heap.h).
   ConfigureHeapForTensors();
@@ -161,6 +173,7 @@ int Run(const Options& o) {
   // gRPC first, so that liveness and health answer while the models load.
   GrpcInferenceService service(FLASHQ_VERSION);
   service.SetAuth(auth->get(), o.auth_inference);
+  service.SetStreamLimits({o.stream_max_unanswered, o.stream_max_unsent_bytes});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
