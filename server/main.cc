@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <future>
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/heap.h"
@@ -34,6 +35,7 @@ struct Options {
   int64_t stream_max_unanswered = StreamLimits().max_answers, stream_max_unsent_bytes = StreamLimits().max_bytes;
   int64_t kv_cache_blocks = 0, workers_per_model = 2, cpu_threads = 0;
   int64_t gpu_streams = 2, gpu_staging_mb = 128, gpu_arena_mb = 2048;
+  int64_t heap_reserve_mb = int64_t(kHeapPrefaultBytes >> 20);
   bool batch_invariant = true;
   int64_t max_tensor_bytes = 0, max_sequences_per_request = 0;
   std::string tls_cert, tls_key, tls_ca, auth_token, auth_token_file;
@@ -82,6 +84,9 @@ void AddFlags(FlagSet& f, Options& o) {
   f.Add("kv-cache-blocks", &o.kv_cache_blocks, "Override kv_attention's number of KV-cache blocks (0: the model's config).");
   f.Add("batch-invariant", &o.batch_invariant,
         "Batch-invariant mode: a request's output is bitwise identical whatever else shares its batch.");
+  f.Add("heap-reserve-mb", &o.heap_reserve_mb,
+        "Free host heap kept mapped for the next tensors, in MiB; free heap above it that stays unused for about "
+        "2 s goes back to the OS. -1: keep all freed memory.");
   f.Add("workers-per-model", &o.workers_per_model, "Batches executed concurrently per model.");
   f.Add("cpu-threads", &o.cpu_threads, "Threads of the CPU backend (0: all cores).");
   f.Add("gpu-streams", &o.gpu_streams,
@@ -117,8 +122,13 @@ int Run(const Options& o) {
     std::cerr << "flashq-server: --stream-max-unanswered and --stream-max-unsent-bytes must be at least 1\n";
     return 2;
   }
+  if (o.heap_reserve_mb < -1 || o.heap_reserve_mb > (int64_t(1) << 30)) {
+    std::cerr << "flashq-server: --heap-reserve-mb must be -1 (keep all) or 0 to 2^30\n";
+    return 2;
+  }
   // Request buffers (up to tens of MB) come from the heap and stay there once freed, so requests
-  // pay no mmap or page faults for their tensors (kernels/common/heap.h).
+  // pay no mmap or page faults for their tensors; what stays unused beyond a warm reserve goes
+  // back to the OS after a while, so a burst does not keep its peak (kernels/common/heap.h).
   ConfigureHeapForTensors();
   // Signals are taken by one thread with sigwait, so block them everywhere first.
   sigset_t sigs;
@@ -126,6 +136,8 @@ int Run(const Options& o) {
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::optional<IdleHeapReleaser> heap_releaser;
+  if (o.heap_reserve_mb >= 0) heap_releaser.emplace(size_t(o.heap_reserve_mb) << 20);
   const auto t0 = std::chrono::steady_clock::now();
   auto since_start = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
