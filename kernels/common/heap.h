@@ -19,7 +19,7 @@
 // steady load keeps reusing, above a warm reserve (--heap-reserve-mb, 64 MB) that stays mapped for
 // the next tensors. Under glibc, malloc_trim cannot keep a reserve: once idle memory exceeds it,
 // every free page goes.
-// Measured (CPU backend, docs/reliability.md): 240 MB after a burst, back to 89 MB 2.5 s later.
+// Measured (CPU backend, docs/reliability.md): RSS 244 MB after a burst, 92 MB 2.5 s later.
 #pragma once
 
 #include <malloc.h>
