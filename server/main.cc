@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <future>
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/heap.h"
@@ -33,8 +34,10 @@ struct Options {
   std::string model_repository, demo_cache_dir, backend = "auto";
   int64_t max_queue_delay_us = -1, max_queue_size = -1, max_batch_tokens = -1;
   int64_t grpc_max_message_bytes = 64 << 20;
+  int64_t stream_max_unanswered = StreamLimits().max_answers, stream_max_unsent_bytes = StreamLimits().max_bytes;
   int64_t kv_cache_blocks = 0, workers_per_model = 2, cpu_threads = 0;
   int64_t gpu_streams = 2, gpu_staging_mb = 128, gpu_arena_mb = 2048;
+  int64_t heap_reserve_mb = int64_t(kHeapPrefaultBytes >> 20);
   bool batch_invariant = true;
   int64_t max_tensor_bytes = 0, max_sequences_per_request = 0;
   std::string tls_cert, tls_key, tls_ca, auth_token, auth_token_file;
@@ -61,6 +64,15 @@ void AddFlags(FlagSet& f, Options& o) {
         "Largest gRPC message accepted or sent; a larger request gets RESOURCE_EXHAUSTED, and so does a request whose "
         "response would be larger, before it is computed.",
         4096, INT32_MAX);
+  f.Add("stream-max-unanswered", &o.stream_max_unanswered,
+        "ModelStreamInfer: most requests of one stream read but not yet answered on the wire (queued, computing or "
+        "unsent); the server stops reading that stream's requests until answers are written.",
+        1, INT32_MAX);
+  f.Add("stream-max-unsent-bytes", &o.stream_max_unsent_bytes,
+        "ModelStreamInfer: most bytes of answers one stream holds unsent (waiting to be written, plus those still "
+        "computing counted at the stream's largest answer); the server stops reading that stream's requests until "
+        "answers are written.",
+        1, INT64_MAX);
   f.Add("max-tensor-bytes", &o.max_tensor_bytes,
         "Largest input tensor accepted, in bytes (shape x datatype), checked before any copy; a larger one gets "
         "RESOURCE_EXHAUSTED. 0: only --grpc-max-message-bytes applies.",
@@ -83,6 +95,10 @@ void AddFlags(FlagSet& f, Options& o) {
         0, INT32_MAX);
   f.Add("batch-invariant", &o.batch_invariant,
         "Batch-invariant mode: a request's output is bitwise identical whatever else shares its batch.");
+  f.Add("heap-reserve-mb", &o.heap_reserve_mb,
+        "Free host heap kept mapped for the next tensors, in MiB; free heap above it that stays unused for about "
+        "2 s goes back to the OS. -1: keep all freed memory.",
+        -1, int64_t(1) << 30);
   f.Add("workers-per-model", &o.workers_per_model, "Batches executed concurrently per model.", 1, 64);
   f.Add("cpu-threads", &o.cpu_threads, "Threads of the CPU backend (0: all cores).", 0, 1024);
   f.Add("gpu-streams", &o.gpu_streams,
@@ -117,7 +133,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& kind, co
 
 int Run(const Options& o) {
   // Request buffers (up to tens of MB) come from the heap and stay there once freed, so requests
-  // pay no mmap or page faults for their tensors (kernels/common/heap.h).
+  // pay no mmap or page faults for their tensors; what stays unused beyond a warm reserve goes
+  // back to the OS after a while, so a burst does not keep its peak (kernels/common/heap.h).
   ConfigureHeapForTensors();
   // Signals are taken by one thread with sigwait, so block them everywhere first.
   sigset_t sigs;
@@ -125,6 +142,8 @@ int Run(const Options& o) {
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::optional<IdleHeapReleaser> heap_releaser;
+  if (o.heap_reserve_mb >= 0) heap_releaser.emplace(size_t(o.heap_reserve_mb) << 20);
   const auto t0 = std::chrono::steady_clock::now();
   auto since_start = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -172,6 +191,7 @@ int Run(const Options& o) {
   // gRPC first, so that liveness and health answer while the models load.
   GrpcInferenceService service(FLASHQ_VERSION);
   service.SetAuth(auth->get(), o.auth_inference);
+  service.SetStreamLimits({o.stream_max_unanswered, o.stream_max_unsent_bytes});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

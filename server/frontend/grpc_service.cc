@@ -1,5 +1,6 @@
 #include "server/frontend/grpc_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -182,27 +183,44 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelInfer(grpc::CallbackServerC
 
 namespace {
 
-// ModelStreamInfer: each request read is submitted at once; responses are written
-// in completion order (one write in flight at a time). The stream finishes when the
-// client has half-closed and every submitted request has been answered.
+// ModelStreamInfer: each request read is submitted at once, in the order read; responses
+// are written in completion order (one write in flight at a time). Reading pauses while the
+// stream is at its StreamLimits: a client that stops reading then stalls in HTTP/2 flow
+// control instead of growing the server's memory. The byte limit counts the answers waiting
+// to be written plus those still computing, each of those at the largest answer the stream
+// has produced, since an admitted request's answer lands whether or not the client reads.
+// Answers that can no longer be delivered (write failed, call cancelled) are dropped. The
+// stream finishes when the client has half-closed and every submitted request has been
+// answered or dropped.
 class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
  public:
-  StreamReactor(grpc::CallbackServerContext* ctx, InferenceServer* server) : ctx_(ctx), server_(server) {
-    NextRead();
+  StreamReactor(grpc::CallbackServerContext* ctx, InferenceServer* server, const StreamLimits& limits)
+      : ctx_(ctx), server_(server), limits_(limits) {
+    std::lock_guard<std::mutex> l(mu_);
+    MaybeReadLocked();
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {
-      std::lock_guard<std::mutex> l(mu_);
-      reads_done_ = true;
-      MaybeFinishLocked();
-      return;
-    }
-    auto req = std::move(reading_);
+    std::unique_ptr<inference::ModelInferRequest> req;
     {
       std::lock_guard<std::mutex> l(mu_);
+      if (!ok) {
+        reader_busy_ = false;
+        reads_done_ = true;
+        MaybeFinishLocked();
+        return;
+      }
+      req = std::move(reading_);
+      if (dead_) {  // nobody can receive its answer
+        reader_busy_ = false;
+        MaybeReadLocked();
+        return;
+      }
       ++pending_;
     }
+    // Outside the lock: Infer may answer at once (a rejected request), which re-enters
+    // Enqueue. The reader stays busy until the request is submitted, so submissions keep
+    // the stream's order (kv_attention sequences depend on it).
     const inference::ModelInferRequest& r = *req;
     server_->Infer(r, SteadyDeadline(ctx_), [this] { return ctx_->IsCancelled(); },
                    [this, req = std::shared_ptr<inference::ModelInferRequest>(std::move(req))](const absl::Status& st,
@@ -217,41 +235,79 @@ class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferReques
                      }
                      Enqueue(std::move(out));
                    });
-    NextRead();
+    std::lock_guard<std::mutex> l(mu_);
+    reader_busy_ = false;
+    MaybeReadLocked();
   }
 
   void OnWriteDone(bool ok) override {
     std::lock_guard<std::mutex> l(mu_);
+    queued_bytes_ -= writes_.front().bytes;
     writes_.pop_front();
-    if (!ok) write_failed_ = true;
     --pending_;
-    if (!writes_.empty() && !write_failed_) {
-      StartWrite(writes_.front().get());
-    } else if (write_failed_) {
-      pending_ -= int(writes_.size());
+    if (!ok) dead_ = true;
+    if (dead_) {
+      pending_ -= int64_t(writes_.size());
       writes_.clear();
+      queued_bytes_ = 0;
+    } else if (!writes_.empty()) {
+      StartWrite(writes_.front().response.get());
     }
+    MaybeReadLocked();
     MaybeFinishLocked();
   }
 
-  void OnCancel() override {}
-  void OnDone() override { delete this; }
+  // A cancelled call delivers nothing more; resume reading (if paused) so that the
+  // failed read ends the stream once the answers in flight are dropped.
+  void OnCancel() override {
+    std::lock_guard<std::mutex> l(mu_);
+    dead_ = true;
+    MaybeReadLocked();
+  }
+
+  // Finish may be called from a worker thread (in Enqueue) under mu_: wait for it to let go.
+  void OnDone() override {
+    { std::lock_guard<std::mutex> l(mu_); }
+    delete this;
+  }
 
  private:
-  void NextRead() {
+  struct Answer {
+    std::unique_ptr<inference::ModelStreamInferResponse> response;
+    int64_t bytes;
+  };
+
+  // Starts the next read unless one is outstanding, the client has half-closed, or the
+  // stream is at its limits. With nothing pending it always reads, so an answer larger than
+  // max_bytes cannot stall the stream. A dead stream reads on regardless: its reads fail at once.
+  void MaybeReadLocked() {
+    if (reader_busy_ || reads_done_ || finished_) return;
+    if (!dead_ && pending_ > 0) {
+      // Before the first answer, its size is unknown: admit at most 8 such requests' worth.
+      const int64_t each = largest_answer_ > 0 ? largest_answer_ : std::max<int64_t>(1, limits_.max_bytes / 8);
+      const int64_t computing = pending_ - int64_t(writes_.size());
+      const int64_t room = limits_.max_bytes - queued_bytes_;  // computing * each must stay below it
+      if (pending_ >= limits_.max_answers || room <= 0 || computing >= (room + each - 1) / each) return;
+    }
+    reader_busy_ = true;
     reading_ = std::make_unique<inference::ModelInferRequest>();
     StartRead(reading_.get());
   }
 
   void Enqueue(std::unique_ptr<inference::ModelStreamInferResponse> r) {
     std::lock_guard<std::mutex> l(mu_);
-    if (write_failed_) {
+    if (dead_) {
       --pending_;
+      MaybeReadLocked();
       MaybeFinishLocked();
       return;
     }
-    writes_.push_back(std::move(r));
-    if (writes_.size() == 1) StartWrite(writes_.front().get());
+    const int64_t bytes = int64_t(r->ByteSizeLong());
+    largest_answer_ = std::max(largest_answer_, bytes);
+    queued_bytes_ += bytes;
+    writes_.push_back({std::move(r), bytes});
+    if (writes_.size() == 1) StartWrite(writes_.front().response.get());
+    MaybeReadLocked();  // the answer's real size may be below the estimate it was admitted at
   }
 
   void MaybeFinishLocked() {
@@ -262,11 +318,15 @@ class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferReques
 
   grpc::CallbackServerContext* ctx_;
   InferenceServer* server_;
-  std::unique_ptr<inference::ModelInferRequest> reading_;
+  const StreamLimits limits_;
   std::mutex mu_;
-  std::deque<std::unique_ptr<inference::ModelStreamInferResponse>> writes_;
-  int pending_ = 0;
-  bool reads_done_ = false, write_failed_ = false, finished_ = false;
+  std::unique_ptr<inference::ModelInferRequest> reading_;
+  std::deque<Answer> writes_;  // the front one is being written
+  int64_t pending_ = 0;        // requests read and submitted, not yet written or dropped
+  int64_t queued_bytes_ = 0;   // serialized size of `writes_`
+  int64_t largest_answer_ = 0;
+  bool reader_busy_ = false;   // a read is outstanding, or its request is being submitted
+  bool reads_done_ = false, dead_ = false, finished_ = false;
 };
 
 class RejectStream : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
@@ -286,7 +346,7 @@ GrpcInferenceService::ModelStreamInfer(grpc::CallbackServerContext* ctx) {
   }
   InferenceServer* s = server_.load();
   if (!s || !ready_.load()) return new RejectStream(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is not ready"));
-  return new StreamReactor(ctx, s);
+  return new StreamReactor(ctx, s, stream_limits_);
 }
 
 }  // namespace flashq::server

@@ -11,6 +11,18 @@
 
 namespace flashq::server {
 
+// Per ModelStreamInfer call: the server stops reading a stream's requests while it holds
+// `max_answers` of them unanswered (queued, computing or waiting to be written), or while its
+// answers waiting to be written, plus those still computing counted at the largest answer the
+// stream has produced, reach `max_bytes`. With nothing unanswered it always reads one more. A
+// client that stops reading then stalls in HTTP/2 flow control instead of filling server
+// memory. A client that writes all its requests before reading any can have that many (plus
+// what the HTTP/2 window holds) outstanding before its writes block.
+struct StreamLimits {
+  int64_t max_answers = 128;
+  int64_t max_bytes = int64_t(32) << 20;
+};
+
 class GrpcInferenceService final : public inference::GRPCInferenceService::CallbackService {
  public:
   explicit GrpcInferenceService(std::string version) : version_(std::move(version)) {}
@@ -25,6 +37,8 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
     auth_ = auth;
     auth_inference_ = inference;
   }
+  // Set before the server starts; both limits at least 1.
+  void SetStreamLimits(const StreamLimits& limits) { stream_limits_ = limits; }
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext*, const inference::ServerLiveRequest*,
                                        inference::ServerLiveResponse*) override;
@@ -56,6 +70,7 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
   std::atomic<bool> ready_{false};
   const TokenAuth* auth_ = nullptr;
   bool auth_inference_ = true;
+  StreamLimits stream_limits_;
 };
 
 // Moves a finished work's outputs into a response (raw_output_contents).

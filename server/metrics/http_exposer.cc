@@ -1,6 +1,6 @@
-// A deliberately small HTTP/1.1 server: one thread, one connection at a time,
-// "Connection: close" after each response. Scrapes are a few per second at most,
-// so nothing more is needed; see http_exposer.h for why we do not use civetweb.
+// A deliberately small HTTP/1.1 server: one thread, one poll() loop over non-blocking sockets,
+// one request per connection and "Connection: close" after it. See http_exposer.h for why it is
+// not a library and what the deadlines and the connection cap are for.
 #include "server/metrics/http_exposer.h"
 
 #include <fcntl.h>
@@ -8,11 +8,12 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include <prometheus/text_serializer.h>
 
@@ -21,24 +22,13 @@
 namespace flashq::server {
 namespace {
 
-constexpr int kRequestTimeoutMs = 5000;   // a client that sends nothing is dropped after this
-constexpr size_t kMaxRequestBytes = 16 << 10;
+using Clock = std::chrono::steady_clock;
 
-void CloseFd(int* fd) {
-  if (*fd >= 0) ::close(*fd);
-  *fd = -1;
-}
-
-bool SendAll(int fd, const std::string& data) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    off += size_t(n);
-  }
-  return true;
-}
+// After EMFILE/ENFILE with nothing to evict, stop accepting for this long instead of spinning
+// on a listening socket that stays readable.
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
+// After its answer, a connection is drained of unread input for at most this long.
+constexpr auto kDrainTime = std::chrono::milliseconds(500);
 
 std::string Response(int code, const char* reason, const std::string& content_type, const std::string& body,
                      bool head_only) {
@@ -48,12 +38,78 @@ std::string Response(int code, const char* reason, const std::string& content_ty
   return r;
 }
 
+bool HeadComplete(const std::string& in) {
+  return in.find("\r\n\r\n") != std::string::npos || in.find("\n\n") != std::string::npos;
+}
+
+struct Connection {
+  enum State { kReading, kWriting, kDraining };
+  int fd = -1;
+  State state = kReading;
+  Clock::time_point deadline;  // of the current state
+  std::string in, out;
+  size_t sent = 0;
+};
+
+void Close(Connection& c) {
+  if (c.fd >= 0) ::close(c.fd);
+  c.fd = -1;
+}
+
+// Reads what is there into c.in, up to `limit`. False: close the connection (EOF, error).
+bool ReadSome(Connection& c, size_t limit) {
+  char buf[4096];
+  while (c.in.size() < limit) {
+    ssize_t n = ::recv(c.fd, buf, std::min(sizeof buf, limit - c.in.size()), 0);
+    if (n > 0) {
+      c.in.append(buf, size_t(n));
+      if (HeadComplete(c.in)) return true;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+  return true;
+}
+
+// Writes what the socket takes. False: close the connection (error).
+bool WriteSome(Connection& c) {
+  while (c.sent < c.out.size()) {
+    ssize_t n = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      c.sent += size_t(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+  return true;
+}
+
+// Discards what the client still sends, 64 KB a turn at most. False: close the connection
+// (EOF, error).
+bool Drain(Connection& c) {
+  char buf[4096];
+  for (int i = 0; i < 16; ++i) {
+    ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+    if (n > 0) continue;
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry) {
+    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+    const MetricsHttpOptions& options) {
   const std::string where = absl::StrCat(host, ":", port);
   if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat("metrics: bad port in ", where));
+  if (options.max_connections < 1 || options.head_timeout.count() <= 0 || options.write_timeout.count() <= 0 ||
+      options.max_request_bytes < 16) {
+    return absl::InvalidArgumentError("metrics: connection cap, timeouts and request size must be positive");
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -66,6 +122,7 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->registry_ = std::move(registry);
+  server->options_ = options;
   std::string last_error = "no address";
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
     int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
@@ -75,7 +132,7 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     }
     int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, 64) == 0) {
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0) {
       server->listen_fd_ = fd;
       break;
     }
@@ -106,72 +163,146 @@ MetricsHttpServer::~MetricsHttpServer() {
     [[maybe_unused]] ssize_t n = ::write(wake_fd_[1], &c, 1);
   }
   if (thread_.joinable()) thread_.join();
-  CloseFd(&listen_fd_);
-  CloseFd(&wake_fd_[0]);
-  CloseFd(&wake_fd_[1]);
+  for (int* fd : {&listen_fd_, &wake_fd_[0], &wake_fd_[1]}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
+}
+
+std::string MetricsHttpServer::Answer(const std::string& in) const {
+  if (!HeadComplete(in)) {
+    return Response(431, "Request Header Fields Too Large", "text/plain", "request too large\n", false);
+  }
+  // Request line: METHOD SP TARGET SP VERSION
+  const std::string line = in.substr(0, in.find_first_of("\r\n"));
+  const size_t sp1 = line.find(' ');
+  const size_t sp2 = sp1 == std::string::npos ? std::string::npos : line.find(' ', sp1 + 1);
+  const std::string method = line.substr(0, sp1);
+  std::string target = sp1 == std::string::npos ? "" : line.substr(sp1 + 1, sp2 - sp1 - 1);
+  target = target.substr(0, target.find('?'));
+  const bool head = method == "HEAD";
+  if (method != "GET" && !head) return Response(405, "Method Not Allowed", "text/plain", "only GET\n", false);
+  if (target == "/metrics") {
+    std::string body = prometheus::TextSerializer().Serialize(registry_->Collect());
+    return Response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", body, head);
+  }
+  if (target == "/healthz") return Response(200, "OK", "text/plain", "ok", head);
+  return Response(404, "Not Found", "text/plain", "not found; try /metrics\n", head);
 }
 
 void MetricsHttpServer::Loop() {
+  std::vector<Connection> conns;  // in accept order: the front is the oldest
+  std::vector<pollfd> fds;
+  Clock::time_point accept_paused_until{};
+  const size_t cap = size_t(options_.max_connections);
+  const size_t accepts_per_turn = std::max<size_t>(1, cap / 2);  // a fresh probe is read before it can be evicted
+
+  // Sends what it can; once all is sent, half-closes and drains: closing a socket with unread
+  // input (an oversized head, pipelined bytes) resets it, and the client may lose the answer.
+  auto write = [&](Connection& c) {
+    if (!WriteSome(c)) return Close(c);
+    if (c.sent < c.out.size()) return;
+    ::shutdown(c.fd, SHUT_WR);
+    c.state = Connection::kDraining;
+    c.deadline = std::min(c.deadline, Clock::now() + kDrainTime);
+    c.out.clear();
+  };
+  auto respond = [&](Connection& c) {
+    c.out = Answer(c.in);
+    c.in.clear();
+    c.state = Connection::kWriting;
+    c.deadline = Clock::now() + options_.write_timeout;
+    write(c);
+  };
+  // Makes room for one more connection. A scrape or probe sends its head at once, so the oldest
+  // connection still reading goes first, then one that has its answer, then the oldest writer.
+  auto evict_one = [&]() -> bool {
+    for (Connection::State state : {Connection::kReading, Connection::kDraining, Connection::kWriting}) {
+      auto it = std::find_if(conns.begin(), conns.end(),
+                             [state](const Connection& c) { return c.fd >= 0 && c.state == state; });
+      if (it == conns.end()) continue;
+      Close(*it);
+      conns.erase(it);
+      return true;
+    }
+    return false;
+  };
+  auto erase_closed = [&] {
+    conns.erase(std::remove_if(conns.begin(), conns.end(), [](const Connection& c) { return c.fd < 0; }), conns.end());
+  };
+
   while (!stop_.load()) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_[0], POLLIN, 0}};
-    int n = ::poll(fds, 2, -1);
+    auto now = Clock::now();
+    for (Connection& c : conns) {
+      if (now >= c.deadline) Close(c);
+    }
+    erase_closed();
+
+    const bool accepting = now >= accept_paused_until;
+    Clock::time_point wake = Clock::time_point::max();
+    for (const Connection& c : conns) wake = std::min(wake, c.deadline);
+    if (!accepting) wake = std::min(wake, accept_paused_until);
+    int timeout_ms = -1;
+    if (wake != Clock::time_point::max()) {
+      timeout_ms = int(std::chrono::ceil<std::chrono::milliseconds>(wake - now).count());
+      timeout_ms = std::max(timeout_ms, 0);
+    }
+
+    fds.clear();
+    fds.push_back({wake_fd_[0], POLLIN, 0});
+    fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});  // poll ignores a negative fd
+    for (const Connection& c : conns) {
+      fds.push_back({c.fd, short(c.state == Connection::kWriting ? POLLOUT : POLLIN), 0});
+    }
+    int n = ::poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return;
+      break;
     }
-    if (fds[1].revents != 0 || stop_.load()) return;
-    if ((fds[0].revents & POLLIN) == 0) continue;
-    int client = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (client < 0) continue;  // EAGAIN (another poller won), ECONNABORTED, EMFILE: try again later
-    timeval send_timeout{kRequestTimeoutMs / 1000, 0};  // a client that stops reading is dropped too
-    ::setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
+    if (fds[0].revents != 0 || stop_.load()) break;
 
-    // Read the request head; a slow or silent client must not stall shutdown.
-    std::string req;
-    bool ok = false;
-    while (!stop_.load() && req.size() < kMaxRequestBytes) {
-      pollfd cf[2] = {{client, POLLIN, 0}, {wake_fd_[0], POLLIN, 0}};
-      int r = ::poll(cf, 2, kRequestTimeoutMs);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0 || cf[1].revents != 0) break;
-      char buf[4096];
-      ssize_t got = ::recv(client, buf, sizeof buf, 0);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) break;
-      req.append(buf, size_t(got));
-      if (req.find("\r\n\r\n") != std::string::npos || req.find("\n\n") != std::string::npos) {
-        ok = true;
-        break;
+    // Open connections first, then new ones: a probe accepted last turn is answered before
+    // an accept can evict it.
+    for (size_t i = 0; i < conns.size(); ++i) {
+      Connection& c = conns[i];
+      if (fds[i + 2].revents == 0) continue;
+      switch (c.state) {
+        case Connection::kReading:
+          if (!ReadSome(c, options_.max_request_bytes)) {
+            Close(c);
+          } else if (HeadComplete(c.in) || c.in.size() >= options_.max_request_bytes) {
+            respond(c);
+          }
+          break;
+        case Connection::kWriting:
+          write(c);
+          break;
+        case Connection::kDraining:
+          if (!Drain(c)) Close(c);
+          break;
       }
     }
-    if (ok) {
-      // Request line: METHOD SP TARGET SP VERSION
-      const size_t eol = req.find_first_of("\r\n");
-      const std::string line = req.substr(0, eol);
-      const size_t sp1 = line.find(' ');
-      const size_t sp2 = sp1 == std::string::npos ? std::string::npos : line.find(' ', sp1 + 1);
-      std::string method = line.substr(0, sp1);
-      std::string target = sp1 == std::string::npos ? "" : line.substr(sp1 + 1, sp2 - sp1 - 1);
-      target = target.substr(0, target.find('?'));
-      const bool head = method == "HEAD";
-      std::string resp;
-      if (method != "GET" && !head) {
-        resp = Response(405, "Method Not Allowed", "text/plain", "only GET\n", false);
-      } else if (target == "/metrics") {
-        std::string body = prometheus::TextSerializer().Serialize(registry_->Collect());
-        resp = Response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", body, head);
-      } else if (target == "/healthz") {
-        resp = Response(200, "OK", "text/plain", "ok", head);
-      } else {
-        resp = Response(404, "Not Found", "text/plain", "not found; try /metrics\n", head);
+    erase_closed();
+
+    if ((fds[1].revents & POLLIN) == 0) continue;
+    for (size_t k = 0; k < accepts_per_turn; ++k) {
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if ((errno == EMFILE || errno == ENFILE) && evict_one()) continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          accept_paused_until = Clock::now() + kAcceptBackoff;
+        }
+        break;  // EAGAIN: nothing more waiting
       }
-      SendAll(client, resp);
-    } else if (req.size() >= kMaxRequestBytes) {
-      SendAll(client, Response(431, "Request Header Fields Too Large", "text/plain", "request too large\n", false));
+      if (conns.size() >= cap) evict_one();
+      Connection c;
+      c.fd = fd;
+      c.deadline = Clock::now() + options_.head_timeout;
+      conns.push_back(std::move(c));
     }
-    ::shutdown(client, SHUT_WR);
-    ::close(client);
   }
+  for (Connection& c : conns) Close(c);
 }
 
 }  // namespace flashq::server

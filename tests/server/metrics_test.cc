@@ -1,9 +1,12 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -37,6 +40,29 @@ std::string Get(int port, const std::string& path) {
 }
 
 bool Has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+int Connect(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// True when the server has closed `fd` (EOF or reset) within `ms`.
+bool ClosedByServer(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, ms) <= 0) return false;
+  char c;
+  return ::recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+}
+
+using Clock = std::chrono::steady_clock;
 
 TEST(MetricsTest, ExposerServesRegistry) {
   auto registry = std::make_shared<prometheus::Registry>();
@@ -101,6 +127,74 @@ TEST(MetricsTest, ExposerServesRegistry) {
   server->reset();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
   ::close(idle);
+}
+
+TEST(MetricsTest, ScrapeAnswersWhileConnectionsStallAtTheCap) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  MetricsHttpOptions options;
+  options.max_connections = 4;
+  options.head_timeout = std::chrono::milliseconds(2000);
+  auto server = MetricsHttpServer::Start("127.0.0.1", 0, registry, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::vector<int> idle;
+  for (int i = 0; i < 10; ++i) {
+    idle.push_back(Connect(port));
+    ASSERT_GE(idle.back(), 0);
+  }
+  const std::string partial = "GET /metrics HTTP/1.1\r\nHost: x\r\n";  // never finished
+  ASSERT_EQ(::send(idle.back(), partial.data(), partial.size(), MSG_NOSIGNAL), ssize_t(partial.size()));
+  usleep(100 * 1000);
+  const auto t0 = Clock::now();
+  const std::string r = Get(port, "/healthz");
+  EXPECT_TRUE(Has(r, "HTTP/1.1 200 OK")) << r;
+  EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(500));
+  // Over the cap, the oldest connections still reading were evicted; at most the cap stay open.
+  int closed = 0;
+  for (int fd : idle) closed += ClosedByServer(fd, 10);
+  EXPECT_GE(closed, 10 - options.max_connections);
+  EXPECT_TRUE(ClosedByServer(idle[0], 0)) << "the oldest goes first";
+  for (int fd : idle) ::close(fd);
+}
+
+TEST(MetricsTest, WholeRequestDeadlineClosesATricklingClient) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  MetricsHttpOptions options;
+  options.head_timeout = std::chrono::milliseconds(300);
+  auto server = MetricsHttpServer::Start("127.0.0.1", 0, registry, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int fd = Connect((*server)->port());
+  ASSERT_GE(fd, 0);
+  // One byte every 50 ms: never idle for long, but the head is never complete.
+  const std::string head = "GET /metrics HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+  const auto t0 = Clock::now();
+  bool closed = false;
+  for (size_t i = 0; i < head.size() && !closed; ++i) {
+    if (::send(fd, &head[i], 1, MSG_NOSIGNAL) != 1) break;
+    closed = ClosedByServer(fd, 50);
+  }
+  closed = closed || ClosedByServer(fd, 500);
+  const auto took = Clock::now() - t0;
+  EXPECT_TRUE(closed);
+  EXPECT_GE(took, std::chrono::milliseconds(250));
+  EXPECT_LT(took, std::chrono::milliseconds(1000));
+  ::close(fd);
+}
+
+TEST(MetricsTest, HeadAndOversizedRequests) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  ServerMetrics metrics(registry);
+  metrics.CountRequest("lin", "OK");
+  auto server = MetricsHttpServer::Start("127.0.0.1", 0, registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  const std::string head = HttpRequest(port, "HEAD /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(Has(head, "HTTP/1.1 200 OK")) << head;
+  EXPECT_FALSE(Has(head, "Content-Length: 0\r\n")) << head;
+  EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n") << "headers only";
+  const std::string big = "GET /metrics HTTP/1.1\r\nX-Big: " + std::string(20 << 10, 'a') + "\r\n\r\n";
+  EXPECT_TRUE(Has(HttpRequest(port, big), "HTTP/1.1 431")) << "a head over 16 KiB";
+  EXPECT_TRUE(Has(Get(port, "/metrics?x=1"), "flashq_requests_total")) << "query strings are ignored";
 }
 
 TEST(MetricsTest, BindFailureNamesHostAndPort) {
