@@ -4,7 +4,8 @@ FP8 W8A16 and FP8 W8A8 (per-channel and per-tensor weight scales). For each laye
 concurrent clients send requests of a few rows at once (FP16 and BF16), the server
 merges them (checked through flashq_batch_requests), and every output is bitwise equal
 to that of the same request sent alone; outputs also match a float64 reference built
-from the checkpoint's integers and scales here (shares no code with the server)."""
+from the checkpoint's integers and scales here (shares no code with the server). A
+second server with --batch-invariant=false merges the same way and stays correct."""
 import json
 import pathlib
 import struct
@@ -110,7 +111,8 @@ LAYERS = {
 
 
 @pytest.fixture(scope="module")
-def linear_server(start_server):
+def repository():
+    """The layers above, written once: (folder, {name: float64 W [K, N]})."""
     root = pathlib.Path(TEST_TMP) / "linear-batching-repo"
     rng = np.random.default_rng(9100)
     weights = {}
@@ -120,8 +122,22 @@ def linear_server(start_server):
         params, w = write(d, rng)
         (d / "config.pbtxt").write_text(_config(name, k, n, params))
         weights[name] = w
+    return root, weights
+
+
+@pytest.fixture(scope="module")
+def linear_server(start_server, repository):
+    root, weights = repository
     # A queue delay long enough that clients starting together share batches.
     s = start_server(f"--model-repository={root}", "--max-queue-delay-us=50000", name="linear-batching")
+    return s, weights
+
+
+@pytest.fixture(scope="module")
+def fast_server(start_server, repository):
+    root, weights = repository
+    s = start_server(f"--model-repository={root}", "--max-queue-delay-us=50000", "--batch-invariant=false",
+                     name="linear-fast")
     return s, weights
 
 
@@ -146,26 +162,30 @@ def batches(s, model):
             metric(samples, "flashq_batch_requests_count", model=model))
 
 
-@pytest.mark.parametrize("model", list(LAYERS))
-def test_merged_requests_match_alone_bitwise(linear_server, model):
-    s, weights = linear_server
-    _, k, n = LAYERS[model]
-    rng = np.random.default_rng(9200 + list(LAYERS).index(model))
-    # Half FP16, half BF16: each dtype is its own batch key, so both get merged batches.
+def random_requests(model, seed):
+    """N_CLIENTS requests of 1..6 rows, half FP16 and half BF16 (each dtype is its own batch
+    key, so both get merged batches)."""
+    _, k, _ = LAYERS[model]
+    rng = np.random.default_rng(seed + list(LAYERS).index(model))
     reqs = []
     for i in range(N_CLIENTS):
         dtype = "FP16" if i % 2 == 0 else "BF16"
-        m = int(rng.integers(1, 7))
-        reqs.append((round_to(rng.standard_normal((m, k)), dtype), dtype))
+        reqs.append((round_to(rng.standard_normal((int(rng.integers(1, 7)), k)), dtype), dtype))
+    return reqs
+
+
+def send_together(s, model, reqs):
+    """Every request from its own client at once; asserts the server merged them.
+    Returns the raw outputs and the number of batches."""
     clients = [grpcclient.InferenceServerClient(s.url) for _ in reqs]
-    merged, errors = [None] * len(reqs), []
+    out, errors = [None] * len(reqs), []
     barrier = threading.Barrier(len(reqs))
     r0, b0 = batches(s, model)
 
     def run(i):
         try:
             barrier.wait(timeout=60)
-            merged[i] = infer(clients[i], model, *reqs[i])
+            out[i] = infer(clients[i], model, *reqs[i])
         except Exception as e:  # reported below
             errors.append((i, repr(e)))
 
@@ -174,21 +194,19 @@ def test_merged_requests_match_alone_bitwise(linear_server, model):
         t.start()
     for t in threads:
         t.join(timeout=240)
+    for c in clients:
+        c.close()
     assert not errors, errors
     r1, b1 = batches(s, model)
     assert r1 - r0 == len(reqs), f"{r1 - r0} requests executed, expected {len(reqs)}"
     assert (r1 - r0) / (b1 - b0) >= 2, f"{model}: {r1 - r0} requests in {b1 - b0} batches: not merged"
+    return out, b1 - b0
 
-    solo = grpcclient.InferenceServerClient(s.url)
-    alone = [infer(solo, model, *r) for r in reqs]
-    r2, b2 = batches(s, model)
-    assert r2 - r1 == b2 - b1 == len(reqs), f"alone phase: {r2 - r1} requests in {b2 - b1} batches"
-    differ = [i for i in range(len(reqs)) if merged[i] != alone[i]]
-    assert not differ, f"{model}: requests whose merged output differs from the alone one: {differ}"
 
-    w = weights[model]
-    for i, (x, dtype) in enumerate(reqs):
-        y = decode(merged[i], dtype, x.shape[0], n)
+def check_reference(model, w, reqs, raws):
+    n = LAYERS[model][2]
+    for i, ((x, dtype), raw) in enumerate(zip(reqs, raws)):
+        y = decode(raw, dtype, x.shape[0], n)
         ref = x.astype(np.float64) @ w
         if model.startswith("fp8_w8a8"):
             # W8A8 also quantizes X to E4M3 (per row): a relative-norm bound.
@@ -197,6 +215,31 @@ def test_merged_requests_match_alone_bitwise(linear_server, model):
         else:
             tol = 1.6e-2  # the dequantized weight may pass through the activation dtype
             assert_close(y, ref, dtype, f"{model} request {i}", atol=tol * np.sqrt(np.mean(ref ** 2)), rtol=tol)
-    print(f"{model}: {r1 - r0} requests in {b1 - b0} batches ({(r1 - r0) / (b1 - b0):.1f} per batch); equal alone")
-    for c in clients + [solo]:
-        c.close()
+
+
+@pytest.mark.parametrize("model", list(LAYERS))
+def test_merged_requests_match_alone_bitwise(linear_server, model):
+    s, weights = linear_server
+    reqs = random_requests(model, 9200)
+    merged, n_batches = send_together(s, model, reqs)
+
+    solo = grpcclient.InferenceServerClient(s.url)
+    r1, b1 = batches(s, model)
+    alone = [infer(solo, model, *r) for r in reqs]
+    solo.close()
+    r2, b2 = batches(s, model)
+    assert r2 - r1 == b2 - b1 == len(reqs), f"alone phase: {r2 - r1} requests in {b2 - b1} batches"
+    differ = [i for i in range(len(reqs)) if merged[i] != alone[i]]
+    assert not differ, f"{model}: requests whose merged output differs from the alone one: {differ}"
+    check_reference(model, weights[model], reqs, merged)
+    print(f"{model}: {len(reqs)} requests in {n_batches:.0f} batches; equal alone")
+
+
+@pytest.mark.parametrize("model", list(LAYERS))
+def test_batch_invariant_false_merges_and_is_correct(fast_server, model):
+    """--batch-invariant=false (faster paths that may depend on the batch): the server
+    starts, merges, and every output still matches the float64 reference."""
+    s, weights = fast_server
+    reqs = random_requests(model, 9300)
+    merged, _ = send_together(s, model, reqs)
+    check_reference(model, weights[model], reqs, merged)
