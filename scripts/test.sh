@@ -39,5 +39,5 @@ if [ "$rc" = 0 ] && { [ -z "$total" ] || [ "$total" -le "$skipped" ]; }; then
   echo "test: no test ran (${total:-0} selected, $skipped skipped)"
   rc=1
 fi
-echo "test: $( [ $rc = 0 ] && echo PASSED || echo "FAILED (ctest exit $rc)" ) in $(( $(date +%s) - start ))s"
+echo "test: $( [ $rc = 0 ] && echo PASSED || echo "FAILED (exit $rc)" ) in $(( $(date +%s) - start ))s"
 exit $rc
