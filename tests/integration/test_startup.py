@@ -1,5 +1,7 @@
 """Start-up and shutdown of the real server process. Runs first (a ctest fixture):
-its first start generates the demo repository into the shared cache folder."""
+its first start generates the demo repository into the shared cache folder. Every
+flag that --help lists parses with its documented default, rejects a bad value, and
+the server starts with all of them given at once."""
 import glob
 import os
 import re
@@ -25,6 +27,41 @@ def test_help_lists_flags():
     text = out.stdout + out.stderr
     missing = [f for f in FLAGS if f.lstrip("-") not in text]
     assert not missing, f"--help does not document {missing}:\n{text[:3000]}"
+
+
+def test_first_start_generates_demo_repository():
+    t0 = time.monotonic()
+    s = ServerProcess(name="startup").start()
+    try:
+        first = time.monotonic() - t0
+        c = grpcclient.InferenceServerClient(s.url)
+        assert c.is_server_live() and c.is_server_ready()
+        for m in DEMO_MODELS:
+            assert c.is_model_ready(m), f"demo model {m} not ready"
+        files = glob.glob(os.path.join(DEMO_CACHE, "**", "*.safetensors"), recursive=True)
+        assert files, f"no safetensors files under {DEMO_CACHE}"
+        configs = glob.glob(os.path.join(DEMO_CACHE, "**", "config.pbtxt"), recursive=True)
+        assert len(configs) >= len(DEMO_MODELS), f"config.pbtxt files under {DEMO_CACHE}: {configs}"
+    finally:
+        s.assert_clean_stop(signal.SIGTERM)
+    print(f"first start (demo repository generation included): {first:.1f}s")
+
+
+def test_restart_reuses_cache_and_sigint_exits_0():
+    t0 = time.monotonic()
+    s = ServerProcess(name="restart").start()
+    second = time.monotonic() - t0
+    try:
+        assert grpcclient.InferenceServerClient(s.url).is_server_ready()
+    finally:
+        s.assert_clean_stop(signal.SIGINT)
+    print(f"second start (cached demo repository): {second:.1f}s")
+    assert second < 60, f"start with a cached demo repository took {second:.1f}s"
+
+
+def test_bad_flag_fails():
+    out = subprocess.run([SERVER_BIN, "--no-such-flag=1"], capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0
 
 
 def help_flags():
@@ -86,38 +123,3 @@ def test_server_starts_with_every_help_flag_at_its_default():
         assert given >= {f"--{n}" for n in HELP_FLAGS}, sorted({f"--{n}" for n in HELP_FLAGS} - given)
     finally:
         s.assert_clean_stop(signal.SIGTERM)
-
-
-def test_first_start_generates_demo_repository():
-    t0 = time.monotonic()
-    s = ServerProcess(name="startup").start()
-    try:
-        first = time.monotonic() - t0
-        c = grpcclient.InferenceServerClient(s.url)
-        assert c.is_server_live() and c.is_server_ready()
-        for m in DEMO_MODELS:
-            assert c.is_model_ready(m), f"demo model {m} not ready"
-        files = glob.glob(os.path.join(DEMO_CACHE, "**", "*.safetensors"), recursive=True)
-        assert files, f"no safetensors files under {DEMO_CACHE}"
-        configs = glob.glob(os.path.join(DEMO_CACHE, "**", "config.pbtxt"), recursive=True)
-        assert len(configs) >= len(DEMO_MODELS), f"config.pbtxt files under {DEMO_CACHE}: {configs}"
-    finally:
-        s.assert_clean_stop(signal.SIGTERM)
-    print(f"first start (demo repository generation included): {first:.1f}s")
-
-
-def test_restart_reuses_cache_and_sigint_exits_0():
-    t0 = time.monotonic()
-    s = ServerProcess(name="restart").start()
-    second = time.monotonic() - t0
-    try:
-        assert grpcclient.InferenceServerClient(s.url).is_server_ready()
-    finally:
-        s.assert_clean_stop(signal.SIGINT)
-    print(f"second start (cached demo repository): {second:.1f}s")
-    assert second < 60, f"start with a cached demo repository took {second:.1f}s"
-
-
-def test_bad_flag_fails():
-    out = subprocess.run([SERVER_BIN, "--no-such-flag=1"], capture_output=True, text=True, timeout=30)
-    assert out.returncode != 0
