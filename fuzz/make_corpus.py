@@ -2,9 +2,12 @@
 """Writes the seed corpus of fuzz/request_fuzzer.cc: serialized ModelInferRequest
 messages as real clients send them (tritonclient's protobuf classes), for the fuzzer's
 small models: attention (head dims 8/16), kv_attention (4/2 heads, D=8), lin (K=16).
-Valid requests of every shape family plus a few typical mistakes.
+Valid requests of every shape family, a few typical mistakes, and shapes at the int32 /
+int64 edges with empty or short payloads. Also writes the fuzz gate's self-test input
+(fuzz/selftest/: a request that the harness aborts on when FLASHQ_FUZZ_PLANTED_CRASH
+is set), which must never be part of the corpus.
 
-    .venv/bin/python fuzz/make_corpus.py fuzz/corpus
+    .venv/bin/python fuzz/make_corpus.py fuzz/corpus fuzz/selftest
 """
 import hashlib
 import pathlib
@@ -73,6 +76,16 @@ def kv(n, seq, start=False, end=False, dtype="FP16", string_id=False):
     return r
 
 
+def shaped(req, name, dtype, shape, raw=b""):
+    """An input with any shape and exactly the given raw bytes (no check that they match)."""
+    t = req.inputs.add()
+    t.name = name
+    t.datatype = dtype
+    t.shape.extend(shape)
+    req.raw_input_contents.append(raw)
+    return req
+
+
 def lin(m, dtype="FP16", k=16):
     r = service_pb2.ModelInferRequest(model_name="lin")
     tensor(r, "X", rng.standard_normal((m, k)), dtype)
@@ -105,16 +118,65 @@ def seeds():
     r = service_pb2.ModelInferRequest(model_name="lin")
     tensor(r, "X", rng.standard_normal((2, 16)), "FP32", raw=False)
     yield "lin_typed", r
+    # Shapes at the int32 / int64 edges. A dim of 0 makes the tensor empty, so 0 bytes
+    # match any other dims: only the model's own checks stand between them and compute.
+    i32_min, u32_max, i64_max = 2**31, 2**32 - 1, 2**63 - 1
+    def att(q_shape, kv_shape, dtype="FP16"):
+        r = service_pb2.ModelInferRequest(model_name="attention")
+        for name, shape in (("Q", q_shape), ("K", kv_shape), ("V", kv_shape)):
+            shaped(r, name, dtype, shape)
+        return r
+    # num_heads 2^31 and 2^32-1 narrow to INT_MIN and -1: INT_MIN % -1 traps.
+    yield "attn_heads_int_min_empty", att([0, i32_min, 64], [0, u32_max, 64])
+    yield "attn_heads_int_max_empty", att([0, 2**31 - 1, 16], [0, 1, 16])
+    yield "attn_heads_u32_max_empty", att([0, u32_max, 8], [0, u32_max, 8])
+    yield "attn_empty", att([0, 2, 8], [0, 1, 8])
+    yield "attn_empty_q", shaped(shaped(shaped(service_pb2.ModelInferRequest(model_name="attention"), "Q", "FP16", [0, 2, 8]),
+                                        "K", "FP16", [1, 1, 8], b"\x00\x3c" * 8), "V", "FP16", [1, 1, 8], b"\x00\x3c" * 8)
+    yield "attn_tokens_i64_max", att([i64_max, 2, 8], [i64_max, 1, 8])
+    yield "attn_headdim_i64_max_empty", att([0, 2, i64_max], [0, 1, i64_max])
+    r = attention(4, 4, 2, 1, 8, cu_q=[0, 2**31 - 1], cu_k=[0, 4])
+    yield "attn_cu_int_max", r
+    r = service_pb2.ModelInferRequest(model_name="kv_attention")
+    for name, shape in (("Q", [0, 4, 8]), ("K", [0, 2, 8]), ("V", [0, 2, 8])):
+        shaped(r, name, "FP16", shape)
+    r.parameters["sequence_id"].uint64_param = 21
+    r.parameters["sequence_start"].bool_param = True
+    yield "kv_empty_start", r
+    r = service_pb2.ModelInferRequest(model_name="kv_attention")
+    for name, shape in (("Q", [u32_max, 4, 8]), ("K", [u32_max, 2, 8]), ("V", [u32_max, 2, 8])):
+        shaped(r, name, "FP16", shape, b"\x00\x3c" * 4)
+    r.parameters["sequence_id"].uint64_param = 22
+    r.parameters["sequence_start"].bool_param = True
+    yield "kv_tokens_u32_max", r
+    yield "lin_rows_zero", shaped(service_pb2.ModelInferRequest(model_name="lin"), "X", "FP16", [0, 16])
+    yield "lin_rows_overflow", shaped(service_pb2.ModelInferRequest(model_name="lin"), "X", "FP16", [2**62, 16],
+                                      b"\x00\x3c" * 16)
+    yield "lin_rows_i32_min", shaped(service_pb2.ModelInferRequest(model_name="lin"), "X", "FP16", [i32_min, 16])
 
 
-def main(out):
+def selftest_seeds():
+    """The planted crash: an ordinary `lin` request whose id the harness aborts on when
+    FLASHQ_FUZZ_PLANTED_CRASH is set."""
+    r = lin(2)
+    r.id = "flashq-fuzz-planted-crash"
+    yield "planted_crash", r
+
+
+def write(out, items):
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, req in seeds():
+    for name, req in items:
         data = req.SerializeToString()
         (out / f"{name}-{hashlib.sha1(data).hexdigest()[:8]}").write_bytes(data)
     print(f"wrote {len(list(out.iterdir()))} seeds to {out}")
 
 
+def main(corpus, selftest):
+    write(corpus, seeds())
+    write(selftest, selftest_seeds())
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent / "corpus")
+    here = pathlib.Path(__file__).parent
+    main(sys.argv[1] if len(sys.argv) > 1 else here / "corpus", sys.argv[2] if len(sys.argv) > 2 else here / "selftest")

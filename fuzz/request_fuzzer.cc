@@ -5,13 +5,21 @@
 //         -> Model::Execute alone and merged with copies of itself (batch assembly,
 //            ragged concatenation, output split), checked bitwise: batch invariance
 //         -> InferenceServer::Infer (bounded queue, scheduler, Execute, the one answer)
+//   and, for each parsed request, kVariants copies whose input dims are replaced by
+//   extreme values (0, 1, 2, 2^31-1, 2^31, 2^32-1, 2^63-1; chosen by a hash of the input
+//   bytes), with raw contents resized to match when that is small (empty tensors): the
+//   shape arithmetic of DecodeInputs and every Model::Prepare at its int32/int64 edges.
 //
-// The repository is small and in a temp folder: `attention` (head dims 8 and 16),
+// The repository is small and in a temp folder: `attention` (head dims 8, 16 and 64),
 // `kv_attention` (4/2 heads, head dim 8, 16 blocks of 4 tokens) and `lin` (BF16
 // weights, K=16, N=8), with tight token, tensor-byte and sequence limits so that
 // every input runs in microseconds. Invariants (abort on violation): `done` is
 // called exactly once per Infer; an OK work has one output per requested tensor,
 // whose bytes match shape x datatype; merged and alone outputs are identical.
+//
+// FLASHQ_FUZZ_PLANTED_CRASH=1 makes a request with id "flashq-fuzz-planted-crash" abort:
+// the self-test of the fuzz gate (a known crash input must fail the run). Unset, that
+// id is an ordinary string.
 #include <unistd.h>
 
 #include <condition_variable>
@@ -67,7 +75,7 @@ std::string MakeRepository() {
                         " { name: \"CU_SEQLENS_K\" data_type: TYPE_INT32 dims: [ -1 ] optional: true }\n]\n"
                         "output [\n { name: \"O\" data_type: TYPE_FP16 dims: [ -1, -1, -1 ] },\n"
                         " { name: \"LSE\" data_type: TYPE_FP32 dims: [ -1, -1 ] }\n]\n") +
-                kQueue + Param("kind", "attention") + Param("max_batch_tokens", "64") + Param("head_dims", "8,16") +
+                kQueue + Param("kind", "attention") + Param("max_batch_tokens", "64") + Param("head_dims", "8,16,64") +
                 Param("max_sequences_per_request", "8") + Param("max_tensor_bytes", "16384"));
   WriteText(root / "kv_attention/config.pbtxt",
             std::string("name: \"kv_attention\"\nmax_batch_size: 0\ninput [\n"
@@ -141,20 +149,26 @@ void CheckOutputs(const Work& w) {
 // FLASHQ_FUZZ_TRACE=1: one line per input and path (to check that seeds reach Execute).
 const bool kTrace = std::getenv("FLASHQ_FUZZ_TRACE") != nullptr;
 
-void Direct(const inference::ModelInferRequest& req) {
+// Returns whether Prepare accepted the request.
+bool Direct(const inference::ModelInferRequest& req) {
   auto it = H().direct.find(req.model_name());
-  if (it == H().direct.end()) return;
+  if (it == H().direct.end()) return false;
   Model& m = *it->second;
   auto a = m.Prepare(req);
   if (kTrace) std::fprintf(stderr, "trace: direct %s prepare %s\n", req.model_name().c_str(), a.status().ToString().c_str());
-  if (!a.ok()) return;
+  if (!a.ok()) return false;
   const bool stateful = !(*a)->exclusive_key.empty();
+  // What the scheduler does as the work joins its queue (a kv request reserves its positions).
+  if (absl::Status admitted = m.Admit(**a); !admitted.ok()) {
+    m.Drop(**a, admitted);
+    return true;
+  }
   m.Execute({a->get()});
   if (kTrace) std::fprintf(stderr, "trace: direct %s execute %s\n", req.model_name().c_str(), (*a)->status.ToString().c_str());
   if ((*a)->status.ok()) CheckOutputs(**a);
   if (stateful) {
     m.Tick(std::chrono::steady_clock::now() + std::chrono::hours(1));  // reap: keeps the cache from filling
-    return;
+    return true;
   }
   // The same request merged with itself: each copy's outputs must equal the alone run's.
   auto b = m.Prepare(req), c = m.Prepare(req);
@@ -170,6 +184,7 @@ void Direct(const inference::ModelInferRequest& req) {
       if (w->outputs[i].data != (*a)->outputs[i].data) Fail("batch invariance: merged output differs", w->outputs[i].name);
     }
   }
+  return true;
 }
 
 void Served(const inference::ModelInferRequest& req) {
@@ -196,6 +211,64 @@ void Served(const inference::ModelInferRequest& req) {
   if (answers != 1) Fail("answered more than once");
 }
 
+// ---- extreme shapes -------------------------------------------------------------------
+
+// Where shape arithmetic breaks: empty, tiny, and the int32 / uint32 / int64 limits
+// (2^31 is INT_MIN and 2^32-1 is -1 once narrowed to int).
+constexpr int64_t kExtremeDims[] = {0, 1, 2, INT32_MAX, int64_t(1) << 31, (int64_t(1) << 32) - 1, INT64_MAX};
+constexpr int kVariants = 8;
+constexpr int64_t kMaxResizedBytes = 1 << 16;
+
+uint64_t Mix(uint64_t z) {  // splitmix64's finalizer
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t HashBytes(const uint8_t* data, size_t size) {  // FNV-1a
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < size; ++i) h = (h ^ data[i]) * 0x100000001b3ull;
+  return h;
+}
+
+int64_t DatatypeBytes(const std::string& dt) {
+  if (dt == "FP16" || dt == "BF16" || dt == "INT16" || dt == "UINT16") return 2;
+  if (dt == "FP32" || dt == "INT32" || dt == "UINT32") return 4;
+  if (dt == "FP64" || dt == "INT64" || dt == "UINT64") return 8;
+  return 1;
+}
+
+// The request with its input dims replaced, each by one of kExtremeDims or kept (half
+// the time). Inputs that had the same shape get the same replacement, so that
+// "V has K's shape" style checks pass and the variant reaches the model's own checks.
+// Raw contents follow the new shape when it is at most kMaxResizedBytes (the original
+// bytes repeated; empty for an empty tensor); otherwise they stay, and the decoder
+// must notice the mismatch without overflowing.
+inference::ModelInferRequest ExtremeVariant(const inference::ModelInferRequest& req, uint64_t seed) {
+  inference::ModelInferRequest v = req;
+  for (int i = 0; i < v.inputs_size(); ++i) {
+    auto* t = v.mutable_inputs(i);
+    uint64_t h = seed;
+    for (int64_t d : t->shape()) h = Mix(h ^ uint64_t(d));
+    for (int j = 0; j < t->shape_size(); ++j) {
+      const uint64_t c = Mix(h + uint64_t(j)) % 14;
+      if (c < 7) t->set_shape(j, kExtremeDims[c]);
+    }
+    if (i >= v.raw_input_contents_size()) continue;
+    int64_t bytes = DatatypeBytes(t->datatype());
+    bool fits = true;
+    for (int64_t d : t->shape()) fits = fits && d >= 0 && !__builtin_mul_overflow(bytes, d, &bytes);
+    if (!fits || bytes > kMaxResizedBytes) continue;
+    std::string* raw = v.mutable_raw_input_contents(i);
+    const std::string old = raw->empty() ? std::string(1, char(h)) : *raw;
+    raw->resize(size_t(bytes));
+    for (size_t k = 0; k < raw->size(); ++k) (*raw)[k] = old[k % old.size()];
+  }
+  return v;
+}
+
+const bool kPlantedCrash = std::getenv("FLASHQ_FUZZ_PLANTED_CRASH") != nullptr;
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -207,7 +280,14 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   inference::ModelInferRequest req;
   if (!req.ParseFromArray(data, int(size))) return -1;  // not a request: keep it out of the corpus
+  if (kPlantedCrash && req.id() == "flashq-fuzz-planted-crash") Fail("planted crash (FLASHQ_FUZZ_PLANTED_CRASH)");
   Direct(req);
   Served(req);
+  const uint64_t h = HashBytes(data, size);
+  for (int i = 0; i < kVariants; ++i) {
+    const inference::ModelInferRequest v = ExtremeVariant(req, Mix(h + uint64_t(i)));
+    if (kTrace) std::fprintf(stderr, "trace: variant %d %s\n", i, v.ShortDebugString().substr(0, 300).c_str());
+    if (Direct(v)) Served(v);  // accepted with extreme dims: the scheduler path too
+  }
   return 0;
 }

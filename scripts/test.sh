@@ -2,7 +2,8 @@
 # The README's test command: installs what is missing, builds, and runs every test
 # that does not need a GPU (unit tests, CPU-reference checks and the integration
 # tests against a real flashq-server process) through one runner, ctest.
-# Exits non-zero if anything fails.
+# Exits non-zero if anything fails, or if no test ran (a filter that matches nothing
+# or only tests that skip).
 #
 #   scripts/test.sh                      # everything except label `gpu`
 #   scripts/test.sh -L integration       # extra arguments go to ctest
@@ -22,8 +23,21 @@ if [ -x .venv/bin/python ] && ! grep -q '^FLASHQ_INTEGRATION_TESTS:INTERNAL=ON' 
   cmake "$BUILD_DIR" >/dev/null
 fi
 
-echo "test: ctest --output-on-failure -LE gpu $*"
-rc=0
-( cd "$BUILD_DIR" && ctest --output-on-failure -LE gpu -j"${FLASHQ_TEST_JOBS:-$(nproc)}" "$@" ) || rc=$?
-echo "test: $( [ $rc = 0 ] && echo PASSED || echo "FAILED (ctest exit $rc)" ) in $(( $(date +%s) - start ))s"
+echo "test: ctest --output-on-failure --no-tests=error -LE gpu $*"
+# A filter that selects nothing, or only tests that skip, ran nothing: that is not a pass
+# (ctest itself exits 0 when it finds no tests, hence --no-tests=error).
+log="$BUILD_DIR/Testing/test-sh.log"
+mkdir -p "$(dirname "$log")"
+set +e
+( cd "$BUILD_DIR" && ctest --output-on-failure --no-tests=error -LE gpu -j"${FLASHQ_TEST_JOBS:-$(nproc)}" "$@" ) 2>&1 |
+  tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+total=$(sed -n 's/.*tests passed, [0-9]* tests\{0,1\} failed out of \([0-9]*\).*/\1/p' "$log" | tail -n 1)
+skipped=$(grep -c '\*\*\*Skipped\| Not Run ' "$log" || true)
+if [ "$rc" = 0 ] && { [ -z "$total" ] || [ "$total" -le "$skipped" ]; }; then
+  echo "test: no test ran (${total:-0} selected, $skipped skipped)"
+  rc=1
+fi
+echo "test: $( [ $rc = 0 ] && echo PASSED || echo "FAILED (exit $rc)" ) in $(( $(date +%s) - start ))s"
 exit $rc

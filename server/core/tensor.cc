@@ -34,6 +34,7 @@ float LoadAsFloat(DType t, const void* data, int64_t i) {
 
 void AppendAsFloat(DType t, std::string_view bytes, std::vector<float>* out) {
   const int64_t n = int64_t(bytes.size()) / DTypeSize(t);
+  if (n == 0) return;  // an empty vector's data() may be null, and memcpy from null is undefined
   const size_t base = out->size();
   out->resize(base + n);
   float* dst = out->data() + base;

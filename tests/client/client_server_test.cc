@@ -1,10 +1,14 @@
 // The client library against a real flashq-server (CPU backend, demo models):
 // sync, async and streaming calls, FP16/BF16 tensors, kv_attention sessions over
-// a stream, round-robin and sequence routing over two endpoint names of one
-// server, ModelStatistics. Label: integration (starts a server, ~10 s).
+// a stream (every output checked against a float64 reference written here), round-
+// robin and sequence routing over two endpoint names of one server, ModelStatistics.
+// Label: integration (starts a server, ~10 s).
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
+#include <random>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -58,16 +62,84 @@ class ClientServerTest : public ::testing::Test {
     return req;
   }
 
-  static inference::ModelInferRequest KvStep(uint64_t id, int tokens, bool start, bool end) {
-    inference::ModelInferRequest req;
-    req.set_model_name("kv_attention");
-    const int64_t qs[] = {tokens, 32, 128}, ks[] = {tokens, 8, 128};
-    EXPECT_TRUE(AddFloatInput(req, "Q", DType::kF16, qs, std::vector<float>(size_t(tokens) * 32 * 128, 0.5f)).ok());
-    EXPECT_TRUE(AddFloatInput(req, "K", DType::kF16, ks, std::vector<float>(size_t(tokens) * 8 * 128, 0.25f)).ok());
-    EXPECT_TRUE(AddFloatInput(req, "V", DType::kF16, ks, std::vector<float>(size_t(tokens) * 8 * 128, 1.0f)).ok());
-    SetSequence(req, id, start, end);
-    return req;
-  }
+  // The demo kv_attention model: Hq 32, Hkv 8, D 128.
+  static constexpr int kHq = 32, kHkv = 8, kD = 128;
+
+  // One kv_attention session on the client side: the tokens sent so far (for the
+  // reference) and a generator of random FP16-exact values (multiples of 2^-10 in
+  // [-1, 1]), so that the server sees exactly what the reference uses.
+  struct KvSession {
+    uint64_t id;
+    std::mt19937 rng;
+    std::vector<float> k, v;                    // [tokens so far, kHkv, kD]
+    std::vector<std::vector<float>> step_q;     // each step's queries [n, kHq, kD]
+    std::vector<int> step_end;                  // tokens cached after each step
+    KvSession(uint64_t id_, uint32_t seed) : id(id_), rng(seed) {}
+    std::vector<float> Random(size_t n) {
+      std::uniform_int_distribution<int> d(-1024, 1024);
+      std::vector<float> x(n);
+      for (auto& e : x) e = float(d(rng)) / 1024.0f;
+      return x;
+    }
+    // The next request: `tokens` new tokens with random Q, K and V.
+    inference::ModelInferRequest Step(int tokens, bool start, bool end) {
+      std::vector<float> q = Random(size_t(tokens) * kHq * kD), k = Random(size_t(tokens) * kHkv * kD),
+                         v = Random(size_t(tokens) * kHkv * kD);
+      inference::ModelInferRequest req;
+      req.set_model_name("kv_attention");
+      const int64_t qs[] = {tokens, kHq, kD}, ks[] = {tokens, kHkv, kD};
+      EXPECT_TRUE(AddFloatInput(req, "Q", DType::kF16, qs, q).ok());
+      EXPECT_TRUE(AddFloatInput(req, "K", DType::kF16, ks, k).ok());
+      EXPECT_TRUE(AddFloatInput(req, "V", DType::kF16, ks, v).ok());
+      SetSequence(req, id, start, end);
+      this->k.insert(this->k.end(), k.begin(), k.end());
+      this->v.insert(this->v.end(), v.begin(), v.end());
+      step_q.push_back(std::move(q));
+      step_end.push_back(int(this->k.size() / (kHkv * kD)));
+      return req;
+    }
+    // Step `s`'s output against float64 causal attention of its queries over every token
+    // cached up to it (query i of n new ones sits at position end - n + i). FP16 output:
+    // |o - ref| <= 2e-3 + 2e-3 |ref|.
+    void ExpectOutput(const inference::ModelInferResponse& resp, size_t s) const {
+      SCOPED_TRACE("kv step " + std::to_string(s));
+      ASSERT_LT(s, step_q.size());
+      const std::vector<float>& q = step_q[s];
+      const int n = int(q.size() / (kHq * kD)), end = step_end[s];
+      auto o = OutputAsFloats(resp, "O");
+      ASSERT_TRUE(o.ok()) << o.status();
+      ASSERT_EQ(o->size(), q.size());
+      const double scale = 1.0 / std::sqrt(double(kD));
+      int bad = 0;
+      double worst = 0;
+      std::vector<double> p(static_cast<size_t>(end));
+      for (int i = 0; i < n; ++i) {
+        const int visible = end - n + i + 1;
+        for (int h = 0; h < kHq; ++h) {
+          const int hk = h / (kHq / kHkv);
+          const float* qi = &q[(size_t(i) * kHq + h) * kD];
+          double m = -INFINITY, l = 0;
+          for (int j = 0; j < visible; ++j) {
+            const float* kj = &k[(size_t(j) * kHkv + hk) * kD];
+            double dot = 0;
+            for (int d = 0; d < kD; ++d) dot += double(qi[d]) * double(kj[d]);
+            p[j] = dot * scale;
+            m = std::max(m, p[j]);
+          }
+          for (int j = 0; j < visible; ++j) l += (p[j] = std::exp(p[j] - m));
+          for (int d = 0; d < kD; ++d) {
+            double ref = 0;
+            for (int j = 0; j < visible; ++j) ref += p[j] * double(v[(size_t(j) * kHkv + hk) * kD + d]);
+            ref /= l;
+            const double err = std::fabs(double((*o)[(size_t(i) * kHq + h) * kD + d]) - ref);
+            worst = std::max(worst, err);
+            bad += !(err <= 2e-3 + 2e-3 * std::fabs(ref));
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0) << bad << " of " << o->size() << " outputs off; worst |error| " << worst;
+    }
+  };
 
   static bench::ServerProcess* server_;
   static Client* client_;
@@ -115,35 +187,41 @@ TEST_F(ClientServerTest, AsyncCallsComplete) {
   EXPECT_EQ(ok, n);
 }
 
+// All steps are sent before the first answer is read (pipelined on one stream); the
+// answers come back in order, each checked against the reference.
 TEST_F(ClientServerTest, KvSessionOverAStream) {
-  const uint64_t id = 0x5eed0001;
-  auto stream = client_->OpenStream(client_->EndpointForSequence(id));
-  ASSERT_TRUE(stream->Send(KvStep(id, 12, true, false)));
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(stream->Send(KvStep(id, 1, false, i == 2)));
+  KvSession seq(0x5eed0001, 101);
+  auto stream = client_->OpenStream(client_->EndpointForSequence(seq.id));
+  const int tokens[] = {12, 1, 3, 1};
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(stream->Send(seq.Step(tokens[i], i == 0, i == 3)));
   stream->CloseSend();
   inference::ModelStreamInferResponse r;
-  int n = 0;
+  size_t n = 0;
   while (stream->Recv(&r)) {
     EXPECT_TRUE(r.error_message().empty()) << r.error_message();
     auto o = FindOutput(r.infer_response(), "O");
     ASSERT_TRUE(o.ok()) << o.status();
-    EXPECT_EQ(o->shape[0], n == 0 ? 12 : 1);
+    ASSERT_LT(n, 4u);
+    EXPECT_EQ(o->shape, (std::vector<int64_t>{tokens[n], kHq, kD}));
+    seq.ExpectOutput(r.infer_response(), n);
     ++n;
   }
-  EXPECT_EQ(n, 4);
+  EXPECT_EQ(n, 4u);
   EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST_F(ClientServerTest, KvSessionUnaryFollowsItsEndpoint) {
-  const uint64_t id = 0x5eed0002;
+  KvSession seq(0x5eed0002, 102);
   inference::ModelInferResponse resp;
-  const int e = client_->EndpointForSequence(id);
-  ASSERT_TRUE(client_->Infer(KvStep(id, 8, true, false), &resp).ok());
+  const int e = client_->EndpointForSequence(seq.id);
+  ASSERT_TRUE(client_->Infer(seq.Step(8, true, false), &resp).ok());
+  seq.ExpectOutput(resp, 0);
   for (int i = 0; i < 4; ++i) {
-    inference::ModelInferRequest req = KvStep(id, 1, false, i == 3);
+    inference::ModelInferRequest req = seq.Step(1, false, i == 3);
     EXPECT_EQ(client_->PickEndpoint(req), e);
     grpc::Status s = client_->Infer(req, &resp);
     ASSERT_TRUE(s.ok()) << s.error_message();
+    seq.ExpectOutput(resp, size_t(i) + 1);
   }
 }
 

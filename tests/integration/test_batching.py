@@ -1,6 +1,7 @@
 """Ragged dynamic batching and batch invariance: 32 concurrent clients each send one
 sequence to `attention`; the server merges them (more than one request per batch on
-average) and every output is bitwise equal to that of the same request sent alone."""
+average) and every output is bitwise equal to that of the same request sent alone.
+With --batch-invariant=false the server still merges and every output is correct."""
 import threading
 
 import numpy as np
@@ -87,4 +88,41 @@ def test_concurrent_requests_batch_and_match_alone(batching_server, round_):
         o_ref, _ = attention_ref(q, k, v, causal=True)
         assert_close(batched[i][1].reshape(o_ref.shape), o_ref, "FP16", f"request {i}")
     for c in clients + [solo]:
+        c.close()
+
+
+def test_batch_invariant_false_merges_and_is_correct(start_server):
+    """--batch-invariant=false: the server starts, merges concurrent requests, and every
+    output matches the float64 reference (bitwise equality with alone runs is not promised)."""
+    s = start_server("--batch-invariant=false", "--max-queue-delay-us=50000", "--max-batch-tokens=8192",
+                     name="batching-fast")
+    reqs = [request(i + 500) for i in range(N_CLIENTS // 2)]
+    clients = [grpcclient.InferenceServerClient(s.url) for _ in reqs]
+    before, _ = scrape(s.metrics_url)
+    barrier = threading.Barrier(len(reqs))
+    out, errors = [None] * len(reqs), []
+
+    def worker(i):
+        try:
+            barrier.wait(timeout=30)
+            out[i] = infer(clients[i], *reqs[i])[1]
+        except Exception as e:  # reported below
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not errors, errors
+    after, _ = scrape(s.metrics_url)
+    d_sum = metric(after, "flashq_batch_requests_sum", model="attention") - \
+        metric(before, "flashq_batch_requests_sum", model="attention")
+    d_cnt = metric(after, "flashq_batch_requests_count", model="attention") - \
+        metric(before, "flashq_batch_requests_count", model="attention")
+    assert d_sum == len(reqs) and d_sum / d_cnt > 1, f"{d_sum} requests in {d_cnt} batches: no batching"
+    for i, (q, k, v) in enumerate(reqs):
+        o_ref, _ = attention_ref(q, k, v, causal=True)
+        assert_close(out[i].reshape(o_ref.shape), o_ref, "FP16", f"request {i} with --batch-invariant=false")
+    for c in clients:
         c.close()

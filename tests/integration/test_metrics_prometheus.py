@@ -1,6 +1,7 @@
 """Metrics on the metrics port: every documented name is exported with the right type,
-and a real Prometheus server (Debian package `prometheus`), started here, scrapes it
-and answers a histogram_quantile query over the latency histogram."""
+a request of known latency lands in the right latency buckets, and a real Prometheus
+server (Debian package `prometheus`), started here, scrapes it and answers a
+histogram_quantile query over the latency histogram."""
 import json
 import os
 import shutil
@@ -54,6 +55,53 @@ def test_metric_names_and_types(server):
     assert metric(samples, "flashq_batch_requests_count", model="attention") >= 1
     assert metric(samples, "flashq_batch_tokens_sum", model="attention") >= 24
     assert metric(samples, "flashq_kv_cache_blocks_total") >= 512
+
+
+def buckets(samples, name, **labels):
+    """{le: cumulative count} of one histogram series."""
+    want = set(labels.items())
+    out = {}
+    for (n, l), v in samples.items():
+        d = dict(l)
+        if n == name + "_bucket" and want <= set(l):
+            out[float(d["le"])] = v
+    return out
+
+
+QUEUE_DELAY_S = 0.3  # between the buckets 0.2048 and 0.4096, far from both
+
+
+def test_known_latency_lands_in_its_bucket(start_server):
+    """One request alone on a server whose queue delay is 0.3 s waits exactly that long
+    for company: its queue time is >= 0.3 s and its total <= the client's round trip.
+    Each stage gets one observation, the observed value is the _sum's increase, and
+    every cumulative bucket grows by 1 exactly when le >= that value."""
+    s = start_server(f"--max-queue-delay-us={int(QUEUE_DELAY_S * 1e6)}", name="metrics-delay")
+    c = grpcclient.InferenceServerClient(s.url)
+    before, _ = scrape(s.metrics_url)
+    t0 = time.monotonic()
+    send_attention(c, np.random.default_rng(5))
+    round_trip = time.monotonic() - t0
+    after, _ = scrape(s.metrics_url)
+    name = "flashq_request_duration_seconds"
+    seen = {}
+    for stage in ("queue", "compute", "total"):
+        lab = dict(model="attention", stage=stage)
+        n = metric(after, name + "_count", **lab) - metric(before, name + "_count", **lab)
+        assert n == 1, f"{stage}: {n} observations, expected 1"
+        v = metric(after, name + "_sum", **lab) - metric(before, name + "_sum", **lab)
+        b0, b1 = buckets(before, name, **lab), buckets(after, name, **lab)
+        assert sorted(b1) == sorted(b0) and float("inf") in b1 and len(b1) > 10, sorted(b1)
+        wrong = {le: b1[le] - b0[le] for le in b1 if b1[le] - b0[le] != (1 if v <= le else 0)}
+        assert not wrong, f"{stage} observed {v:.6f}s; bucket increases that disagree: {wrong}"
+        seen[stage] = v
+    assert QUEUE_DELAY_S <= seen["queue"] <= seen["total"] <= round_trip, (seen, round_trip)
+    assert 0 < seen["compute"] <= seen["total"] - seen["queue"] + 1e-3, seen
+    if round_trip <= 0.4096:  # then the queue time is in (0.2048, 0.4096]: that bucket and no lower one
+        b0, b1 = (buckets(x, name, model="attention", stage="queue") for x in (before, after))
+        assert (b1[0.2048] - b0[0.2048], b1[0.4096] - b0[0.4096]) == (0, 1), (b0, b1)
+    print(f"queue {seen['queue'] * 1e3:.1f} ms, compute {seen['compute'] * 1e3:.2f} ms, total "
+          f"{seen['total'] * 1e3:.1f} ms, client round trip {round_trip * 1e3:.1f} ms")
 
 
 def test_metrics_http_basics(server):

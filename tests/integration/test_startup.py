@@ -1,10 +1,15 @@
 """Start-up and shutdown of the real server process. Runs first (a ctest fixture):
-its first start generates the demo repository into the shared cache folder."""
+its first start generates the demo repository into the shared cache folder. Every
+flag that --help lists parses with its documented default, rejects a bad value, and
+the server starts with all of them given at once."""
 import glob
 import os
+import re
 import signal
 import subprocess
 import time
+
+import pytest
 
 import tritonclient.grpc as grpcclient
 
@@ -57,3 +62,64 @@ def test_restart_reuses_cache_and_sigint_exits_0():
 def test_bad_flag_fails():
     out = subprocess.run([SERVER_BIN, "--no-such-flag=1"], capture_output=True, text=True, timeout=30)
     assert out.returncode != 0
+
+
+def help_flags():
+    """{name: (kind, default)} for every flag in --help ("  --name (default VALUE)");
+    kind is str (quoted default), bool or int."""
+    out = subprocess.run([SERVER_BIN, "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out
+    flags = {}
+    for name, default in re.findall(r"^  --([a-z0-9-]+) \(default (.*)\)$", out.stdout, re.M):
+        if default.startswith('"'):
+            flags[name] = (str, default[1:-1])
+        elif default in ("true", "false"):
+            flags[name] = (bool, default)
+        else:
+            assert re.fullmatch(r"-?[0-9]+", default), f"--{name}: default {default!r} is neither quoted nor a number"
+            flags[name] = (int, default)
+    assert len(flags) >= len(FLAGS), f"parsed only {sorted(flags)} from --help"
+    return flags
+
+
+HELP_FLAGS = help_flags()
+
+
+def parse_only(*args):
+    """Runs flashq-server with args that end in a bad integer, so that it exits right after
+    parsing: (exit code, stderr). A flag that parsed names nothing; the bad one is named."""
+    out = subprocess.run([SERVER_BIN, *args], capture_output=True, text=True, timeout=30)
+    return out.returncode, out.stderr
+
+
+@pytest.mark.parametrize("name", sorted(HELP_FLAGS))
+def test_every_help_flag_parses_with_its_default_and_rejects_bad_values(name):
+    kind, default = HELP_FLAGS[name]
+    stop = "--metrics-port=x" if name != "metrics-port" else "--grpc-port=x"
+    stop_name = stop.split("=")[0]
+    # The documented default parses: the run stops at the bad flag after it, not at this one.
+    for form in ([f"--{name}={default}"], [f"--{name}", default] if kind is not bool else [f"--{name}"]):
+        code, err = parse_only(*form, stop)
+        assert code == 2 and f"{stop_name} expects an integer" in err, (form, code, err)
+    # A value of the wrong kind is rejected and names this flag.
+    if kind is not str:
+        code, err = parse_only(f"--{name}=not-a-{kind.__name__}")
+        assert code == 2 and f"--{name} expects" in err, (name, code, err)
+
+
+def test_server_starts_with_every_help_flag_at_its_default():
+    """Every flag in --help given explicitly with its documented default (the listening
+    address, ports, demo cache and backend take this test's values instead): the server
+    starts, serves and stops cleanly."""
+    own = {"host", "grpc-port", "metrics-port", "demo-cache-dir", "backend"}  # set by ServerProcess
+    flags = [f"--{n}={d}" for n, (_, d) in sorted(HELP_FLAGS.items()) if n not in own]
+    s = ServerProcess(flags, name="all-defaults").start()
+    try:
+        c = grpcclient.InferenceServerClient(s.url)
+        assert c.is_server_ready()
+        for m in DEMO_MODELS:
+            assert c.is_model_ready(m), f"demo model {m} not ready"
+        given = {a.split("=")[0] for a in s.cmd[1:]}
+        assert given >= {f"--{n}" for n in HELP_FLAGS}, sorted({f"--{n}" for n in HELP_FLAGS} - given)
+    finally:
+        s.assert_clean_stop(signal.SIGTERM)

@@ -1,6 +1,8 @@
 #include "server/kv_cache/kv_session_table.h"
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -214,42 +216,153 @@ TEST(KvSessionTableTest, IdleReaping) {
   EXPECT_EQ(t.blocks_in_use(), 0);
 }
 
-TEST(KvSessionTableTest, BlockAccountingUnderConcurrency) {
-  constexpr int kThreads = 4, kSeqs = 50;
-  KvSessionTable t(/*num_blocks=*/64, /*page_size=*/8, 4096, seconds(600));
+// Which sequence incarnation (id#generation) holds each block, as the clients of the
+// table see it. Blocks are claimed after each reservation and released just before the
+// call that may free them, so a block handed to one sequence while another still holds
+// it is always caught.
+class BlockOwners {
+ public:
+  explicit BlockOwners(int num_blocks) : owner_(size_t(num_blocks)) {}
+
+  void Claim(const KvReservation& r) {
+    const std::string who = Key(r);
+    std::lock_guard<std::mutex> l(mu_);
+    for (int32_t b : r.blocks) {
+      if (b < 0 || size_t(b) >= owner_.size()) {
+        errors_.push_back(who + " got block " + std::to_string(b) + ", outside the pool");
+      } else if (owner_[size_t(b)].empty()) {
+        owner_[size_t(b)] = who;
+      } else if (owner_[size_t(b)] != who) {
+        errors_.push_back("block " + std::to_string(b) + " held by " + owner_[size_t(b)] + " and " + who);
+      }
+    }
+  }
+  void Release(const KvReservation& r) {
+    const std::string who = Key(r);
+    std::lock_guard<std::mutex> l(mu_);
+    for (int32_t b : r.blocks) {
+      if (b >= 0 && size_t(b) < owner_.size() && owner_[size_t(b)] == who) owner_[size_t(b)].clear();
+    }
+  }
+  int held() const {
+    std::lock_guard<std::mutex> l(mu_);
+    int n = 0;
+    for (const auto& o : owner_) n += !o.empty();
+    return n;
+  }
+  std::vector<std::string> errors() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return errors_;
+  }
+
+ private:
+  static std::string Key(const KvReservation& r) { return r.sequence_id + "#" + std::to_string(r.generation); }
+  mutable std::mutex mu_;
+  std::vector<std::string> owner_;
+  std::vector<std::string> errors_;
+};
+
+// Four threads run sequences against one small pool (so reservations often fail for a
+// full cache): prefill, decode steps, pipelined requests, aborts with a request still in
+// flight, and restarts of an id while its end request is in flight; each thread also
+// holds one long-lived sequence. No block may be held
+// by two live sequences at any time; a sequence's block table only grows, and has
+// ceil(tokens / page) entries; at the end nothing is held.
+TEST(KvSessionTableTest, NoBlockHeldByTwoSequencesUnderConcurrency) {
+  constexpr int kThreads = 4, kSeqs = 150, kPage = 8, kBlocks = 12;
+  KvSessionTable t(kBlocks, kPage, 4096, seconds(600));
+  BlockOwners owners(kBlocks);
+  std::atomic<int> full{0}, sequences{0}, restarts{0}, aborts{0};
   std::vector<std::thread> threads;
-  std::atomic<int> full{0};
+  std::atomic<int> waiting{kThreads};
   for (int th = 0; th < kThreads; ++th) {
     threads.emplace_back([&, th] {
+      auto blocks_for = [](int64_t tokens) { return size_t((tokens + kPage - 1) / kPage); };
+      // Each thread keeps one sequence of 2 blocks live throughout: its blocks must stay
+      // its own while everything else churns, and they leave the others 4 of 12 blocks,
+      // so reservations run into a full cache.
+      const std::string bg = "bg:" + std::to_string(th);
+      auto background = t.Reserve(bg, true, false, 2 * kPage);
+      ASSERT_TRUE(background.ok()) << background.status();
+      owners.Claim(*background);
+      t.Commit(*background);
+      for (--waiting; waiting.load() > 0;) std::this_thread::yield();  // start together
       for (int i = 0; i < kSeqs; ++i) {
-        std::string id = std::to_string(th) + ":" + std::to_string(i);
-        auto r = t.Reserve(id, true, false, 1 + (i * 7) % 30);
+        const std::string id = std::to_string(th) + ":" + std::to_string(i / 2);  // odd i restart the id
+        int64_t tokens = 1 + (i * 7 + th) % 28;
+        auto r = t.Reserve(id, true, false, int(tokens));
         if (!r.ok()) {
-          full += r.status().code() == absl::StatusCode::kResourceExhausted;
+          if (r.status().code() == absl::StatusCode::kResourceExhausted) ++full;
+          else ADD_FAILURE() << id << ": " << r.status();
           continue;
         }
-        std::set<int32_t> mine(r->blocks.begin(), r->blocks.end());
-        EXPECT_EQ(mine.size(), r->blocks.size());
+        ++sequences;
+        EXPECT_EQ(r->blocks.size(), blocks_for(tokens));
+        owners.Claim(*r);
         t.Commit(*r);
-        for (int step = 0; step < 5; ++step) {
-          auto d = t.Reserve(id, false, step == 4, 1);
+        std::vector<int32_t> table = r->blocks;
+        for (int step = 0; step < 6; ++step) {
+          const bool end = step == 5;
+          const int n = 1 + (step + i) % 3;
+          auto d = t.Reserve(id, false, end, n);
           if (!d.ok()) {
-            EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
+            EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted) << id << ": " << d.status();
+            ++full;
             auto e = t.Reserve(id, false, true, 0);
-            ASSERT_TRUE(e.ok());
+            ASSERT_TRUE(e.ok()) << id << ": " << e.status();
+            owners.Release(*e);
             t.Commit(*e);
             break;
           }
-          if (step % 2) t.Commit(*d);
-          else if (step == 4) t.Abort(*d, "test");
-          else t.Commit(*d);
+          tokens += n;
+          EXPECT_EQ(d->blocks.size(), blocks_for(tokens)) << id;
+          EXPECT_TRUE(std::equal(table.begin(), table.end(), d->blocks.begin())) << id << ": block table rewritten";
+          table = d->blocks;
+          owners.Claim(*d);
+          if (step == 2 && i % 5 == 0) {
+            // Pipelined: a second request before the first is computed; then the first is
+            // dropped, which ends the sequence while the second is still in flight.
+            auto d2 = t.Reserve(id, false, false, 1);
+            if (d2.ok()) owners.Claim(*d2);
+            owners.Release(*d);
+            if (d2.ok()) owners.Release(*d2);
+            t.Abort(*d, "dropped");
+            if (d2.ok()) t.Abort(*d2, "an earlier request of the sequence was dropped");
+            ++aborts;
+            break;
+          }
+          if (end && i % 2 == 0 && i + 1 < kSeqs) {
+            // The next sequence restarts this id while this end request is still in flight.
+            auto again = t.Reserve(std::to_string(th) + ":" + std::to_string((i + 1) / 2), true, false, 1);
+            if (again.ok()) {
+              owners.Claim(*again);
+              ++restarts;
+              owners.Release(*again);
+              t.Abort(*again, "restart probe");
+            }
+          }
+          if (end) owners.Release(*d);
+          t.Commit(*d);
         }
       }
+      auto bg_end = t.Reserve(bg, false, true, 0);
+      ASSERT_TRUE(bg_end.ok()) << bg_end.status();
+      EXPECT_EQ(bg_end->blocks, background->blocks) << bg << "'s block table changed";
+      owners.Release(*bg_end);
+      t.Commit(*bg_end);
     });
   }
   for (auto& th : threads) th.join();
+  const std::vector<std::string> errors = owners.errors();
+  EXPECT_TRUE(errors.empty()) << errors.size() << " overlaps, first: " << (errors.empty() ? "" : errors[0]);
+  EXPECT_EQ(owners.held(), 0);
   EXPECT_EQ(t.blocks_in_use(), 0);
   EXPECT_EQ(t.live_sequences(), 0);
+  // The run exercised what it claims to.
+  EXPECT_GT(sequences.load(), kThreads * kSeqs / 4);
+  EXPECT_GT(full.load(), 0) << "the pool never filled";
+  EXPECT_GT(aborts.load(), 0);
+  EXPECT_GT(restarts.load(), 0);
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -195,6 +198,61 @@ TEST(MetricsTest, HeadAndOversizedRequests) {
   const std::string big = "GET /metrics HTTP/1.1\r\nX-Big: " + std::string(20 << 10, 'a') + "\r\n\r\n";
   EXPECT_TRUE(Has(HttpRequest(port, big), "HTTP/1.1 431")) << "a head over 16 KiB";
   EXPECT_TRUE(Has(Get(port, "/metrics?x=1"), "flashq_requests_total")) << "query strings are ignored";
+}
+
+// {le: cumulative count} of the series whose line starts with `prefix` (e.g.
+// `flashq_batch_tokens_bucket{model="m",`), from Prometheus text.
+std::map<double, double> Buckets(const std::string& text, const std::string& prefix) {
+  std::map<double, double> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(prefix, 0) != 0) continue;
+    const size_t le = line.find("le=\"", prefix.size());
+    const size_t end = line.find('"', le + 4);
+    const size_t brace = line.find("} ", end);
+    if (le == std::string::npos || end == std::string::npos || brace == std::string::npos) continue;
+    const std::string bound = line.substr(le + 4, end - le - 4);
+    out[bound == "+Inf" ? HUGE_VAL : std::strtod(bound.c_str(), nullptr)] = std::strtod(line.c_str() + brace + 2, nullptr);
+  }
+  return out;
+}
+
+// Known values land in the right buckets, on the documented ladders: latency 50 us doubling
+// up to 26.2 s, requests and tokens powers of two; a value equal to a bound counts in it.
+TEST(MetricsTest, KnownValuesLandInTheirBuckets) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  ServerMetrics metrics(registry);
+  ServerMetrics::Model& m = metrics.ForModel("m");
+  const std::vector<double> latencies = {50e-6, 0.00007, 0.003, 0.0032, 0.3, 1.5, 100.0};
+  for (double v : latencies) m.total_seconds->Observe(v);
+  for (double v : {1.0, 3.0, 4.0, 1000.0}) m.batch_requests->Observe(v);
+  for (double v : {300.0, 70000.0}) m.batch_tokens->Observe(v);
+  auto server = MetricsHttpServer::Start("127.0.0.1", 0, registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string r = Get((*server)->port(), "/metrics");
+
+  std::vector<double> ladder;
+  for (double v = 50e-6; v < 30.0; v *= 2) ladder.push_back(v);
+  ladder.push_back(HUGE_VAL);
+  auto total = Buckets(r, "flashq_request_duration_seconds_bucket{model=\"m\",stage=\"total\",");
+  ASSERT_EQ(total.size(), ladder.size()) << r;
+  for (double le : ladder) {
+    // The text format rounds the bounds: match each to the nearest printed one.
+    auto it = total.lower_bound(le * (1 - 1e-9));
+    ASSERT_NE(it, total.end()) << "no bucket for le=" << le;
+    int expect = 0;
+    for (double v : latencies) expect += v <= le;
+    EXPECT_EQ(it->second, expect) << "total latency bucket le=" << le;
+  }
+  EXPECT_TRUE(Has(r, "flashq_request_duration_seconds_count{model=\"m\",stage=\"total\"} 7")) << r;
+  EXPECT_TRUE(Has(r, "flashq_request_duration_seconds_count{model=\"m\",stage=\"queue\"} 0")) << r;
+
+  auto reqs = Buckets(r, "flashq_batch_requests_bucket{model=\"m\",");
+  EXPECT_EQ(reqs, (std::map<double, double>{{1, 1}, {2, 1}, {4, 3}, {8, 3}, {16, 3}, {32, 3}, {64, 3}, {128, 3},
+                                            {256, 3}, {512, 3}, {1024, 4}, {HUGE_VAL, 4}}));
+  auto tokens = Buckets(r, "flashq_batch_tokens_bucket{model=\"m\",");
+  ASSERT_EQ(tokens.size(), 18u);  // 1 .. 65536 and +Inf
+  for (const auto& [le, n] : tokens) EXPECT_EQ(n, (le >= 300) + (le >= 70000)) << "tokens bucket le=" << le;
 }
 
 TEST(MetricsTest, BindFailureNamesHostAndPort) {
