@@ -71,6 +71,7 @@ server_steps() {
   rm -rf /tmp/fq-gpu-bundle && mkdir -p /tmp/fq-gpu-bundle
   tar xzf .gpu/flashq-bundle-*.tar.gz -C /tmp/fq-gpu-bundle
   B=$(ls -d /tmp/fq-gpu-bundle/flashq-bundle-* | head -n1)
+  local host_ld=${LD_LIBRARY_PATH:-}
   export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
   t=$(date +%s)
@@ -78,7 +79,9 @@ server_steps() {
   verdict server $? "$t" "$(grep -E '^\[  (PASSED|FAILED) ' "$LOGS/server_gpu_tests.log" | tr '\n' ' ')"
 
   # The conformance test's server and the memcheck run share the GPU; each has its own process.
+  # Python keeps the host's libraries; the bundle's launcher (bin/) sets them for the server alone.
   (
+    export LD_LIBRARY_PATH=$host_ld
     t=$(date +%s)
     SITE=/tmp/fq-site
     rm -rf "$SITE" && mkdir -p "$SITE"
@@ -99,7 +102,7 @@ for lib in glob.glob(os.path.join(sys.argv[2], "*.data", "*lib")):  # purelib / 
 EOF
     fi
     PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} FLASHQ_TEST_TMP=/tmp/fq-conformance \
-      timeout 300 python3 tests/server_gpu/test_cuda_server.py --backend=cuda --server="$B/libexec/flashq-server" \
+      timeout 300 python3 tests/server_gpu/test_cuda_server.py --backend=cuda --server="$B/bin/flashq-server" \
       > "$LOGS/conformance.log" 2>&1
     verdict conformance $? "$t" "$(grep -E '^conformance' "$LOGS/conformance.log" | tail -n1)"
   ) &

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end figures of a running flashq-server (issue 5's scenarios), stdlib only.
+"""End-to-end figures of a running flashq-server (the load scenarios of its GPU run), stdlib only.
 
 For each scenario and concurrency, runs flashq-bench for one closed-loop load point
 and reads /metrics before and after it:
