@@ -33,6 +33,7 @@ BUDGET=${FLASHQ_GPU_TESTS_BUDGET_S:-480}
 JOBS=${FLASHQ_JOBS:-$(nproc)}
 el() { echo $(( $(date +%s) - T0 )); }
 left() { local l=$(( BUDGET - $(el) )); [ $l -gt 5 ] && echo $l || echo 5; }
+cap() { local l=$(left); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }  # the smaller of $1 and what is left
 
 # Each step writes "<status> <seconds> <note>" to $OUT/status/<name>; the table reads them.
 mkdir -p "$OUT/status"
@@ -75,7 +76,7 @@ server_steps() {
   export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
   t=$(date +%s)
-  timeout 240 .gpu/bin/flashq_server_gpu_tests > "$LOGS/server_gpu_tests.log" 2>&1
+  timeout "$(cap 240)" .gpu/bin/flashq_server_gpu_tests > "$LOGS/server_gpu_tests.log" 2>&1
   verdict server $? "$t" "$(grep -E '^\[  (PASSED|FAILED) ' "$LOGS/server_gpu_tests.log" | tr '\n' ' ')"
 
   # The conformance test's server and the memcheck run share the GPU; each has its own process.
@@ -102,7 +103,7 @@ for lib in glob.glob(os.path.join(sys.argv[2], "*.data", "*lib")):  # purelib / 
 EOF
     fi
     PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} FLASHQ_TEST_TMP=/tmp/fq-conformance \
-      timeout 300 python3 tests/server_gpu/test_cuda_server.py --backend=cuda --server="$B/bin/flashq-server" \
+      timeout "$(cap 300)" python3 tests/server_gpu/test_cuda_server.py --backend=cuda --server="$B/bin/flashq-server" \
       > "$LOGS/conformance.log" 2>&1
     verdict conformance $? "$t" "$(grep -E '^conformance' "$LOGS/conformance.log" | tail -n1)"
   ) &

