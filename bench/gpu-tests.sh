@@ -178,7 +178,7 @@ cat "$LOGS/server_steps.out"
 # ---- the verdict ---------------------------------------------------------------------------------
 (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
 FAILED=0
-{
+{  # no pipe here: FAILED must be counted in this shell
   echo
   echo "== GPU verdict ($(head -n1 "$OUT/device.txt" | cut -c7-), $(sed -n 4p "$OUT/device.txt"), $(el)s; logs in $OUT/logs.tgz)"
   printf '%-20s %-5s %6s  %s\n' check result secs note
@@ -193,5 +193,6 @@ FAILED=0
     printf '%-20s %-5s %6s  %s\n' "$s" "$st" "$secs" "${note:0:150}"
   done
   [ $FAILED = 0 ] && echo "GPU verdict: PASS" || echo "GPU verdict: FAIL ($FAILED of 10 checks)"
-} | tee "$OUT/verdict.txt"
+} > "$OUT/verdict.txt"
+cat "$OUT/verdict.txt"
 [ $FAILED = 0 ]
