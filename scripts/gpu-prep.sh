@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Prepares what a run on the GPU machine needs that it cannot fetch itself:
-# GoogleTest sources (from Debian's googletest package) under .deps/, which is
-# git-ignored and travels with `carry: [".deps"]`.
+# Prepares what a run on a host with a GPU needs that such a host cannot fetch itself (it has
+# cmake, nvcc, python3 with numpy and grpcio, but no gRPC C++ libraries, no GoogleTest and no
+# package registry). Both folders are git-ignored and travel beside the working tree:
+#   .deps/googletest  GoogleTest sources (from Debian's googletest package) for the kernels-only
+#                     build of the kernel GPU tests
+#   .whl/             wheels of tritonclient and its pure-Python (or per-Python-version) dependencies
+#                     for tests/server_gpu/test_cuda_server.py; bench/gpu-tests.sh installs them
+#                     with `pip install --no-index --find-links .whl` into a temporary folder
+# The CUDA build's bundle (.gpu) comes from bench/e2e/gpu-prep.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .deps
@@ -10,3 +16,37 @@ if [ ! -f .deps/googletest/CMakeLists.txt ]; then
   cp -r /usr/src/googletest .deps/googletest
 fi
 echo ".deps ready: $(du -sh .deps | cut -f1)"
+
+# tritonclient's grpc client imports grpc (the GPU host has it), google.protobuf, rapidjson (a C
+# extension: one wheel per CPython version, since the host's python3 version is not fixed),
+# numpy (present) and packaging; urllib3 comes along for tritonclient.utils' http side.
+if [ "${FLASHQ_SKIP_WHEELS:-0}" != 1 ]; then
+  mkdir -p .whl
+  PLAT=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+        --platform manylinux1_x86_64 --platform any)
+  for py in 311 312 313; do
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" --implementation cp \
+      "${PLAT[@]}" -d .whl python-rapidjson==1.20
+  done
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 312 --implementation cp "${PLAT[@]}" \
+    -d .whl tritonclient==2.50.0 protobuf==4.25.9 urllib3==2.2.3 packaging==24.2
+  # tritonclient's wheel carries 14 MB of data files (perf_analyzer and its libraries) that the
+  # Python client does not use; the trimmed wheel keeps the carried tree small.
+  python3 - .whl/tritonclient-2.50.0-*.whl <<'EOF'
+import os, sys, zipfile
+path = sys.argv[1]
+src = zipfile.ZipFile(path)
+if any(".data/data/" in n for n in src.namelist()):
+    tmp = path + ".tmp"
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            if ".data/data/" in info.filename:
+                continue
+            data = src.read(info.filename)
+            if info.filename.endswith(".dist-info/RECORD"):
+                data = b"\n".join(l for l in data.split(b"\n") if b".data/data/" not in l)
+            dst.writestr(info, data)
+    os.replace(tmp, path)
+EOF
+  echo ".whl ready: $(du -sh .whl | cut -f1) ($(ls .whl | wc -l) wheels)"
+fi

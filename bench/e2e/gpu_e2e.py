@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end figures of a running flashq-server (issue 5's scenarios), stdlib only.
+"""End-to-end figures of a running flashq-server (the load scenarios of its GPU run), stdlib only.
 
 For each scenario and concurrency, runs flashq-bench for one closed-loop load point
 and reads /metrics before and after it:
@@ -99,7 +99,13 @@ def main():
                      f"{f(r['server_mean_ms'])} | {f(r['gpu_ms_per_batch'],3)} | {f(r.get('server_overhead_ms'))} | {r['errors']} |")
     open(os.path.join(a.out_dir, "e2e.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
+    # The tables are written either way; a load run that failed or saw errors fails the script.
+    bad = [f"{r['scenario']} c={r['concurrency']}" for r in rows if r["bench_rc"] != 0 or r["errors"] != 0]
+    if bad:
+        print("FAILED load runs (flashq-bench exit status or errors): " + ", ".join(bad))
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
