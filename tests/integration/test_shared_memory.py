@@ -172,6 +172,59 @@ def test_mixed_message_and_shared_memory_tensors(server, client):
         assert rout.read(4 * 4 * 12) == want["LSE"][2]
 
 
+def test_stream_in_shared_memory(server, client):
+    """ModelStreamInfer: the same regions, the same bytes as plain gRPC."""
+    rng = np.random.default_rng(20)
+    _, inputs = attention_inputs(rng, [5, 11], hq=4, hkv=2, d=64, dtype="FP16")
+    want = plain(server.url, "attention", inputs, outputs=["O"])["O"][2]
+    answers = []
+    with Region(client, "st_in", 5 * 8192) as rin, Region(client, "st_out", len(want)) as rout:
+        tensors = []
+        for i, (name, dt, shape, raw) in enumerate(inputs):
+            rin.write(raw, i * 8192)
+            t = grpcclient.InferInput(name, shape, dt)
+            t.set_shared_memory("st_in", len(raw), offset=i * 8192)
+            tensors.append(t)
+        o = grpcclient.InferRequestedOutput("O")
+        o.set_shared_memory("st_out", len(want))
+        c = grpcclient.InferenceServerClient(server.url)
+        c.start_stream(callback=lambda result, error: answers.append((result, error)))
+        c.async_stream_infer("attention", tensors, outputs=[o])
+        c.stop_stream()  # waits for the answer
+        c.close()
+        assert len(answers) == 1 and answers[0][1] is None, answers
+        assert rout.read(len(want)) == want
+
+
+def test_outputs_in_shared_memory_are_not_held_to_the_message_limit(server, start_server, client):
+    """With a 1 MiB message limit, a request whose tensors (2 MiB each) all travel in
+    regions runs; the same request is over the limit over plain gRPC."""
+    small = start_server("--grpc-max-message-bytes=1048576", name="shm-1mib")
+    rng = np.random.default_rng(21)
+    _, inputs = attention_inputs(rng, [256], hq=32, hkv=8, d=128, cu=False)
+    want = plain(server.url, "attention", inputs, outputs=["O"])["O"][2]
+    assert len(want) == 2 << 20
+    c = grpcclient.InferenceServerClient(small.url)
+    try:
+        got, _ = via_shm(c, "attention", inputs, {"O": len(want)})
+        assert got["O"][2] == want
+        o = grpcclient.InferRequestedOutput("O")
+        tensors = []
+        with Region(c, "lim_in", sum(len(r) for *_, r in inputs)) as rin:
+            off = 0
+            for name, dt, shape, raw in inputs:
+                rin.write(raw, off)
+                t = grpcclient.InferInput(name, shape, dt)
+                t.set_shared_memory("lim_in", len(raw), offset=off)
+                tensors.append(t)
+                off += len(raw)
+            # Inputs in shared memory but O in the message: refused before compute.
+            expect_rpc_error(lambda: c.infer("attention", tensors, outputs=[o]), C.RESOURCE_EXHAUSTED,
+                             "--grpc-max-message-bytes")
+    finally:
+        c.close()
+
+
 def test_status_and_metadata(client):
     md = client.get_server_metadata(as_json=True)
     assert "system_shared_memory" in md["extensions"], md

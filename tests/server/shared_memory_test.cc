@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include <google/protobuf/text_format.h>
 #include <gtest/gtest.h>
+
+#include "server/core/request_decoder.h"
 
 namespace flashq::server {
 namespace {
@@ -177,6 +180,121 @@ TEST(SharedMemoryRegistryTest, ATruncatedObjectIsRefusedNotRead) {
   auto b = r.Find("r", 0, 16);
   EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(b.status(), "truncated")) << b.status();
+}
+
+// ---- requests whose tensors are in regions --------------------------------------------
+
+inference::ModelConfig TwoInputConfig() {
+  inference::ModelConfig c;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"(name: "m"
+         input [ { name: "A" data_type: TYPE_FP16 dims: [ -1, 4 ] },
+                 { name: "B" data_type: TYPE_FP32 dims: [ -1 ] } ]
+         output [ { name: "Y" data_type: TYPE_FP16 dims: [ -1, 4 ] } ])",
+      &c));
+  return c;
+}
+
+void SetShm(google::protobuf::Map<std::string, inference::InferParameter>* p, const std::string& region, int64_t size,
+            int64_t offset) {
+  (*p)["shared_memory_region"].set_string_param(region);
+  (*p)["shared_memory_byte_size"].set_int64_param(size);
+  (*p)["shared_memory_offset"].set_int64_param(offset);
+}
+
+// A [3, 4] FP16 from region "r" at offset 40, B [2] FP32 in raw_input_contents.
+inference::ModelInferRequest MixedRequest() {
+  inference::ModelInferRequest r;
+  r.set_model_name("m");
+  auto* a = r.add_inputs();
+  a->set_name("A");
+  a->set_datatype("FP16");
+  a->add_shape(3);
+  a->add_shape(4);
+  SetShm(a->mutable_parameters(), "r", 24, 40);
+  auto* b = r.add_inputs();
+  b->set_name("B");
+  b->set_datatype("FP32");
+  b->add_shape(2);
+  r.add_raw_input_contents(std::string(8, '\1'));
+  return r;
+}
+
+TEST(SharedMemoryDecodeTest, InputsAreReadInPlace) {
+  ShmObject obj(4096);
+  SharedMemoryRegistry reg;
+  ASSERT_TRUE(reg.Register("r", obj.key(), 1000, 100).ok());
+  auto d = DecodeInputs(MixedRequest(), TwoInputConfig(), &reg);
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto region = reg.Find("r", 40, 24);
+  ASSERT_TRUE(region.ok());
+  EXPECT_EQ(d->Find("A")->data.data(), region->data) << "no copy: the tensor points into the mapping";
+  EXPECT_EQ(d->Find("A")->data.size(), 24u);
+  EXPECT_EQ(d->Find("A")->data[0], char(1040 % 251));
+  EXPECT_EQ(d->Find("B")->data, std::string(8, '\1')) << "raw_input_contents count only the other inputs";
+  EXPECT_EQ(d->regions.size(), 1u);
+}
+
+TEST(SharedMemoryDecodeTest, BadInputsNameTheTensorAndRegion) {
+  ShmObject obj(4096);
+  SharedMemoryRegistry reg;
+  ASSERT_TRUE(reg.Register("r", obj.key(), 0, 60).ok());
+  auto expect = [&](const inference::ModelInferRequest& req, absl::StatusCode code,
+                    std::initializer_list<const char*> words, const SharedMemoryRegistry* r) {
+    auto d = DecodeInputs(req, TwoInputConfig(), r);
+    EXPECT_EQ(d.status().code(), code) << d.status();
+    for (const char* w : words) EXPECT_TRUE(Contains(d.status(), w)) << w << ": " << d.status();
+  };
+  auto req = MixedRequest();
+  expect(req, absl::StatusCode::kInvalidArgument, {"'A'", "'r'", "60 bytes"}, &reg);  // 40 + 24 > 60
+  SetShm(req.mutable_inputs(0)->mutable_parameters(), "r", 24, 0);
+  expect(req, absl::StatusCode::kOk, {}, &reg);
+  expect(req, absl::StatusCode::kUnimplemented, {"'A'", "'r'"}, nullptr);
+  SetShm(req.mutable_inputs(0)->mutable_parameters(), "nope", 24, 0);
+  expect(req, absl::StatusCode::kNotFound, {"'A'", "'nope'"}, &reg);
+  SetShm(req.mutable_inputs(0)->mutable_parameters(), "r", 20, 0);
+  expect(req, absl::StatusCode::kInvalidArgument, {"'A'", "needs 24 bytes", "20"}, &reg);
+  SetShm(req.mutable_inputs(0)->mutable_parameters(), "r", 24, -1);
+  expect(req, absl::StatusCode::kInvalidArgument, {"'A'", "shared_memory_offset", "-1"}, &reg);
+  (*req.mutable_inputs(0)->mutable_parameters())["shared_memory_offset"].set_string_param("0");
+  expect(req, absl::StatusCode::kInvalidArgument, {"'A'", "shared_memory_offset", "integer"}, &reg);
+  SetShm(req.mutable_inputs(0)->mutable_parameters(), "r", 24, 0);
+  req.mutable_inputs(0)->mutable_parameters()->erase("shared_memory_byte_size");
+  expect(req, absl::StatusCode::kInvalidArgument, {"'A'", "shared_memory_byte_size"}, &reg);
+  SetShm(req.mutable_inputs(0)->mutable_parameters(), "r", 24, 0);
+  req.mutable_inputs(0)->mutable_parameters()->erase("shared_memory_region");
+  expect(req, absl::StatusCode::kInvalidArgument, {"'A'", "without 'shared_memory_region'"}, &reg);
+  SetShm(req.mutable_inputs(0)->mutable_parameters(), "r", 24, 0);
+  req.add_raw_input_contents(std::string(24, '\0'));  // one for A as well: Triton counts only B
+  expect(req, absl::StatusCode::kInvalidArgument, {"2 inputs (1 in shared memory)", "2 raw_input_contents"}, &reg);
+  req.mutable_raw_input_contents()->RemoveLast();
+  req.mutable_inputs(0)->mutable_contents()->add_int_contents(1);
+  expect(req, absl::StatusCode::kInvalidArgument, {"'A'", "typed contents", "shared-memory region"}, &reg);
+}
+
+TEST(SharedMemoryDecodeTest, OutputsAreBoundAfterTheirSizeIsChecked) {
+  ShmObject obj(4096);
+  SharedMemoryRegistry reg;
+  ASSERT_TRUE(reg.Register("out", obj.key(), 0, 4096).ok());
+  inference::ModelInferRequest req;
+  auto* o = req.add_outputs();
+  o->set_name("Y");
+  Work w;
+  w.ExpectOutput("Y", 1000);
+  SetShm(o->mutable_parameters(), "out", 999, 8);
+  auto small = BindSharedMemoryOutputs(req, &reg, w);
+  EXPECT_EQ(small.code(), absl::StatusCode::kInvalidArgument) << small;
+  EXPECT_TRUE(Contains(small, "'Y'") && Contains(small, "'out'") && Contains(small, "1000") && Contains(small, "999"))
+      << small;
+  EXPECT_TRUE(w.shm_outputs.empty());
+  SetShm(o->mutable_parameters(), "out", 1000, 3500);
+  EXPECT_EQ(BindSharedMemoryOutputs(req, &reg, w).code(), absl::StatusCode::kInvalidArgument) << "past the region";
+  SetShm(o->mutable_parameters(), "out", 1000, 8);
+  ASSERT_TRUE(BindSharedMemoryOutputs(req, &reg, w).ok());
+  ASSERT_EQ(w.shm_outputs.size(), 1u);
+  EXPECT_EQ(w.shm_outputs[0].name, "Y");
+  EXPECT_EQ(w.shm_outputs[0].buffer.size, 1000u);
+  EXPECT_EQ(w.output_bytes, 1000);
 }
 
 }  // namespace
