@@ -25,7 +25,7 @@ std::optional<Clock::time_point> SteadyDeadline(const grpc::CallbackServerContex
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(d - now);
 }
 
-constexpr char kNoSharedMemory[] = "this server has no shared-memory registry";
+constexpr char kNoSharedMemory[] = "system shared memory is turned off here (--max-shared-memory-regions=0)";
 constexpr char kNoCudaSharedMemory[] = "this server cannot map CUDA IPC handles yet";
 
 const char* ConfigDType(inference::DataType t) {

@@ -38,6 +38,7 @@ class Region:
     def __init__(self, client, name, byte_size, register=True, offset=0, register_size=None):
         self.client, self.name, self.byte_size, self.key = client, name, byte_size, key(name)
         self.handle = shm.create_shared_memory_region(name, self.key, byte_size)
+        self.registered = register
         if register:
             client.register_system_shared_memory(name, self.key, register_size or byte_size - offset, offset=offset)
 
@@ -52,7 +53,8 @@ class Region:
 
     def __exit__(self, *exc):
         try:
-            self.client.unregister_system_shared_memory(self.name)
+            if self.registered:
+                self.client.unregister_system_shared_memory(self.name)
         finally:
             shm.destroy_shared_memory_region(self.handle)
 
@@ -444,6 +446,26 @@ def test_register_errors(server, client):
         st = client.get_system_shared_memory_status(as_json=True)
         assert "reg" in st["regions"] and not {"reg2", "reg3", "reg4", "reg5"} & set(st["regions"]), st
     assert_still_serving(server.url)
+
+
+def test_region_limit_and_extension_off(start_server):
+    one = start_server("--max-shared-memory-regions=1", name="shm-one")
+    c = grpcclient.InferenceServerClient(one.url)
+    with Region(c, "first", 4096):
+        with Region(c, "second", 4096, register=False) as r:
+            expect_rpc_error(lambda: c.register_system_shared_memory("second", r.key, 4096), C.RESOURCE_EXHAUSTED,
+                             "'second'", "--max-shared-memory-regions")
+    c.close()
+    off = start_server("--max-shared-memory-regions=0", name="shm-off")
+    c = grpcclient.InferenceServerClient(off.url)
+    assert "system_shared_memory" not in c.get_server_metadata(as_json=True)["extensions"]
+    with Region(c, "off", 4096, register=False) as r:
+        expect_rpc_error(lambda: c.register_system_shared_memory("off", r.key, 4096), C.UNIMPLEMENTED)
+    x = grpcclient.InferInput("X", [1, 4096], "FP16")
+    x.set_shared_memory("off", 8192)
+    expect_rpc_error(lambda: c.infer("up_proj_int4", [x]), C.UNIMPLEMENTED, "'X'", "'off'")
+    c.close()
+    assert_still_serving(off.url)
 
 
 def test_truncated_object_is_refused(server, client):
