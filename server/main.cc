@@ -15,6 +15,7 @@
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/core/flags.h"
 #include "server/core/inference_server.h"
+#include "server/core/shared_memory.h"
 #include "server/frontend/auth.h"
 #include "server/frontend/grpc_service.h"
 #include "server/metrics/http_exposer.h"
@@ -40,6 +41,7 @@ struct Options {
   int64_t heap_reserve_mb = int64_t(kHeapPrefaultBytes >> 20);
   bool batch_invariant = true;
   int64_t max_tensor_bytes = 0, max_sequences_per_request = 0;
+  int64_t max_shared_memory_regions = SharedMemoryRegistry::kDefaultMaxRegions;
   std::string tls_cert, tls_key, tls_ca, auth_token, auth_token_file;
   bool auth_inference = true;
 };
@@ -81,6 +83,10 @@ void AddFlags(FlagSet& f, Options& o) {
         "attention: most sequences (CU_SEQLENS entries - 1) in one request; more gets RESOURCE_EXHAUSTED. 0: no limit "
         "beyond the token budget.",
         0, INT32_MAX);
+  f.Add("max-shared-memory-regions", &o.max_shared_memory_regions,
+        "Most system shared-memory regions registered at once (each holds a file descriptor and a mapping); "
+        "0 turns the system shared-memory extension off.",
+        0, 65536);
   f.Add("tls-cert", &o.tls_cert, "PEM certificate chain of the gRPC server; with --tls-key, gRPC is served over TLS only.");
   f.Add("tls-key", &o.tls_key, "PEM private key for --tls-cert.");
   f.Add("tls-ca", &o.tls_ca,
@@ -188,10 +194,15 @@ int Run(const Options& o) {
     return 2;
   }
 
+  // Regions registered by clients; it outlives the service and the server, which use it.
+  std::unique_ptr<SharedMemoryRegistry> shared_memory;
+  if (o.max_shared_memory_regions > 0) shared_memory = std::make_unique<SharedMemoryRegistry>(o.max_shared_memory_regions);
+
   // gRPC first, so that liveness and health answer while the models load.
   GrpcInferenceService service(FLASHQ_VERSION);
   service.SetAuth(auth->get(), o.auth_inference);
   service.SetStreamLimits({o.stream_max_unanswered, o.stream_max_unsent_bytes});
+  service.SetSharedMemory(shared_memory.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -257,6 +268,7 @@ int Run(const Options& o) {
   opts.max_batch_tokens = Override(o.max_batch_tokens);
   opts.workers_per_model = int(o.workers_per_model);
   opts.max_response_bytes = o.grpc_max_message_bytes;
+  opts.shared_memory = shared_memory.get();
   opts.load.kv_cache_blocks = o.kv_cache_blocks;
   auto server = InferenceServer::Create(*entries, **backend, metrics, opts);
   if (!server.ok()) {

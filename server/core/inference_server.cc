@@ -1,8 +1,11 @@
 #include "server/core/inference_server.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/core/client_text.h"
+#include "server/core/request_decoder.h"
 #include "server/repository/model_repository.h"
 
 namespace flashq::server {
@@ -21,6 +24,24 @@ std::string CodeName(absl::StatusCode c) {
 // A response holds the outputs plus names, shapes, the model name and the request id.
 constexpr int64_t kMaxRequestIdBytes = 1024;
 constexpr int64_t kResponseOverheadBytes = 16 << 10;
+
+// Copies the outputs bound to shared-memory regions into them; the response then carries
+// only their names, datatypes and shapes.
+absl::Status WriteSharedMemoryOutputs(Work& work) {
+  for (const SharedMemoryOutput& dst : work.shm_outputs) {
+    for (OutputTensor& t : work.outputs) {
+      if (t.name != dst.name) continue;
+      // Admission checked the size from the shapes; an output that came out larger is a bug.
+      if (t.data.size() > dst.buffer.size) {
+        return absl::InternalError(absl::StrCat("output ", Quoted(t.name), " is ", t.data.size(),
+                                                " bytes, more than the ", dst.buffer.size, " admitted"));
+      }
+      if (!t.data.empty()) std::memcpy(dst.buffer.data, t.data.data(), t.data.size());
+      std::string().swap(t.data);
+    }
+  }
+  return absl::OkStatus();
+}
 
 uint64_t Ns(Clock::duration d) { return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); }
 
@@ -55,7 +76,8 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
 absl::StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Create(const std::vector<ModelEntry>& entries,
                                                                          Backend& backend, ServerMetrics& metrics,
                                                                          const InferenceServerOptions& options) {
-  std::unique_ptr<InferenceServer> server(new InferenceServer(metrics, options.max_response_bytes));
+  std::unique_ptr<InferenceServer> server(
+      new InferenceServer(metrics, options.max_response_bytes, options.shared_memory));
   for (const ModelEntry& e : entries) {
     auto sched = SchedulerOptionsFor(e.config, options);
     if (!sched.ok()) return sched.status();
@@ -153,6 +175,7 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
   auto finish = [this, &s, start, deadline, cancelled](const absl::Status& status, Work* work, uint64_t queue_ns,
                                                        uint64_t compute_ns, const Done& done) {
     absl::Status st = status.ok() && work ? work->status : status;
+    if (st.ok() && work && !work->shm_outputs.empty()) st = WriteSharedMemoryOutputs(*work);
     // A client that gave up while its request computed never sees the result: count it
     // as the client saw it, not as OK.
     if (st.ok() && deadline && Clock::now() >= *deadline) {
@@ -187,15 +210,25 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
            nullptr, 0, 0, done);
     return;
   }
-  auto work = s.model->Prepare(request);
+  auto work = s.model->Prepare(request, shared_memory_);
   if (!work.ok()) {
     finish(work.status(), nullptr, 0, 0, done);
     return;
   }
+  if (absl::Status bound = BindSharedMemoryOutputs(request, shared_memory_, **work); !bound.ok()) {
+    s.model->Drop(**work, bound);
+    finish(bound, nullptr, 0, 0, done);
+    return;
+  }
   // Refused before compute: a response over the frontend's message limit could not be sent.
-  if (max_response_bytes_ > 0 && (*work)->output_bytes > max_response_bytes_ - kResponseOverheadBytes) {
+  // Outputs written to shared memory do not travel in it.
+  int64_t message_bytes = (*work)->output_bytes;
+  for (const auto& [name, bytes] : (*work)->output_sizes) {
+    for (const SharedMemoryOutput& o : (*work)->shm_outputs) message_bytes -= o.name == name ? bytes : 0;
+  }
+  if (max_response_bytes_ > 0 && message_bytes > max_response_bytes_ - kResponseOverheadBytes) {
     absl::Status too_big = absl::ResourceExhaustedError(absl::StrCat(
-        "the outputs of this request come to ", (*work)->output_bytes, " bytes; responses are limited to ",
+        "the outputs of this request come to ", message_bytes, " bytes; responses are limited to ",
         max_response_bytes_, " bytes (--grpc-max-message-bytes); send fewer tokens or rows per request"));
     s.model->Drop(**work, too_big);
     finish(too_big, nullptr, 0, 0, done);

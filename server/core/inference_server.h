@@ -17,6 +17,7 @@
 #include "server/batcher/scheduler.h"
 #include "server/core/model.h"
 #include "server/core/model_stats.h"
+#include "server/core/shared_memory.h"
 #include "server/metrics/metrics.h"
 #include "server/models/model_factory.h"
 
@@ -31,6 +32,9 @@ struct InferenceServerOptions {
   // The largest response the frontend can send (its message limit); a request whose
   // outputs would not fit is refused before compute. 0: no limit.
   int64_t max_response_bytes = 0;
+  // Where tensors that name a shared-memory region are read and written; it must outlive
+  // the server. Null: such tensors are refused (UNIMPLEMENTED).
+  const SharedMemoryRegistry* shared_memory = nullptr;
   ModelLoadOptions load;
 };
 
@@ -71,13 +75,14 @@ class InferenceServer {
     ServerMetrics::Model* metrics = nullptr;
     std::unique_ptr<Scheduler> scheduler;
   };
-  InferenceServer(ServerMetrics& metrics, int64_t max_response_bytes)
-      : metrics_(metrics), max_response_bytes_(max_response_bytes) {}
+  InferenceServer(ServerMetrics& metrics, int64_t max_response_bytes, const SharedMemoryRegistry* shared_memory)
+      : metrics_(metrics), max_response_bytes_(max_response_bytes), shared_memory_(shared_memory) {}
   void Housekeeping();
   static void UpdateKvGauges(Served& s);
 
   ServerMetrics& metrics_;
   const int64_t max_response_bytes_;
+  const SharedMemoryRegistry* const shared_memory_;
   double weights_seconds_ = 0;
   std::vector<std::pair<std::string, double>> load_seconds_;
   std::map<std::string, Served> models_;

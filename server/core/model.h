@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "grpc_service.pb.h"
 #include "model_config.pb.h"
+#include "server/core/shared_memory.h"
 #include "server/core/work.h"
 
 namespace flashq::server {
@@ -25,8 +26,14 @@ class Model {
   const inference::ModelConfig& config() const { return config_; }
 
   // Decodes and validates one request (on the gRPC thread). Errors name the tensor,
-  // the parameter or the limit, and the expected value.
-  virtual absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request) = 0;
+  // the parameter or the limit, and the expected value. Inputs that name a region of
+  // `shared_memory` are read from it in place (null: such inputs are refused).
+  virtual absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request,
+                                                        const SharedMemoryRegistry* shared_memory) = 0;
+  // A request whose tensors all travel in the message.
+  absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request) {
+    return Prepare(request, nullptr);
+  }
   // Called by the scheduler, with its queue locked, as a prepared work joins the queue.
   // State that must follow queue order (a KV sequence's cache positions) is reserved
   // here, so that works queue in the order of their reservations. An error rejects the

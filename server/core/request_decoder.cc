@@ -45,7 +45,63 @@ bool HasTypedContents(const inference::InferTensorContents& c) {
          c.uint64_contents_size() || c.fp32_contents_size() || c.fp64_contents_size() || c.bytes_contents_size();
 }
 
+// A status of `s`'s code whose message starts with what it concerns.
+absl::Status Prefixed(const absl::Status& s, absl::string_view what) {
+  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+}
+
+// A shared-memory offset or size: a non-negative int64 (Triton's type) or a uint64.
+absl::StatusOr<uint64_t> SizeParam(const inference::InferParameter& p, const std::string& key, const std::string& tensor,
+                                   const char* kind) {
+  switch (p.parameter_choice_case()) {
+    case inference::InferParameter::kInt64Param:
+      if (p.int64_param() >= 0) return uint64_t(p.int64_param());
+      return absl::InvalidArgumentError(absl::StrCat(kind, " ", Quoted(tensor), ": parameter '", key, "' is ",
+                                                     p.int64_param(), "; it must be >= 0"));
+    case inference::InferParameter::kUint64Param: return p.uint64_param();
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(kind, " ", Quoted(tensor), ": parameter '", key, "' must be an integer (int64_param)"));
+  }
+}
+
 }  // namespace
+
+absl::StatusOr<std::optional<SharedMemoryRef>> SharedMemoryParams(
+    const google::protobuf::Map<std::string, inference::InferParameter>& params, const std::string& tensor,
+    const char* kind) {
+  auto region = params.find("shared_memory_region");
+  auto size = params.find("shared_memory_byte_size");
+  auto offset = params.find("shared_memory_offset");
+  if (region == params.end()) {
+    for (const auto& it : {size, offset}) {
+      if (it != params.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(kind, " ", Quoted(tensor), ": parameter '", it->first,
+                                                       "' is given without 'shared_memory_region'"));
+      }
+    }
+    return std::optional<SharedMemoryRef>();
+  }
+  if (region->second.parameter_choice_case() != inference::InferParameter::kStringParam) {
+    return absl::InvalidArgumentError(absl::StrCat(kind, " ", Quoted(tensor),
+                                                   ": parameter 'shared_memory_region' must be a string"));
+  }
+  if (size == params.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(kind, " ", Quoted(tensor),
+                                                   ": 'shared_memory_region' needs 'shared_memory_byte_size' too"));
+  }
+  SharedMemoryRef ref;
+  ref.region = region->second.string_param();
+  auto bytes = SizeParam(size->second, size->first, tensor, kind);
+  if (!bytes.ok()) return bytes.status();
+  ref.byte_size = *bytes;
+  if (offset != params.end()) {
+    auto off = SizeParam(offset->second, offset->first, tensor, kind);
+    if (!off.ok()) return off.status();
+    ref.offset = *off;
+  }
+  return std::optional<SharedMemoryRef>(std::move(ref));
+}
 
 const InputTensor* DecodedInputs::Find(const std::string& name) const {
   auto it = tensors.find(name);
@@ -53,12 +109,24 @@ const InputTensor* DecodedInputs::Find(const std::string& name) const {
 }
 
 absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& request,
-                                           const inference::ModelConfig& config) {
+                                           const inference::ModelConfig& config,
+                                           const SharedMemoryRegistry* shared_memory) {
   const std::string& model = config.name();
   const int n_raw = request.raw_input_contents_size();
-  if (n_raw != 0 && n_raw != request.inputs_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("model '", model, "': ", request.inputs_size(),
-                                                   " inputs but ", n_raw, " raw_input_contents; expected one each"));
+  // An input read from shared memory has no raw_input_contents entry (as in Triton).
+  std::vector<std::optional<SharedMemoryRef>> shm(request.inputs_size());
+  int n_shm = 0;
+  for (int i = 0; i < request.inputs_size(); ++i) {
+    auto ref = SharedMemoryParams(request.inputs(i).parameters(), request.inputs(i).name(), "input");
+    if (!ref.ok()) return ref.status();
+    shm[i] = std::move(*ref);
+    n_shm += shm[i].has_value();
+  }
+  if (n_raw != 0 && n_raw != request.inputs_size() - n_shm) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", model, "': ", request.inputs_size(), " inputs",
+        n_shm ? absl::StrCat(" (", n_shm, " in shared memory)") : "", " but ", n_raw, " raw_input_contents; expected one",
+        n_shm ? " for each input not in shared memory" : " each"));
   }
   // Set by --max-tensor-bytes (or the model's config); checked before any tensor is copied.
   auto max_tensor_bytes = ConfigIntParam(config, "max_tensor_bytes", 0);
@@ -67,6 +135,7 @@ absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& r
   for (const auto& in : config.input()) declared.push_back(in.name());
 
   DecodedInputs out;
+  int next_raw = 0;
   for (int i = 0; i < request.inputs_size(); ++i) {
     const auto& in = request.inputs(i);
     if (std::find(declared.begin(), declared.end(), in.name()) == declared.end()) {
@@ -76,9 +145,10 @@ absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& r
     if (out.tensors.count(in.name())) {
       return absl::InvalidArgumentError(absl::StrCat("input '", in.name(), "' appears twice"));
     }
-    if (n_raw && HasTypedContents(in.contents())) {
-      return absl::InvalidArgumentError(absl::StrCat("input '", in.name(),
-                                                     "' has both typed contents and raw_input_contents; send one"));
+    if ((n_raw || shm[i]) && HasTypedContents(in.contents())) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", in.name(), "' has both typed contents and ",
+                                                     shm[i] ? "a shared-memory region" : "raw_input_contents",
+                                                     "; send one"));
     }
     auto dtype = ParseDType(in.datatype());
     if (!dtype) {
@@ -112,14 +182,34 @@ absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& r
                                                        in.datatype(), " is ", expected, " bytes; the limit is ",
                                                        *max_tensor_bytes, " (--max-tensor-bytes)"));
     }
-    const int64_t sent = n_raw ? int64_t(request.raw_input_contents(i).size()) : TypedContentsBytes(t.dtype, in.contents());
+    if (shm[i]) {
+      const SharedMemoryRef& ref = *shm[i];
+      const std::string what = absl::StrCat("input ", Quoted(in.name()));
+      if (ref.byte_size != uint64_t(expected)) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": shape ", ShapeString(t.shape), " of ", in.datatype(),
+                                                       " needs ", expected, " bytes but its shared_memory_byte_size in region ",
+                                                       Quoted(ref.region), " is ", ref.byte_size));
+      }
+      if (!shared_memory) {
+        return absl::UnimplementedError(absl::StrCat(what, " names shared-memory region ", Quoted(ref.region),
+                                                     "; this server takes tensors in the message only"));
+      }
+      auto buffer = shared_memory->Find(ref.region, ref.offset, ref.byte_size);
+      if (!buffer.ok()) return Prefixed(buffer.status(), what);
+      t.data = std::string_view(buffer->data, buffer->size);
+      out.regions.push_back(std::move(*buffer));
+      out.tensors.emplace(t.name, std::move(t));
+      continue;
+    }
+    const int64_t sent =
+        n_raw ? int64_t(request.raw_input_contents(next_raw).size()) : TypedContentsBytes(t.dtype, in.contents());
     if (sent != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
           "input '", in.name(), "': shape ", ShapeString(t.shape), " of ", in.datatype(), " needs ", expected,
           " bytes but ", sent, " were sent"));
     }
     if (n_raw) {
-      t.data = request.raw_input_contents(i);
+      t.data = request.raw_input_contents(next_raw++);
     } else {
       out.owned.push_back(ContentsAsRaw(t.dtype, in.contents()));
       t.data = *out.owned.back();
@@ -203,6 +293,32 @@ absl::StatusOr<std::string> SequenceIdParam(const inference::ModelInferRequest& 
     }
     default: return absl::InvalidArgumentError("parameter 'sequence_id' must be an integer or a string");
   }
+}
+
+absl::Status BindSharedMemoryOutputs(const inference::ModelInferRequest& request,
+                                     const SharedMemoryRegistry* shared_memory, Work& work) {
+  for (const auto& o : request.outputs()) {
+    auto ref = SharedMemoryParams(o.parameters(), o.name(), "output");
+    if (!ref.ok()) return ref.status();
+    if (!ref->has_value()) continue;
+    const std::string what = absl::StrCat("output ", Quoted(o.name()));
+    const std::string& region = (*ref)->region;
+    if (!shared_memory) {
+      return absl::UnimplementedError(absl::StrCat(what, " names shared-memory region ", Quoted(region),
+                                                   "; this server sends outputs in the message only"));
+    }
+    auto buffer = shared_memory->Find(region, (*ref)->offset, (*ref)->byte_size);
+    if (!buffer.ok()) return Prefixed(buffer.status(), what);
+    int64_t bytes = 0;
+    for (const auto& [name, n] : work.output_sizes) bytes = name == o.name() ? n : bytes;
+    if (uint64_t(bytes) > (*ref)->byte_size) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " of this request is ", bytes,
+                                                     " bytes but its shared_memory_byte_size in region ",
+                                                     Quoted(region), " is ", (*ref)->byte_size));
+    }
+    work.shm_outputs.push_back({o.name(), std::move(*buffer)});
+  }
+  return absl::OkStatus();
 }
 
 bool WantsOutput(const inference::ModelInferRequest& request, const std::string& name, bool by_default) {

@@ -11,13 +11,16 @@
 #include "absl/status/statusor.h"
 #include "grpc_service.pb.h"
 #include "model_config.pb.h"
+#include "server/core/shared_memory.h"
 #include "server/core/tensor.h"
+#include "server/core/work.h"
 
 namespace flashq::server {
 
 struct DecodedInputs {
   std::map<std::string, InputTensor> tensors;
   std::vector<std::unique_ptr<std::string>> owned;  // typed `contents` converted to raw bytes
+  std::vector<SharedMemoryBuffer> regions;          // keep inputs read from shared memory mapped
 
   const InputTensor* Find(const std::string& name) const;
 };
@@ -27,13 +30,41 @@ constexpr int64_t kMaxDimension = 2147483647;
 // The longest string sequence_id accepted.
 constexpr size_t kMaxSequenceIdBytes = 256;
 
+// A tensor's place in a shared-memory region, from Triton's tensor parameters
+// shared_memory_region (string), shared_memory_byte_size (integer, required with a
+// region) and shared_memory_offset (integer, default 0).
+struct SharedMemoryRef {
+  std::string region;
+  uint64_t offset = 0, byte_size = 0;
+};
+// nullopt when the tensor names no region. INVALID_ARGUMENT, naming the tensor, for a
+// parameter of the wrong type, a negative offset or size, or one without the region.
+// `kind` is "input" or "output".
+absl::StatusOr<std::optional<SharedMemoryRef>> SharedMemoryParams(
+    const google::protobuf::Map<std::string, inference::InferParameter>& params, const std::string& tensor,
+    const char* kind);
+
 // INVALID_ARGUMENT for: an input the model does not declare, a duplicate, an unknown
 // datatype, a dimension outside 0..kMaxDimension, raw bytes that do not match shape x
-// datatype, a count of raw_input_contents that differs from the inputs, typed contents
-// sent beside raw bytes, a missing required input, an output not declared or requested
-// twice. RESOURCE_EXHAUSTED for a tensor over the model's max_tensor_bytes.
+// datatype, a count of raw_input_contents that differs from the inputs not in shared
+// memory, typed contents sent beside raw bytes or beside a shared-memory region, a
+// missing required input, an output not declared or requested twice.
+// RESOURCE_EXHAUSTED for a tensor over the model's max_tensor_bytes.
+// An input in a region of `shared_memory` is read in place: its shared_memory_byte_size
+// must equal shape x datatype (INVALID_ARGUMENT), and the region's errors (NOT_FOUND for
+// one not registered, INVALID_ARGUMENT for a range outside it) name the input too.
+// With `shared_memory` null, such inputs are UNIMPLEMENTED.
 absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& request,
-                                           const inference::ModelConfig& config);
+                                           const inference::ModelConfig& config,
+                                           const SharedMemoryRegistry* shared_memory);
+
+// Binds the outputs that `request` asks to receive in shared-memory regions into
+// work.shm_outputs, after Prepare (work.output_sizes holds each output's size). Before
+// compute, so that nothing is computed for an answer that cannot be delivered:
+// INVALID_ARGUMENT when a region's shared_memory_byte_size is smaller than its output,
+// and the errors of SharedMemoryRegistry::Find; each names the output and the region.
+absl::Status BindSharedMemoryOutputs(const inference::ModelInferRequest& request,
+                                     const SharedMemoryRegistry* shared_memory, Work& work);
 
 // Request parameters (Triton's `parameters` map). Type mismatches are INVALID_ARGUMENT.
 absl::StatusOr<bool> BoolParam(const inference::ModelInferRequest& request, const std::string& key, bool def);

@@ -7,15 +7,30 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/core/shared_memory.h"
 #include "server/core/tensor.h"
 
 namespace flashq::server {
 
+// An output that the client asked to receive in a shared-memory region.
+struct SharedMemoryOutput {
+  std::string name;
+  SharedMemoryBuffer buffer;  // at least the output's bytes, checked at admission
+};
+
 struct Work {
   virtual ~Work() = default;
 
+  // Prepare declares each output it will produce, with its size, before compute.
+  void ExpectOutput(std::string name, int64_t bytes) {
+    output_sizes.push_back({std::move(name), bytes});
+    output_bytes += bytes;
+  }
+
   int64_t tokens = 1;          // what the batch's token budget counts
   int64_t output_bytes = 0;    // bytes of the outputs asked for, known before compute
+  std::vector<std::pair<std::string, int64_t>> output_sizes;  // the same, per output
+  std::vector<SharedMemoryOutput> shm_outputs;  // set at admission; written before the answer
   std::string batch_key;       // only works with equal keys share a batch
   std::string exclusive_key;   // non-empty: works with equal keys never share a batch nor run at once
 

@@ -25,6 +25,9 @@ std::optional<Clock::time_point> SteadyDeadline(const grpc::CallbackServerContex
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(d - now);
 }
 
+constexpr char kNoSharedMemory[] = "system shared memory is turned off here (--max-shared-memory-regions=0)";
+constexpr char kNoCudaSharedMemory[] = "this server cannot map CUDA IPC handles yet";
+
 const char* ConfigDType(inference::DataType t) {
   switch (t) {
     case inference::TYPE_FP16: return "FP16";
@@ -54,7 +57,10 @@ void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
     o->set_name(t.name);
     o->set_datatype(std::string(DTypeName(t.dtype)));
     for (int64_t d : t.shape) o->add_shape(d);
-    *response->add_raw_output_contents() = std::move(t.data);
+    std::string* raw = response->add_raw_output_contents();
+    const bool in_shm = std::any_of(work.shm_outputs.begin(), work.shm_outputs.end(),
+                                    [&](const SharedMemoryOutput& s) { return s.name == t.name; });
+    if (!in_shm) *raw = std::move(t.data);
   }
 }
 
@@ -107,6 +113,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ServerMetadata(grpc::CallbackSer
   resp->set_name("flashq");
   resp->set_version(version_);
   for (const char* e : {"model_configuration", "statistics", "sequence", "ragged_batching"}) resp->add_extensions(e);
+  if (shared_memory_) resp->add_extensions("system_shared_memory");
   return Reply(ctx, grpc::Status::OK);
 }
 
@@ -179,6 +186,72 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelInfer(grpc::CallbackServerC
              reactor->Finish(ToGrpc(st));
            });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcInferenceService::SystemSharedMemoryStatus(
+    grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryStatusRequest* req,
+    inference::SystemSharedMemoryStatusResponse* resp) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
+  if (!shared_memory_) return Reply(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED, kNoSharedMemory));
+  auto regions = shared_memory_->Status(req->name());
+  if (!regions.ok()) return Reply(ctx, ToGrpc(regions.status()));
+  for (const SharedMemoryRegionStatus& r : *regions) {
+    auto& out = (*resp->mutable_regions())[r.name];
+    out.set_name(r.name);
+    out.set_key(r.key);
+    out.set_offset(r.offset);
+    out.set_byte_size(r.byte_size);
+  }
+  return Reply(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* GrpcInferenceService::SystemSharedMemoryRegister(
+    grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryRegisterRequest* req,
+    inference::SystemSharedMemoryRegisterResponse*) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
+  if (!shared_memory_) return Reply(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED, kNoSharedMemory));
+  return Reply(ctx, ToGrpc(shared_memory_->Register(req->name(), req->key(), req->offset(), req->byte_size())));
+}
+
+grpc::ServerUnaryReactor* GrpcInferenceService::SystemSharedMemoryUnregister(
+    grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryUnregisterRequest* req,
+    inference::SystemSharedMemoryUnregisterResponse*) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
+  if (!shared_memory_) return Reply(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED, kNoSharedMemory));
+  // A region in use stays mapped until its last request finishes (SharedMemoryRegistry).
+  if (req->name().empty()) {
+    shared_memory_->UnregisterAll();
+  } else {
+    shared_memory_->Unregister(req->name());
+  }
+  return Reply(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* GrpcInferenceService::CudaSharedMemoryStatus(
+    grpc::CallbackServerContext* ctx, const inference::CudaSharedMemoryStatusRequest* req,
+    inference::CudaSharedMemoryStatusResponse*) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
+  if (req->name().empty()) return Reply(ctx, grpc::Status::OK);
+  return Reply(ctx, grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                 absl::StrCat("CUDA shared-memory region ", Quoted(req->name()),
+                                              " is not registered (", kNoCudaSharedMemory, ")")));
+}
+
+grpc::ServerUnaryReactor* GrpcInferenceService::CudaSharedMemoryRegister(
+    grpc::CallbackServerContext* ctx, const inference::CudaSharedMemoryRegisterRequest* req,
+    inference::CudaSharedMemoryRegisterResponse*) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
+  return Reply(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                 absl::StrCat("cannot register CUDA shared-memory region ", Quoted(req->name()), ": ",
+                                              kNoCudaSharedMemory, "; use system shared memory or send the "
+                                              "tensors in the message")));
+}
+
+grpc::ServerUnaryReactor* GrpcInferenceService::CudaSharedMemoryUnregister(
+    grpc::CallbackServerContext* ctx, const inference::CudaSharedMemoryUnregisterRequest*,
+    inference::CudaSharedMemoryUnregisterResponse*) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
+  return Reply(ctx, grpc::Status::OK);  // none can be registered, so none is left to remove
 }
 
 namespace {

@@ -7,6 +7,7 @@
 
 #include "grpc_service.grpc.pb.h"
 #include "server/core/inference_server.h"
+#include "server/core/shared_memory.h"
 #include "server/frontend/auth.h"
 
 namespace flashq::server {
@@ -39,6 +40,9 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
   }
   // Set before the server starts; both limits at least 1.
   void SetStreamLimits(const StreamLimits& limits) { stream_limits_ = limits; }
+  // Set before the server starts: the registry behind the SystemSharedMemory RPCs (the
+  // same one the InferenceServer reads tensors from). Without it they are UNIMPLEMENTED.
+  void SetSharedMemory(SharedMemoryRegistry* registry) { shared_memory_ = registry; }
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext*, const inference::ServerLiveRequest*,
                                        inference::ServerLiveResponse*) override;
@@ -58,6 +62,27 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
                                        inference::ModelInferResponse*) override;
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>* ModelStreamInfer(
       grpc::CallbackServerContext*) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(grpc::CallbackServerContext*,
+                                                     const inference::SystemSharedMemoryStatusRequest*,
+                                                     inference::SystemSharedMemoryStatusResponse*) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(grpc::CallbackServerContext*,
+                                                       const inference::SystemSharedMemoryRegisterRequest*,
+                                                       inference::SystemSharedMemoryRegisterResponse*) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(grpc::CallbackServerContext*,
+                                                         const inference::SystemSharedMemoryUnregisterRequest*,
+                                                         inference::SystemSharedMemoryUnregisterResponse*) override;
+  // CUDA regions cannot be registered yet (no CUDA IPC mapping): Register is
+  // UNIMPLEMENTED; Status lists none and Unregister has nothing to remove, so that
+  // clients which clean up both kinds (perf_analyzer does) work.
+  grpc::ServerUnaryReactor* CudaSharedMemoryStatus(grpc::CallbackServerContext*,
+                                                   const inference::CudaSharedMemoryStatusRequest*,
+                                                   inference::CudaSharedMemoryStatusResponse*) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryRegister(grpc::CallbackServerContext*,
+                                                     const inference::CudaSharedMemoryRegisterRequest*,
+                                                     inference::CudaSharedMemoryRegisterResponse*) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(grpc::CallbackServerContext*,
+                                                       const inference::CudaSharedMemoryUnregisterRequest*,
+                                                       inference::CudaSharedMemoryUnregisterResponse*) override;
 
  private:
   // The model's config; null with NOT_FOUND in `error` for an unknown model, or for a
@@ -71,9 +96,12 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
   const TokenAuth* auth_ = nullptr;
   bool auth_inference_ = true;
   StreamLimits stream_limits_;
+  SharedMemoryRegistry* shared_memory_ = nullptr;
 };
 
-// Moves a finished work's outputs into a response (raw_output_contents).
+// Moves a finished work's outputs into a response (raw_output_contents). An output
+// written to shared memory gets its name, datatype and shape and an empty
+// raw_output_contents entry, as in Triton, so that entries stay one per output.
 void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
                        inference::ModelInferResponse* response);
 grpc::Status ToGrpc(const absl::Status& s);

@@ -75,9 +75,10 @@ AttentionModel::AttentionModel(inference::ModelConfig config, std::unique_ptr<At
       max_sequences_(max_sequences),
       head_dims_(std::move(head_dims)) {}
 
-absl::StatusOr<std::unique_ptr<Work>> AttentionModel::Prepare(const inference::ModelInferRequest& request) {
+absl::StatusOr<std::unique_ptr<Work>> AttentionModel::Prepare(const inference::ModelInferRequest& request,
+                                                     const SharedMemoryRegistry* shared_memory) {
   auto w = std::make_unique<AttentionWork>();
-  auto decoded = DecodeInputs(request, config());
+  auto decoded = DecodeInputs(request, config(), shared_memory);
   if (!decoded.ok()) return decoded.status();
   w->inputs = std::move(*decoded);
   w->q = w->inputs.Find("Q");
@@ -173,7 +174,8 @@ absl::StatusOr<std::unique_ptr<Work>> AttentionModel::Prepare(const inference::M
   }
   w->want_o = WantsOutput(request, "O", true);
   w->want_lse = WantsOutput(request, "LSE", false);
-  w->output_bytes = (w->want_o ? total_q * hq * d * DTypeSize(q->dtype) : 0) + (w->want_lse ? total_q * hq * 4 : 0);
+  if (w->want_o) w->ExpectOutput("O", total_q * hq * d * DTypeSize(q->dtype));
+  if (w->want_lse) w->ExpectOutput("LSE", total_q * hq * 4);
   w->batch_key = absl::StrCat(DTypeName(q->dtype), "/", w->hq, "/", w->hkv, "/", w->d, "/", w->causal, "/",
                               FloatBits(w->scale), "/", w->want_lse);
   return std::unique_ptr<Work>(std::move(w));

@@ -15,7 +15,9 @@ class AttentionModel : public Model {
  public:
   static absl::StatusOr<std::unique_ptr<Model>> Create(inference::ModelConfig config, Backend& backend);
 
-  absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request) override;
+  using Model::Prepare;
+  absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request,
+                                                const SharedMemoryRegistry* shared_memory) override;
   void Execute(const std::vector<Work*>& batch) override;
 
  private:

@@ -71,9 +71,10 @@ KvAttentionModel::KvAttentionModel(inference::ModelConfig config, KvGeometry geo
                                    std::unique_ptr<KvSessionTable> sessions, std::unique_ptr<KvAttentionExecutor> executor)
     : Model(std::move(config)), geometry_(geometry), sessions_(std::move(sessions)), executor_(std::move(executor)) {}
 
-absl::StatusOr<std::unique_ptr<Work>> KvAttentionModel::Prepare(const inference::ModelInferRequest& request) {
+absl::StatusOr<std::unique_ptr<Work>> KvAttentionModel::Prepare(const inference::ModelInferRequest& request,
+                                                     const SharedMemoryRegistry* shared_memory) {
   auto w = std::make_unique<KvWork>();
-  auto decoded = DecodeInputs(request, config());
+  auto decoded = DecodeInputs(request, config(), shared_memory);
   if (!decoded.ok()) return decoded.status();
   w->inputs = std::move(*decoded);
   w->q = w->inputs.Find("Q");
@@ -118,7 +119,7 @@ absl::StatusOr<std::unique_ptr<Work>> KvAttentionModel::Prepare(const inference:
   }
   w->n = int(n);
   w->tokens = n;
-  w->output_bytes = WantsOutput(request, "O", true) ? n * geometry_.num_heads_q * geometry_.head_dim * 2 : 0;
+  if (WantsOutput(request, "O", true)) w->ExpectOutput("O", n * geometry_.num_heads_q * geometry_.head_dim * 2);
   w->batch_key = std::string(DTypeName(w->q->dtype));
   w->exclusive_key = *id;
   return std::unique_ptr<Work>(std::move(w));

@@ -22,7 +22,9 @@ class KvAttentionModel : public Model {
   static absl::StatusOr<std::unique_ptr<Model>> Create(inference::ModelConfig config, Backend& backend,
                                                        int64_t kv_cache_blocks);
 
-  absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request) override;
+  using Model::Prepare;
+  absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request,
+                                                const SharedMemoryRegistry* shared_memory) override;
   // Reserves the request's cache positions (KvSessionTable::Reserve) in queue order.
   absl::Status Admit(Work& work) override;
   void Execute(const std::vector<Work*>& batch) override;

@@ -150,9 +150,10 @@ LinearModel::LinearModel(inference::ModelConfig config, std::unique_ptr<LinearEx
                          int64_t max_tokens)
     : Model(std::move(config)), executor_(std::move(executor)), K_(K), N_(N), max_tokens_(max_tokens) {}
 
-absl::StatusOr<std::unique_ptr<Work>> LinearModel::Prepare(const inference::ModelInferRequest& request) {
+absl::StatusOr<std::unique_ptr<Work>> LinearModel::Prepare(const inference::ModelInferRequest& request,
+                                                     const SharedMemoryRegistry* shared_memory) {
   auto w = std::make_unique<LinearWork>();
-  auto decoded = DecodeInputs(request, config());
+  auto decoded = DecodeInputs(request, config(), shared_memory);
   if (!decoded.ok()) return decoded.status();
   w->inputs = std::move(*decoded);
   w->x = w->inputs.Find("X");
@@ -166,7 +167,7 @@ absl::StatusOr<std::unique_ptr<Work>> LinearModel::Prepare(const inference::Mode
                                                    "] with M >= 1"));
   }
   w->tokens = x.shape[0];
-  w->output_bytes = w->tokens * N_ * DTypeSize(x.dtype);
+  w->ExpectOutput("Y", w->tokens * N_ * DTypeSize(x.dtype));
   if (w->tokens > max_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat("input 'X' has ", w->tokens, " rows; model '", name(),
                                                    "' takes at most max_batch_tokens=", max_tokens_, " per request"));

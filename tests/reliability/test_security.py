@@ -125,6 +125,14 @@ def admin_calls(st, md):
         "ModelMetadata": lambda: st.ModelMetadata(service_pb2.ModelMetadataRequest(name="lin"), metadata=md, timeout=10),
         "ModelConfig": lambda: st.ModelConfig(service_pb2.ModelConfigRequest(name="lin"), metadata=md, timeout=10),
         "ModelStatistics": lambda: st.ModelStatistics(service_pb2.ModelStatisticsRequest(), metadata=md, timeout=10),
+        "SystemSharedMemoryStatus": lambda: st.SystemSharedMemoryStatus(
+            service_pb2.SystemSharedMemoryStatusRequest(), metadata=md, timeout=10),
+        "SystemSharedMemoryUnregister": lambda: st.SystemSharedMemoryUnregister(
+            service_pb2.SystemSharedMemoryUnregisterRequest(), metadata=md, timeout=10),
+        "CudaSharedMemoryStatus": lambda: st.CudaSharedMemoryStatus(
+            service_pb2.CudaSharedMemoryStatusRequest(), metadata=md, timeout=10),
+        "CudaSharedMemoryUnregister": lambda: st.CudaSharedMemoryUnregister(
+            service_pb2.CudaSharedMemoryUnregisterRequest(), metadata=md, timeout=10),
     }
     out = {}
     for name, fn in calls.items():
@@ -197,6 +205,34 @@ def test_token_admin_only_mode(tmp_path):
         assert set(admin_calls(st, None).values()) == {C.UNAUTHENTICATED}
         assert set(admin_calls(st, (("authorization", f"Bearer {TOKEN}"),)).values()) == {C.OK}
         ch.close()
+
+
+def test_token_guards_shared_memory_registration(tmp_path):
+    """Registering a region opens and maps a file of the server's host: the token guards it
+    like every administrative RPC, also when inference is left open."""
+    import os
+    import tritonclient.grpc as tc
+    import tritonclient.utils.shared_memory as shm
+    key = f"/flashq_sec_{os.getpid()}"
+    handle = shm.create_shared_memory_region("sec", key, 4096)
+    good = {"authorization": f"Bearer {TOKEN}"}
+    try:
+        with Server(f"--auth-token={TOKEN}", "--auth-inference=false", name="token-shm") as srv:
+            cl = tc.InferenceServerClient(srv.url)
+            with pytest.raises(Exception, match="UNAUTHENTICATED"):
+                cl.register_system_shared_memory("sec", key, 4096)
+            assert cl.get_system_shared_memory_status(headers=good, as_json=True).get("regions", {}) == {}
+            cl.register_system_shared_memory("sec", key, rel.LIN_K * 2, headers=good)
+            shm.set_shared_memory_region(handle, [np.ones((1, rel.LIN_K), np.float16)])
+            x = tc.InferInput("X", [1, rel.LIN_K], "FP16")
+            x.set_shared_memory("sec", rel.LIN_K * 2)
+            assert cl.infer("lin", [x]).as_numpy("Y").shape == (1, rel.LIN_N)  # inference is open here
+            with pytest.raises(Exception, match="UNAUTHENTICATED"):
+                cl.unregister_system_shared_memory("sec")
+            cl.unregister_system_shared_memory("sec", headers=good)
+            cl.close()
+    finally:
+        shm.destroy_shared_memory_region(handle)
 
 
 def test_mtls_and_token_together(pki):

@@ -68,7 +68,8 @@ class FakeModel : public Model {
  public:
   FakeModel() : Model(FakeConfig()) {}
 
-  absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest&) override {
+  absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest&,
+                                                const SharedMemoryRegistry*) override {
     return absl::UnimplementedError("not used");
   }
 
