@@ -34,7 +34,9 @@ struct Options {
   int64_t grpc_port = 8001, metrics_port = 8002;
   std::string model_repository, demo_cache_dir, backend = "auto";
   int64_t max_queue_delay_us = -1, max_queue_size = -1, max_batch_tokens = -1;
-  int64_t grpc_max_message_bytes = 64 << 20;
+  // gRPC's own ceiling, as in Triton: the token budget and --max-tensor-bytes bound a request, so
+  // any request within a model's token budget fits (docs/security.md, "Request limits").
+  int64_t grpc_max_message_bytes = INT32_MAX;
   int64_t stream_max_unanswered = StreamLimits().max_answers, stream_max_unsent_bytes = StreamLimits().max_bytes;
   int64_t kv_cache_blocks = 0, workers_per_model = 2, cpu_threads = 0;
   int64_t gpu_streams = 2, gpu_staging_mb = 128, gpu_arena_mb = 2048;
