@@ -136,7 +136,7 @@ if [ $BUILD_RC = 0 ]; then
     note=$(grep -E "tests passed|tests failed" "$LOGS/ctest_gpu.log" | tail -n1)
     # ctest exits 0 when tests are skipped; here a skip means a GPU test did not run.
     if [ $rc = 0 ] && grep -qE "Not Run|\(Skipped\)|\*\*\*Skipped" "$LOGS/ctest_gpu.log"; then rc=77; fi
-    if [ $rc = 0 ] && ! grep -qE "100% tests passed, 0 tests failed out of [1-9]" "$LOGS/ctest_gpu.log"; then rc=1; note="no test ran; $note"; fi
+    if [ $rc = 0 ] && ! grep -qE "100% tests passed(, 0 tests failed)? out of [1-9]" "$LOGS/ctest_gpu.log"; then rc=1; note="no test ran; $note"; fi
     verdict kernel-tests $rc "$t" "$note"
   ) &
   P1=$!

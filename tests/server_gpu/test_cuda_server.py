@@ -499,10 +499,20 @@ def sigterm_in_flight(server, checks, models):
                 window.release()
         time.sleep(0.5)
 
+    # On a GPU thousands of requests complete in a second; the CPU backend (a loaded CI machine) may
+    # finish few, and a GPU shared with other processes (sanitizers) can stall for seconds. So the
+    # signal waits for answers, not for a fixed time: the work in flight at SIGTERM is what is tested.
+    need = 10 if server.backend == "cuda" else 1
     threads = [threading.Thread(target=sender, args=(t,), daemon=True) for t in range(4)]
     for th in threads:
         th.start()
-    time.sleep(2.0)
+    wait_until = time.monotonic() + 60
+    while time.monotonic() < wait_until:
+        with lock:
+            if len(answers) >= need:
+                break
+        time.sleep(0.05)
+    time.sleep(0.2)  # and let more requests queue behind those
     with lock:
         before = len(answers)
         term_at[0] = time.monotonic()
@@ -534,9 +544,7 @@ def sigterm_in_flight(server, checks, models):
     assert not twice, f"{len(twice)} requests answered twice"
     assert not bad, f"unexpected answers: {dict(list(bad.items())[:5])} ({summary})"
     assert not mismatched, f"{len(mismatched)} results differ from the same request's checked result"
-    # On a GPU thousands of requests complete in those 2 s; the CPU backend (a loaded CI machine) may finish few.
-    need = 10 if server.backend == "cuda" else 1
-    assert codes.get("OK", 0) >= need and before > 0, f"too little work was done before SIGTERM ({summary})"
+    assert codes.get("OK", 0) >= need and before >= need, f"too little work was done before SIGTERM ({summary})"
 
 
 def main():
