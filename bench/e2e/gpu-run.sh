@@ -28,7 +28,8 @@ echo "== fatbin contents (cuobjdump)"
   echo "ptx entries: $(cuobjdump --list-ptx "$B/libexec/flashq-server" 2>/dev/null | wc -l)"; } | tee "$OUT/cuobjdump.txt"
 
 GPUS=$(nvidia-smi -L | wc -l)
-# PARTS picks sections (default all), so that one machine can take the work in two calls.
+# PARTS picks sections (default all), so that one machine can take the work in two calls;
+# E2E_SCENARIOS, E2E_CONC and E2E_SERVER_ARGS (extra server flags) shape the end-to-end part.
 PARTS=${PARTS:-tests,cold,e2e,multi}
 part() { [[ ",$PARTS," == *",$1,"* ]]; }
 if part tests; then
@@ -72,7 +73,7 @@ fi
 serve_and_load() {
   local name=$1 port=$2
   "$B/libexec/flashq-server" --backend=cuda --demo-cache-dir=$CACHE --grpc-port=$port --metrics-port=$((port + 1)) \
-    --kv-cache-blocks=40000 --gpu-arena-mb=12288 --workers-per-model=$3 > "$OUT/server-$name.log" 2>&1 &
+    --kv-cache-blocks=40000 --gpu-arena-mb=12288 --workers-per-model=$3 ${E2E_SERVER_ARGS:-} > "$OUT/server-$name.log" 2>&1 &
   local spid=$!
   for _ in $(seq 1 240); do grep -q "flashq-server ready" "$OUT/server-$name.log" && break; sleep 0.5; done
   timeout 420 python3 "$ROOT"/bench/e2e/gpu_e2e.py --bench="$B/libexec/flashq-bench" --endpoint=localhost:$port \
