@@ -6,6 +6,12 @@ namespace flashq::server {
 namespace {
 uint64_t Ns(Clock::duration d) { return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); }
 double Seconds(uint64_t ns) { return double(ns) * 1e-9; }
+bool IsBulk(const std::vector<std::unique_ptr<Pending>>& batch) {
+  for (const auto& p : batch) {
+    if (p->work->bulk) return true;
+  }
+  return false;
+}
 }  // namespace
 
 Scheduler::Scheduler(Model& model, SchedulerOptions options, ServerMetrics::Model& metrics, ModelStats& stats)
@@ -54,9 +60,14 @@ int64_t Scheduler::depth() const {
   return int64_t(queue_.size());
 }
 
+bool Scheduler::Startable(const Work& w) const {
+  return !w.bulk || options_.workers < 2 || running_bulk_ < options_.workers - 1;
+}
+
 bool Scheduler::HasRunnable() const {
   for (const auto& p : queue_) {
-    if (p->work->exclusive_key.empty() || !running_keys_.count(p->work->exclusive_key)) return true;
+    const std::string& ex = p->work->exclusive_key;
+    if ((ex.empty() || !running_keys_.count(ex)) && Startable(*p->work)) return true;
   }
   return false;
 }
@@ -84,7 +95,7 @@ void Scheduler::FormBatch(Clock::time_point now, std::vector<std::unique_ptr<Pen
       continue;
     }
     const std::string& ex = p.work->exclusive_key;
-    const bool blocked = !ex.empty() && (running_keys_.count(ex) || held.count(ex));
+    const bool blocked = (!ex.empty() && (running_keys_.count(ex) || held.count(ex))) || !Startable(*p.work);
     const bool fits = !key || (p.work->batch_key == *key && tokens + p.work->tokens <= options_.max_batch_tokens);
     if (blocked || !fits) {
       if (!ex.empty()) held.insert(ex);
@@ -101,6 +112,7 @@ void Scheduler::FormBatch(Clock::time_point now, std::vector<std::unique_ptr<Pen
   for (const auto& p : *batch) {
     if (!p->work->exclusive_key.empty()) running_keys_.insert(p->work->exclusive_key);
   }
+  running_bulk_ += IsBulk(*batch);
   metrics_.queue_depth->Set(double(queue_.size()));
 }
 
@@ -145,6 +157,7 @@ void Scheduler::WorkerLoop() {
       for (const auto& p : batch) {
         if (!p->work->exclusive_key.empty()) running_keys_.erase(running_keys_.find(p->work->exclusive_key));
       }
+      running_bulk_ -= IsBulk(batch);
     }
     cv_.notify_all();
   }

@@ -9,7 +9,9 @@
 // with the same exclusive key (one KV sequence) never share a batch and never run
 // at once, so a sequence's requests run in arrival order. A full queue rejects at
 // once with RESOURCE_EXHAUSTED. Model::Admit runs as a request joins the queue, under
-// the queue's lock, so what it reserves follows queue order.
+// the queue's lock, so what it reserves follows queue order. With two or more workers,
+// batches of bulk work (Work::bulk, long prefills) occupy at most all workers but one,
+// so that short work never waits behind them for a worker.
 #pragma once
 
 #include <chrono>
@@ -68,6 +70,8 @@ class Scheduler {
   void FormBatch(Clock::time_point now, std::vector<std::unique_ptr<Pending>>* batch,
                  std::vector<std::pair<std::unique_ptr<Pending>, absl::Status>>* dropped);
   bool HasRunnable() const;
+  // Under mu_: whether a batch starting with `w` may start now (the bulk limit).
+  bool Startable(const Work& w) const;
   void Run(std::vector<std::unique_ptr<Pending>>& batch);
 
   Model& model_;
@@ -80,6 +84,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Pending>> queue_;
   int64_t queued_tokens_ = 0;
   std::multiset<std::string> running_keys_;   // exclusive keys of batches being executed
+  int running_bulk_ = 0;                      // batches of bulk work being executed
   bool stop_ = false;
   std::vector<std::thread> workers_;
 };

@@ -33,6 +33,9 @@ struct Work {
   std::vector<SharedMemoryOutput> shm_outputs;  // set at admission; written before the answer
   std::string batch_key;       // only works with equal keys share a batch
   std::string exclusive_key;   // non-empty: works with equal keys never share a batch nor run at once
+  // Long-running work (a long prefill): batches of it never take every worker of the model,
+  // so that short work (decode steps) always finds one. Give bulk work its own batch_key.
+  bool bulk = false;
 
   // Filled by the model's Execute.
   absl::Status status;

@@ -22,6 +22,9 @@ struct KvWork : Work {
 // that); these bounds only keep every product of the geometry far from overflowing.
 constexpr int64_t kMaxHeads = 1024, kMaxHeadDim = 1024, kMaxPageSize = 65536, kMaxInt = 2147483647;
 constexpr int64_t kMaxPoolElements = int64_t(1) << 50;
+// Requests of at most this many new tokens are decode steps (one token, or a few for
+// speculative decoding); longer ones are prefills.
+constexpr int64_t kMaxDecodeTokens = 16;
 
 }  // namespace
 
@@ -120,7 +123,11 @@ absl::StatusOr<std::unique_ptr<Work>> KvAttentionModel::Prepare(const inference:
   w->n = int(n);
   w->tokens = n;
   if (WantsOutput(request, "O", true)) w->ExpectOutput("O", n * geometry_.num_heads_q * geometry_.head_dim * 2);
-  w->batch_key = std::string(DTypeName(w->q->dtype));
+  // Prefills and decode steps never share a batch, and prefill batches never hold every
+  // worker (Work::bulk), so a decode step waits neither for a long prefill's compute nor
+  // for a worker that prefills hold.
+  w->bulk = n > kMaxDecodeTokens;
+  w->batch_key = absl::StrCat(DTypeName(w->q->dtype), w->bulk ? "/prefill" : "/decode");
   w->exclusive_key = *id;
   return std::unique_ptr<Work>(std::move(w));
 }

@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <google/protobuf/text_format.h>
@@ -198,7 +199,10 @@ TEST_F(KvAttentionModelTest, SequencesShareABatch) {
   auto a1 = Admitted(ra1);
   auto b1 = Admitted(rb1);
   ASSERT_TRUE(a1.ok() && b1.ok());
-  EXPECT_EQ((*a1)->batch_key, (*b1)->batch_key);
+  // The scheduler never puts a decode step and a prefill in one batch; Execute takes them together all the same.
+  EXPECT_NE((*a1)->batch_key, (*b1)->batch_key);
+  EXPECT_FALSE((*a1)->bulk);
+  EXPECT_TRUE((*b1)->bulk);
   EXPECT_NE((*a1)->exclusive_key, (*b1)->exclusive_key);
   EXPECT_EQ((*b1)->tokens, 35);
   model_->Execute({a1->get(), b1->get()});
@@ -400,6 +404,62 @@ TEST_F(KvAttentionModelTest, BadRequests) {
 
 namespace flashq::server {
 namespace {
+
+// Two long prefills and a decode step of a third sequence, through the scheduler's two workers:
+// the prefills may hold one worker, never both, so the decode step runs at once and is answered
+// long before the first prefill.
+TEST(KvAttentionLanes, DecodeStepDoesNotWaitBehindPrefills) {
+  BackendOptions o;
+  o.cpu_threads = 1;
+  CpuBackend backend(o);
+  inference::ModelConfig config = KvConfig();
+  (*config.mutable_parameters())["num_blocks"].set_string_value("512");
+  (*config.mutable_parameters())["max_tokens_per_sequence"].set_string_value("4096");
+  auto m = KvAttentionModel::Create(config, backend, 0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto registry = std::make_shared<prometheus::Registry>();
+  ServerMetrics metrics(registry);
+  ModelStats stats;
+  SchedulerOptions so;
+  so.workers = 2;
+  Scheduler scheduler(**m, so, metrics.ForModel("kv_attention"), stats);
+  const Sequence p1 = MakeSequence(2048, 21), p2 = MakeSequence(2048, 22), d = MakeSequence(2, 23);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<int, std::pair<absl::Status, Clock::time_point>> answers;
+  auto enqueue = [&](int i, const inference::ModelInferRequest& r) {
+    auto w = (*m)->Prepare(r);
+    ASSERT_TRUE(w.ok()) << w.status();
+    auto p = std::make_unique<Pending>();
+    p->work = std::move(*w);
+    p->done = [&, i](Pending& p, const absl::Status& st) {
+      std::lock_guard<std::mutex> l(mu);
+      answers[i] = {st.ok() ? p.work->status : st, Clock::now()};
+      cv.notify_all();
+    };
+    ASSERT_TRUE(scheduler.Enqueue(std::move(p)).ok());
+  };
+  auto wait = [&](size_t n) {
+    std::unique_lock<std::mutex> l(mu);
+    return cv.wait_for(l, std::chrono::seconds(120), [&] { return answers.size() >= n; });
+  };
+  const auto rd0 = Step(d, 0, 1, 3, true, false);
+  enqueue(0, rd0);
+  ASSERT_TRUE(wait(1));
+  const auto r1 = Step(p1, 0, 2048, 1, true, true), r2 = Step(p2, 0, 2048, 2, true, true);
+  const auto rd1 = Step(d, 1, 1, 3, false, true);
+  enqueue(1, r1);
+  enqueue(2, r2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // both prefills queued or running
+  const auto t0 = Clock::now();
+  enqueue(3, rd1);
+  ASSERT_TRUE(wait(4));
+  for (const auto& [i, a] : answers) EXPECT_TRUE(a.first.ok()) << i << ": " << a.first;
+  EXPECT_LT(answers[3].second, answers[1].second) << "the decode step waited for a prefill";
+  EXPECT_LT(answers[3].second, answers[2].second);
+  EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(answers[3].second - t0).count(), 500);
+  scheduler.Shutdown();
+}
 
 // A sequence at max_tokens_per_sequence cannot take another token, and one whose next
 // token needs a block the full cache lacks cannot either: sequence_end with zero new

@@ -208,6 +208,7 @@ struct Req {
   std::string batch_key;
   std::string exclusive_key;
   bool block = false;
+  bool bulk = false;
   std::optional<Clock::time_point> deadline;
   std::function<bool()> cancelled;
 };
@@ -225,6 +226,7 @@ struct Harness {
     w->tokens = r.tokens;
     w->batch_key = r.batch_key;
     w->exclusive_key = r.exclusive_key;
+    w->bulk = r.bulk;
     auto p = std::make_unique<Pending>();
     p->work = std::move(w);
     p->deadline = r.deadline;
@@ -366,6 +368,26 @@ TEST(SchedulerTest, WorkConservingByDefault) {
   const auto batches = h.model.batches();
   EXPECT_TRUE(std::count(batches.begin(), batches.end(), std::vector<int>{200, 201, 202, 203, 204}))
       << "the queued requests were not merged into one batch";
+}
+
+// Bulk batches take at most all workers but one: with two workers, a second bulk request
+// waits while one runs, and a short request behind it runs at once on the other worker.
+TEST(SchedulerTest, BulkWorkLeavesAWorkerForShortWork) {
+  Harness h(Options(milliseconds(0), 16384, /*workers=*/2));
+  ASSERT_TRUE(h.Enqueue({.id = 0, .batch_key = "bulk", .block = true, .bulk = true}).ok());
+  const bool first_running = h.model.WaitForBatches(1);
+  EXPECT_TRUE(h.Enqueue({.id = 1, .batch_key = "bulk", .bulk = true}).ok());
+  EXPECT_TRUE(h.Enqueue({.id = 2, .batch_key = "short"}).ok());
+  const bool short_ran = h.answers.WaitFor(1, milliseconds(5000));
+  const bool second_bulk_waited = !h.model.Executed(1);
+  h.model.gate.Open();  // before any assertion can return: the worker must not stay blocked
+  ASSERT_TRUE(first_running);
+  EXPECT_TRUE(short_ran) << "the short request waited for the bulk one";
+  EXPECT_EQ(h.answers.code(2), absl::StatusCode::kOk);
+  EXPECT_TRUE(second_bulk_waited) << "two bulk batches held both workers";
+  ASSERT_TRUE(h.answers.WaitFor(3));
+  h.answers.ExpectEachOnce({0, 1, 2});
+  EXPECT_EQ(h.model.max_running(), 2);
 }
 
 TEST(SchedulerTest, LoneRequestWaitsAboutTheDelay) {
