@@ -62,6 +62,8 @@ std::string GrpcCodeName(int code) {
                                  "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
                                  "UNAUTHENTICATED"};
   if (code >= 0 && code < int(std::size(kNames))) return kNames[code];
+  if (code == kCodeBadOutput) return "BAD_OUTPUT";
+  if (code == kCodeClientError) return "CLIENT_ERROR";
   return absl::StrCat("CODE_", code);
 }
 
@@ -76,6 +78,7 @@ std::string FormatTable(const std::vector<ScenarioResult>& results) {
       notes.push_back(absl::StrCat(sc.name, ": ", sc.error));
       continue;
     }
+    for (const auto& n : sc.notes) notes.push_back(absl::StrCat(sc.name, ": ", n));
     for (const auto& p : sc.points) {
       const auto& m = p.m;
       std::vector<std::string> row = {sc.name, p.load.Label(), FmtRate(m.rps()),
@@ -140,7 +143,8 @@ std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& resul
   std::vector<std::string> eps;
   for (auto& e : info.endpoints) eps.push_back(Json(e));
   absl::StrAppend(&s, "  \"endpoints\": [", absl::StrJoin(eps, ", "), "],\n  \"spawned_server\": ",
-                  info.spawned_server ? "true" : "false", ",\n  \"server_backend\": ", Json(info.server_backend), ",\n");
+                  info.spawned_server ? "true" : "false", ",\n  \"server_backend\": ", Json(info.server_backend),
+                  ",\n  \"shared_memory\": ", Json(info.shared_memory), ",\n");
   const auto& mo = info.measure;
   absl::StrAppend(&s, "  \"measurement\": {\"window_s\": ", Num(mo.window_s), ", \"stability_pct\": ", Num(mo.stability_pct),
                   ", \"stable_windows\": ", mo.stable_windows,
@@ -151,7 +155,10 @@ std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& resul
     const auto& sc = results[si];
     absl::StrAppend(&s, "    {\"name\": ", Json(sc.name), ", \"model\": ", Json(sc.model), ", \"description\": ",
                     Json(sc.description), ", \"unit\": ", Json(sc.unit), ", \"error\": ", sc.error.empty() ? "null" : Json(sc.error),
-                    ", \"sessions_completed\": ", sc.sessions_completed, ",\n     \"points\": [\n");
+                    ", \"sessions_completed\": ", sc.sessions_completed, ", \"shared_memory_slots\": ", sc.shared_memory_slots,
+                    ", \"notes\": [");
+    for (size_t i = 0; i < sc.notes.size(); ++i) absl::StrAppend(&s, i ? ", " : "", Json(sc.notes[i]));
+    s += "],\n     \"points\": [\n";
     for (size_t pi = 0; pi < sc.points.size(); ++pi) {
       const auto& p = sc.points[pi];
       const auto& m = p.m;

@@ -17,6 +17,8 @@ struct ScenarioResult {
   std::vector<std::string> tags;  // sub-histograms (kv: prefill, decode)
   std::vector<PointResult> points;
   int64_t sessions_completed = 0;
+  int shared_memory_slots = 0;     // --shared-memory: regions made (one per client slot)
+  std::vector<std::string> notes;  // client-side remarks (shared memory, output checks)
   std::string error;  // set when the scenario could not run at all
 };
 
@@ -28,6 +30,7 @@ struct RunInfo {
   std::string command_line;
   bool spawned_server = false;
   std::string server_backend;
+  std::string shared_memory = "none";  // --shared-memory
   MeasureOptions measure;
 };
 
