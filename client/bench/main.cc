@@ -542,6 +542,10 @@ int main(int argc, char** argv) {
       const auto& m = pr.m;
       std::string line = absl::StrFormat("  %-14s %8.1f req/s  p50 %7.2f ms  p99 %7.2f ms", lp.Label(), m.rps(),
                                          m.latency.Percentile(50) / 1e6, m.latency.Percentile(99) / 1e6);
+      for (size_t t = 0; t < sr.tags.size() && t < m.by_tag.size(); ++t)
+        if (m.by_tag[t].count())
+          line += absl::StrFormat("  %s p50 %.2f p99 %.2f", sr.tags[t], m.by_tag[t].Percentile(50) / 1e6,
+                                  m.by_tag[t].Percentile(99) / 1e6);
       if (m.error_count()) line += absl::StrFormat("  errors %d", m.error_count());
       line += pr.interrupted ? "  (interrupted)" : pr.stable ? "  stable" : absl::StrFormat("  not stable after %.0f s", pr.elapsed_s);
       fprintf(stderr, "%s\n", line.c_str());

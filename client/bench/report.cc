@@ -13,6 +13,9 @@ namespace {
 
 constexpr double kPcts[] = {50, 90, 95, 99, 99.9};
 constexpr const char* kPctNames[] = {"p50", "p90", "p95", "p99", "p99.9"};
+// Tags with columns of their own in the CSV (kv_attention's request kinds).
+constexpr const char* kCsvTags[] = {"prefill", "decode"};
+constexpr double kCsvTagPcts[] = {50, 90, 99};
 
 std::string Json(const std::string& s) {
   std::string o = "\"";
@@ -99,7 +102,7 @@ std::string FormatTable(const std::vector<ScenarioResult>& results) {
       for (size_t t = 0; t < sc.tags.size() && t < m.by_tag.size(); ++t) {
         const Histogram& h = m.by_tag[t];
         if (!h.count()) continue;
-        std::vector<std::string> sub = {"", absl::StrCat("  ", sc.tags[t]),
+        std::vector<std::string> sub = {"", absl::StrCat("  ", sc.tags[t], " n=", h.count()),
                                         FmtRate(m.seconds > 0 ? h.count() / m.seconds : 0), ""};
         for (double q : kPcts) sub.push_back(FmtMs(Ms(h.Percentile(q))));
         sub.resize(rows[0].size());
@@ -182,6 +185,10 @@ std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& resul
         s += "       \"latency_ms_by_kind\": {";
         for (size_t t = 0; t < sc.tags.size() && t < m.by_tag.size(); ++t)
           absl::StrAppend(&s, t ? ", " : "", Json(sc.tags[t]), ": ", HistJson(m.by_tag[t]));
+        s += "},\n       \"throughput_rps_by_kind\": {";
+        for (size_t t = 0; t < sc.tags.size() && t < m.by_tag.size(); ++t)
+          absl::StrAppend(&s, t ? ", " : "", Json(sc.tags[t]), ": ",
+                          Num(m.seconds > 0 ? double(m.by_tag[t].count()) / m.seconds : 0));
         s += "},\n";
       }
       if (open) absl::StrAppend(&s, "       \"send_lag_ms\": ", HistJson(m.send_lag), ",\n");
@@ -216,7 +223,12 @@ std::string ToCsv(const std::vector<ScenarioResult>& results) {
   std::string s =
       "scenario,model,mode,concurrency,rate,arrival,stable,windows,measured_s,requests,throughput_rps,units_per_s,unit,"
       "mean_ms,p50_ms,p90_ms,p95_ms,p99_ms,p99_9_ms,max_ms,errors,server_queue_ms,server_compute_ms,server_total_ms,"
-      "avg_batch_requests\n";
+      "avg_batch_requests";
+  for (const char* tag : kCsvTags) {
+    absl::StrAppend(&s, ",", tag, "_requests");
+    for (double q : kCsvTagPcts) absl::StrAppend(&s, ",", tag, "_p", q, "_ms");
+  }
+  s += "\n";
   for (const auto& sc : results) {
     for (const auto& p : sc.points) {
       const auto& m = p.m;
@@ -232,6 +244,17 @@ std::string ToCsv(const std::vector<ScenarioResult>& results) {
                         Num(m.server.server_us() / 1e3), ",", Num(m.server.avg_batch()));
       else
         s += ",,,";
+      for (const char* tag : kCsvTags) {
+        const Histogram* h = nullptr;
+        for (size_t t = 0; t < sc.tags.size() && t < m.by_tag.size(); ++t)
+          if (sc.tags[t] == tag) h = &m.by_tag[t];
+        if (!h) {
+          s += std::string(1 + std::size(kCsvTagPcts), ',');
+          continue;
+        }
+        absl::StrAppend(&s, ",", h->count());
+        for (double q : kCsvTagPcts) absl::StrAppend(&s, ",", h->count() ? Num(Ms(h->Percentile(q))) : "");
+      }
       s += "\n";
     }
   }

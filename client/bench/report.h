@@ -35,6 +35,8 @@ struct RunInfo {
 };
 
 std::string GrpcCodeName(int code);
+// Tables, JSON and CSV report the overall latency of a load point, and for a workload
+// with tags (kv: prefill, decode) each tag's count and percentiles next to it.
 std::string FormatTable(const std::vector<ScenarioResult>& results);
 std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& results);
 std::string ToCsv(const std::vector<ScenarioResult>& results);
