@@ -23,6 +23,21 @@ std::string GrpcTransport::TakeFirstClientError() {
   return std::exchange(first_error_, std::string());
 }
 
+void GrpcTransport::Return(SlotPool::Slot* slot, const grpc::Status& s) {
+  switch (s.error_code()) {
+    // The call ended on the client's side (its deadline, a cancel, a broken connection):
+    // the server may still read the inputs and write the outputs of this slot.
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::UNKNOWN:
+      slots_->Retire(slot);
+      return;
+    default:
+      slots_->Release(slot);
+  }
+}
+
 void GrpcTransport::Send(const Work& work, std::function<void(int code)> done) {
   if (!slots_) {
     client_.AsyncInfer(
@@ -66,7 +81,7 @@ void GrpcTransport::Send(const Work& work, std::function<void(int code)> done) {
               code = kCodeBadOutput;
             }
           }
-          slots_->Release(slot);  // before done(): a kv session's next step may take it
+          Return(slot, s);  // before done(): a kv session's next step may take the slot
           done(code);
         },
         Options());
@@ -94,7 +109,7 @@ grpc::Status GrpcTransport::Call(const Work& work) {
     s = client_.Infer(*placed, &resp, Options());
     if (s.ok()) s = to_grpc(CheckOutputs(*placed, resp, slot->region.get()));
   }
-  slots_->Release(slot);
+  Return(slot, s);
   return s;
 }
 

@@ -32,6 +32,8 @@ class GrpcTransport : public Transport {
  private:
   client::CallOptions Options() const;
   void Record(const absl::Status& s);
+  // Gives a slot back after its call: released, or retired when the server may still use it.
+  void Return(SlotPool::Slot* slot, const grpc::Status& s);
 
   client::Client& client_;
   double timeout_s_;

@@ -37,8 +37,9 @@ class SystemRegion : public Region {
  public:
   SystemRegion(client::Client& c, std::string name, std::unique_ptr<client::SystemSharedMemory> shm)
       : client_(c), name_(std::move(name)), shm_(std::move(shm)) {}
-  ~SystemRegion() override {
-    for (int e = 0; e < registered_; ++e) (void)client_.SystemSharedMemoryUnregister(e, name_);
+  ~SystemRegion() override { Unregister(); }
+  void Unregister() override {
+    for (; registered_ > 0; --registered_) (void)client_.SystemSharedMemoryUnregister(registered_ - 1, name_);
   }
   absl::Status RegisterEverywhere() {
     for (; registered_ < client_.num_endpoints(); ++registered_) {
@@ -72,8 +73,9 @@ class CudaRegion : public Region {
  public:
   CudaRegion(client::Client& c, std::string name, std::unique_ptr<client::CudaSharedMemory> mem)
       : client_(c), name_(std::move(name)), mem_(std::move(mem)) {}
-  ~CudaRegion() override {
-    for (int e = 0; e < registered_; ++e) (void)client_.CudaSharedMemoryUnregister(e, name_);
+  ~CudaRegion() override { Unregister(); }
+  void Unregister() override {
+    for (; registered_ > 0; --registered_) (void)client_.CudaSharedMemoryUnregister(registered_ - 1, name_);
   }
   absl::Status RegisterEverywhere() {
     for (; registered_ < client_.num_endpoints(); ++registered_) {

@@ -35,6 +35,9 @@ class Region {
   // Bytes [offset, offset + n): a view of the mapping (system), or of *scratch after a
   // copy from the GPU (cuda). Valid until the next Read or Write.
   virtual absl::StatusOr<std::string_view> Read(size_t offset, size_t n, std::string* scratch) = 0;
+  // Unregisters the region from every endpoint now, keeping its memory until the Region
+  // is destroyed; the destructor does it otherwise. Makes RPCs.
+  virtual void Unregister() = 0;
 };
 
 class RegionFactory {

@@ -52,6 +52,7 @@ SlotPool::~SlotPool() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   all_.clear();  // unregisters the regions and frees their memory
+  retired_.clear();
 }
 
 int SlotPool::slots() const {
@@ -78,10 +79,10 @@ SlotPool::Slot* SlotPool::Dispatch(Waiter& w, bool* run_now) {
                                     [](Slot* a, Slot* b) { return a->region->size() < b->region->size(); });
     Slot* s = *largest;
     free_.erase(largest);
-    tasks_.push_back({s, std::move(w)});
+    tasks_.push_back({Task::Kind::kGrow, s, std::move(w)});
   } else if (made_ < max_slots_) {
     made_++;
-    tasks_.push_back({nullptr, std::move(w)});
+    tasks_.push_back({Task::Kind::kMake, nullptr, std::move(w)});
   } else {
     waiting_.push_back(std::move(w));
     return nullptr;
@@ -116,6 +117,32 @@ void SlotPool::Release(Slot* slot) {
   if (run_now) w.job(s, absl::OkStatus());
 }
 
+void SlotPool::Retire(Slot* slot) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    tasks_.push_back({Task::Kind::kRetire, slot, {}});
+  }
+  cv_.notify_all();
+}
+
+void SlotPool::RetireNow(Slot* slot) {
+  slot->region->Unregister();
+  Waiter w;
+  bool run_now = false;
+  Slot* s = nullptr;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    retired_.push_back(std::move(slot->region));
+    all_.erase(std::find_if(all_.begin(), all_.end(), [&](const auto& p) { return p.get() == slot; }));
+    made_--;
+    if (waiting_.empty()) return;
+    w = std::move(waiting_.front());
+    waiting_.pop_front();
+    s = Dispatch(w, &run_now);  // makes a slot in the retired one's place
+  }
+  if (run_now) w.job(s, absl::OkStatus());
+}
+
 void SlotPool::Loop() {
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
@@ -130,6 +157,10 @@ void SlotPool::Loop() {
 }
 
 void SlotPool::RunTask(Task t) {
+  if (t.kind == Task::Kind::kRetire) {
+    RetireNow(t.slot);
+    return;
+  }
   Waiter& w = t.waiter;
   size_t bytes = std::max(w.bytes, slot_bytes_);
   if (t.slot) {

@@ -8,6 +8,11 @@
 // regions through RPCs, which must not run on a gRPC completion thread. Slots are made
 // up to `max_slots`; past that, or once making one fails (the server's region limit, a
 // full /dev/shm) while others exist, requests wait for a free slot.
+//
+// A slot whose call ended without an answer from the server (the client's deadline, a
+// cancel, a broken connection) may still be read and written by the server: Retire()
+// takes it out of use. Its region is unregistered at once, but its memory is kept until
+// the pool is destroyed, and a new slot replaces it when one is needed.
 #pragma once
 
 #include <condition_variable>
@@ -55,6 +60,7 @@ class SlotPool {
 
   void Acquire(size_t bytes, Job job);
   void Release(Slot* slot);
+  void Retire(Slot* slot);
 
   int slots() const;
   // Why the pool stopped making slots below max_slots, or empty.
@@ -66,14 +72,17 @@ class SlotPool {
     Job job;
   };
   struct Task {
-    Slot* slot;  // grow this one, or make a new one when null
-    Waiter waiter;
+    enum class Kind { kMake, kGrow, kRetire };
+    Kind kind;
+    Slot* slot;     // kGrow, kRetire
+    Waiter waiter;  // kMake, kGrow
   };
   SlotPool(RegionFactory& factory, int max_slots, size_t slot_bytes);
   // Under mu_: hands `w` a free slot (returned, to run outside the lock), or queues it.
   Slot* Dispatch(Waiter& w, bool* run_now);
   void Loop();
   void RunTask(Task t);
+  void RetireNow(Slot* slot);
 
   RegionFactory& factory_;
   const size_t slot_bytes_;
@@ -83,6 +92,7 @@ class SlotPool {
   int made_ = 0;  // slots made or being made
   std::string note_;
   std::vector<std::unique_ptr<Slot>> all_;
+  std::vector<std::unique_ptr<Region>> retired_;  // unregistered; freed with the pool
   std::vector<Slot*> free_;
   std::deque<Waiter> waiting_;
   std::deque<Task> tasks_;

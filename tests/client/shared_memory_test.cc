@@ -112,7 +112,9 @@ class HeapRegion : public Region {
     if (offset + n > bytes_.size()) return absl::OutOfRangeError("past the end");
     return std::string_view(bytes_).substr(offset, n);
   }
+  void Unregister() override { registered_ = false; }
   std::string bytes_;
+  bool registered_ = true;
 
  private:
   std::string name_;
@@ -302,6 +304,28 @@ TEST(SlotPool, MakesSlotsUpToTheMaxThenKeepsWhatTheFactoryAllows) {
   (*pool)->Release(held[1]);
   EXPECT_EQ(d.load(), held[1]);
   for (auto* s : {held[0], held[2], d.load()}) (*pool)->Release(s);
+}
+
+TEST(SlotPool, RetiredSlotsLeaveUseAndAreReplaced) {
+  FakeFactory f;
+  auto pool = SlotPool::Create(f, 2, 2, 100);
+  ASSERT_TRUE(pool.ok());
+  SlotPool::Slot* a = Take(**pool, 100);
+  SlotPool::Slot* b = Take(**pool, 100);
+  Region* a_region = a->region.get();
+  std::atomic<SlotPool::Slot*> c{nullptr};
+  (*pool)->Acquire(100, [&](SlotPool::Slot* s, const absl::Status&) { c = s; });
+  // a's call timed out: the server may still use its memory. The waiter gets a new slot.
+  (*pool)->Retire(a);
+  for (int i = 0; i < 200 && !c.load(); ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_NE(c.load(), nullptr);
+  EXPECT_NE(c.load()->region.get(), a_region);
+  EXPECT_FALSE(static_cast<HeapRegion*>(a_region)->registered_) << "unregistered at once";
+  EXPECT_EQ(static_cast<HeapRegion*>(a_region)->bytes_.size(), 100u) << "its memory kept while the pool lives";
+  EXPECT_EQ((*pool)->slots(), 2);
+  EXPECT_EQ(f.made.load(), 3);
+  (*pool)->Release(b);
+  (*pool)->Release(c.load());
 }
 
 TEST(SlotPool, FailsWhenNoSlotCanBeMade) {
