@@ -28,8 +28,11 @@
 #include "client/bench/report.h"
 #include "client/bench/runner.h"
 #include "client/bench/scenarios.h"
+#include "client/bench/shm_region.h"
+#include "client/bench/slot_pool.h"
 #include "client/bench/spawn.h"
 #include "client/lib/client.h"
+#include "client/lib/cuda_shared_memory.h"
 
 #ifndef FLASHQ_SOURCE_DIR
 #define FLASHQ_SOURCE_DIR "."
@@ -66,6 +69,10 @@ void DefineFlags(fb::Flags& f) {
   f.Add({"server-timeout", "SECONDS", "300", "How long to wait for the spawned server to become ready.", S1});
   f.Add({"channels", "N", "1", "gRPC channels (HTTP/2 connections) per endpoint.", S1});
   f.Add({"request-timeout", "SECONDS", "60", "Deadline of each request (0: none). Expired requests count as DEADLINE_EXCEEDED.", S1});
+  f.Add({"shared-memory", "none|system|cuda", "none",
+         "Where tensors travel (perf_analyzer's flag): in the gRPC message, or in regions registered with Triton's "
+         "shared-memory extension, one per client slot, made once: POSIX shared memory (system) or GPU memory passed as "
+         "CUDA IPC handles (cuda; needs libcudart and a GPU on this host). Same host as the server only.", S1});
 
   f.Add({"scenarios", "LIST", "attention_ragged,linear_int4,kv_decode",
          "Comma-separated preset scenarios, run in order. Known: " + presets + ". Ignored when --model is given.", S2});
@@ -294,6 +301,14 @@ int main(int argc, char** argv) {
       return bad("--stability-latency: mean or pNN (e.g. p50, p99.9)");
   }
   mo.max_outstanding = int(max_out);
+  auto shm_kind = fb::ParseSharedMemoryKind(f.Get("shared-memory"));
+  if (!shm_kind.ok()) return bad(std::string(shm_kind.status().message()));
+  std::shared_ptr<fc::CudaRuntime> cuda;
+  if (*shm_kind == fb::SharedMemoryKind::kCuda) {  // before any server starts
+    auto rt = fc::CudaRuntime::Load(0);
+    if (!rt.ok()) return bad(absl::StrCat("--shared-memory=cuda: ", rt.status().message()));
+    cuda = std::move(*rt);
+  }
 
   fb::Arrival arrival = fb::Arrival::kPoisson;
   if (f.Get("arrival") == "constant") arrival = fb::Arrival::kConstant;
@@ -404,6 +419,7 @@ int main(int argc, char** argv) {
     info.command_line = absl::StrJoin(args, " ");
   }
   info.measure = mo;
+  info.shared_memory = fb::SharedMemoryKindName(*shm_kind);
   std::unique_ptr<fb::ServerProcess> server;
   std::vector<std::string> endpoints = SplitList(f.Get("endpoints"));
   std::string server_log;
@@ -446,8 +462,19 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  std::unique_ptr<fb::RegionFactory> regions;
+  if (*shm_kind != fb::SharedMemoryKind::kNone) {
+    auto rf = fb::MakeGrpcRegionFactory(client, *shm_kind, cuda);
+    if (!rf.ok()) {
+      fprintf(stderr, "flashq-bench: --shared-memory=%s: %s\n", info.shared_memory.c_str(),
+              std::string(rf.status().message()).c_str());
+      if (server) server->Stop();
+      return 1;
+    }
+    regions = std::move(*rf);
+  }
+
   // ---- run
-  fb::GrpcTransport transport(client, request_timeout);
   std::vector<fb::ScenarioResult> results;
   bool failed = false;
   for (auto& spec : specs) {
@@ -466,8 +493,27 @@ int main(int argc, char** argv) {
         for (const auto& in : md.inputs())
           if (in.name() == "X" && in.shape_size() == 2 && in.shape(1) > 0) spec.k = in.shape(1);
     }
+    if (sr.error.empty() && spec.kind == fb::ScenarioSpec::Kind::kLinear && spec.n == 0) {
+      inference::ModelMetadataResponse md;
+      if (client.ModelMetadata(0, spec.model, &md).ok())
+        for (const auto& out : md.outputs())
+          if (out.name() == "Y" && out.shape_size() == 2 && out.shape(1) > 0) spec.n = out.shape(1);
+      if (spec.n == 0 && regions) sr.error = "--shared-memory: ModelMetadata gives no size N of output Y";
+    }
     auto wl = fb::BuildWorkload(spec, uint64_t(seed));
     if (sr.error.empty() && !wl.ok()) sr.error = std::string(wl.status().message());
+    std::vector<fb::LoadPoint> points;
+    (void)make_points(spec.concurrency, &points);  // checked above
+    for (auto& lp : points) lp.rate_is_sessions = spec.kind == fb::ScenarioSpec::Kind::kKv;
+    // The scenario's shared-memory slots; destroyed (unregistered) at the end of the iteration.
+    std::unique_ptr<fb::SlotPool> slots;
+    if (sr.error.empty() && regions) {
+      const fb::SlotPlan plan = fb::PlanSlots((*wl)->max_request_bytes(), points, mo.max_outstanding);
+      auto sp = fb::SlotPool::Create(*regions, plan.initial, plan.max, plan.slot_bytes);
+      if (sp.ok()) slots = std::move(*sp);
+      else sr.error = absl::StrCat("--shared-memory=", info.shared_memory, ": ", sp.status().message());
+    }
+    fb::GrpcTransport transport(client, request_timeout, slots.get());
     if (sr.error.empty()) {
       fb::Workload& w = **wl;
       sr.description = w.Describe();
@@ -475,10 +521,7 @@ int main(int argc, char** argv) {
       sr.tags = w.tags();
       // One synchronous probe first: a bad shape fails here with the server's message.
       fb::Work probe = w.Next();
-      inference::ModelInferResponse resp;
-      fc::CallOptions po;
-      if (request_timeout > 0) po.timeout = absl::Seconds(request_timeout);
-      grpc::Status ps = client.Infer(*probe.request, &resp, po);
+      grpc::Status ps = transport.Call(probe);
       (void)w.Complete(probe, ps.ok(), false);  // a kv probe session is ended by the first point's drain
       if (!ps.ok()) sr.error = absl::StrCat("probe request failed: ", fb::GrpcCodeName(int(ps.error_code())), ": ", ps.error_message());
     }
@@ -491,9 +534,6 @@ int main(int argc, char** argv) {
     fb::Workload& w = **wl;
     fprintf(stderr, "scenario %s: %s\n", sr.name.c_str(), sr.description.c_str());
     fb::GrpcServerStats stats(client, spec.model);
-    std::vector<fb::LoadPoint> points;
-    (void)make_points(spec.concurrency, &points);  // checked above
-    for (auto& lp : points) lp.rate_is_sessions = spec.kind == fb::ScenarioSpec::Kind::kKv;
     for (const auto& lp : points) {
       if (g_interrupt) break;
       fb::PointResult pr = fb::RunPoint(w, transport, lp, mo, &stats, &g_interrupt,
@@ -502,6 +542,10 @@ int main(int argc, char** argv) {
       const auto& m = pr.m;
       std::string line = absl::StrFormat("  %-14s %8.1f req/s  p50 %7.2f ms  p99 %7.2f ms", lp.Label(), m.rps(),
                                          m.latency.Percentile(50) / 1e6, m.latency.Percentile(99) / 1e6);
+      for (size_t t = 0; t < sr.tags.size() && t < m.by_tag.size(); ++t)
+        if (m.by_tag[t].count())
+          line += absl::StrFormat("  %s p50 %.2f p99 %.2f", sr.tags[t], m.by_tag[t].Percentile(50) / 1e6,
+                                  m.by_tag[t].Percentile(99) / 1e6);
       if (m.error_count()) line += absl::StrFormat("  errors %d", m.error_count());
       line += pr.interrupted ? "  (interrupted)" : pr.stable ? "  stable" : absl::StrFormat("  not stable after %.0f s", pr.elapsed_s);
       fprintf(stderr, "%s\n", line.c_str());
@@ -509,6 +553,13 @@ int main(int argc, char** argv) {
       sr.points.push_back(std::move(pr));
     }
     sr.sessions_completed = w.sessions_completed();
+    if (slots) {
+      sr.shared_memory_slots = slots->slots();
+      if (std::string n = slots->note(); !n.empty()) sr.notes.push_back(n);
+    }
+    if (std::string e = transport.TakeFirstClientError(); !e.empty())
+      sr.notes.push_back("first client-side error: " + e);
+    for (const auto& n : sr.notes) fprintf(stderr, "  note: %s\n", n.c_str());
     results.push_back(std::move(sr));
   }
   if (g_interrupt) fprintf(stderr, "flashq-bench: interrupted; writing what was measured\n");

@@ -13,6 +13,9 @@ namespace {
 
 constexpr double kPcts[] = {50, 90, 95, 99, 99.9};
 constexpr const char* kPctNames[] = {"p50", "p90", "p95", "p99", "p99.9"};
+// Tags with columns of their own in the CSV (kv_attention's request kinds).
+constexpr const char* kCsvTags[] = {"prefill", "decode"};
+constexpr double kCsvTagPcts[] = {50, 90, 99};
 
 std::string Json(const std::string& s) {
   std::string o = "\"";
@@ -62,6 +65,8 @@ std::string GrpcCodeName(int code) {
                                  "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
                                  "UNAUTHENTICATED"};
   if (code >= 0 && code < int(std::size(kNames))) return kNames[code];
+  if (code == kCodeBadOutput) return "BAD_OUTPUT";
+  if (code == kCodeClientError) return "CLIENT_ERROR";
   return absl::StrCat("CODE_", code);
 }
 
@@ -76,6 +81,7 @@ std::string FormatTable(const std::vector<ScenarioResult>& results) {
       notes.push_back(absl::StrCat(sc.name, ": ", sc.error));
       continue;
     }
+    for (const auto& n : sc.notes) notes.push_back(absl::StrCat(sc.name, ": ", n));
     for (const auto& p : sc.points) {
       const auto& m = p.m;
       std::vector<std::string> row = {sc.name, p.load.Label(), FmtRate(m.rps()),
@@ -96,7 +102,7 @@ std::string FormatTable(const std::vector<ScenarioResult>& results) {
       for (size_t t = 0; t < sc.tags.size() && t < m.by_tag.size(); ++t) {
         const Histogram& h = m.by_tag[t];
         if (!h.count()) continue;
-        std::vector<std::string> sub = {"", absl::StrCat("  ", sc.tags[t]),
+        std::vector<std::string> sub = {"", absl::StrCat("  ", sc.tags[t], " n=", h.count()),
                                         FmtRate(m.seconds > 0 ? h.count() / m.seconds : 0), ""};
         for (double q : kPcts) sub.push_back(FmtMs(Ms(h.Percentile(q))));
         sub.resize(rows[0].size());
@@ -140,7 +146,8 @@ std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& resul
   std::vector<std::string> eps;
   for (auto& e : info.endpoints) eps.push_back(Json(e));
   absl::StrAppend(&s, "  \"endpoints\": [", absl::StrJoin(eps, ", "), "],\n  \"spawned_server\": ",
-                  info.spawned_server ? "true" : "false", ",\n  \"server_backend\": ", Json(info.server_backend), ",\n");
+                  info.spawned_server ? "true" : "false", ",\n  \"server_backend\": ", Json(info.server_backend),
+                  ",\n  \"shared_memory\": ", Json(info.shared_memory), ",\n");
   const auto& mo = info.measure;
   absl::StrAppend(&s, "  \"measurement\": {\"window_s\": ", Num(mo.window_s), ", \"stability_pct\": ", Num(mo.stability_pct),
                   ", \"stable_windows\": ", mo.stable_windows,
@@ -151,7 +158,10 @@ std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& resul
     const auto& sc = results[si];
     absl::StrAppend(&s, "    {\"name\": ", Json(sc.name), ", \"model\": ", Json(sc.model), ", \"description\": ",
                     Json(sc.description), ", \"unit\": ", Json(sc.unit), ", \"error\": ", sc.error.empty() ? "null" : Json(sc.error),
-                    ", \"sessions_completed\": ", sc.sessions_completed, ",\n     \"points\": [\n");
+                    ", \"sessions_completed\": ", sc.sessions_completed, ", \"shared_memory_slots\": ", sc.shared_memory_slots,
+                    ", \"notes\": [");
+    for (size_t i = 0; i < sc.notes.size(); ++i) absl::StrAppend(&s, i ? ", " : "", Json(sc.notes[i]));
+    s += "],\n     \"points\": [\n";
     for (size_t pi = 0; pi < sc.points.size(); ++pi) {
       const auto& p = sc.points[pi];
       const auto& m = p.m;
@@ -175,6 +185,10 @@ std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& resul
         s += "       \"latency_ms_by_kind\": {";
         for (size_t t = 0; t < sc.tags.size() && t < m.by_tag.size(); ++t)
           absl::StrAppend(&s, t ? ", " : "", Json(sc.tags[t]), ": ", HistJson(m.by_tag[t]));
+        s += "},\n       \"throughput_rps_by_kind\": {";
+        for (size_t t = 0; t < sc.tags.size() && t < m.by_tag.size(); ++t)
+          absl::StrAppend(&s, t ? ", " : "", Json(sc.tags[t]), ": ",
+                          Num(m.seconds > 0 ? double(m.by_tag[t].count()) / m.seconds : 0));
         s += "},\n";
       }
       if (open) absl::StrAppend(&s, "       \"send_lag_ms\": ", HistJson(m.send_lag), ",\n");
@@ -209,7 +223,12 @@ std::string ToCsv(const std::vector<ScenarioResult>& results) {
   std::string s =
       "scenario,model,mode,concurrency,rate,arrival,stable,windows,measured_s,requests,throughput_rps,units_per_s,unit,"
       "mean_ms,p50_ms,p90_ms,p95_ms,p99_ms,p99_9_ms,max_ms,errors,server_queue_ms,server_compute_ms,server_total_ms,"
-      "avg_batch_requests\n";
+      "avg_batch_requests";
+  for (const char* tag : kCsvTags) {
+    absl::StrAppend(&s, ",", tag, "_requests");
+    for (double q : kCsvTagPcts) absl::StrAppend(&s, ",", tag, "_p", q, "_ms");
+  }
+  s += "\n";
   for (const auto& sc : results) {
     for (const auto& p : sc.points) {
       const auto& m = p.m;
@@ -225,6 +244,17 @@ std::string ToCsv(const std::vector<ScenarioResult>& results) {
                         Num(m.server.server_us() / 1e3), ",", Num(m.server.avg_batch()));
       else
         s += ",,,";
+      for (const char* tag : kCsvTags) {
+        const Histogram* h = nullptr;
+        for (size_t t = 0; t < sc.tags.size() && t < m.by_tag.size(); ++t)
+          if (sc.tags[t] == tag) h = &m.by_tag[t];
+        if (!h) {
+          s += std::string(1 + std::size(kCsvTagPcts), ',');
+          continue;
+        }
+        absl::StrAppend(&s, ",", h->count());
+        for (double q : kCsvTagPcts) absl::StrAppend(&s, ",", h->count() ? Num(Ms(h->Percentile(q))) : "");
+      }
       s += "\n";
     }
   }

@@ -17,6 +17,8 @@ struct ScenarioResult {
   std::vector<std::string> tags;  // sub-histograms (kv: prefill, decode)
   std::vector<PointResult> points;
   int64_t sessions_completed = 0;
+  int shared_memory_slots = 0;     // --shared-memory: regions made (one per client slot)
+  std::vector<std::string> notes;  // client-side remarks (shared memory, output checks)
   std::string error;  // set when the scenario could not run at all
 };
 
@@ -28,10 +30,13 @@ struct RunInfo {
   std::string command_line;
   bool spawned_server = false;
   std::string server_backend;
+  std::string shared_memory = "none";  // --shared-memory
   MeasureOptions measure;
 };
 
 std::string GrpcCodeName(int code);
+// Tables, JSON and CSV report the overall latency of a load point, and for a workload
+// with tags (kv: prefill, decode) each tag's count and percentiles next to it.
 std::string FormatTable(const std::vector<ScenarioResult>& results);
 std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& results);
 std::string ToCsv(const std::vector<ScenarioResult>& results);

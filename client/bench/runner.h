@@ -24,12 +24,18 @@
 namespace flashq::bench {
 
 // Sends one request; `done(code)` runs exactly once, on any thread, with the gRPC
-// status code (0 = OK).
+// status code (0 = OK) or one of the client-side codes below.
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual void Send(const Work& work, std::function<void(int code)> done) = 0;
 };
+
+// Failures found on the client side, outside gRPC's codes 0-16: a response that fails
+// the output check, and a request that could not be sent (no shared-memory slot could
+// hold it, or writing it there failed).
+constexpr int kCodeBadOutput = 100;
+constexpr int kCodeClientError = 101;
 
 // Cumulative server-side counters (Triton's ModelStatistics), summed over endpoints.
 struct ServerCounters {

@@ -116,6 +116,7 @@ absl::StatusOr<std::unique_ptr<Workload>> BuildWorkload(const ScenarioSpec& s, u
       o.model = s.model;
       o.dtype = dt;
       o.k = s.k > 0 ? s.k : (s.model.rfind("down", 0) == 0 ? 14336 : 4096);
+      o.n = s.n;
       auto m = IntDistribution::Parse(s.m);
       if (!m.ok()) return m.status();
       o.m = *m;

@@ -31,6 +31,7 @@ struct ScenarioSpec {
   // linear
   std::string m = "fixed:8";
   int64_t k = 0;  // 0: from ModelMetadata (X's last dimension), else by name
+  int64_t n = 0;  // 0: from ModelMetadata (Y's last dimension), else unknown
 };
 
 struct PresetInfo {

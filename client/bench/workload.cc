@@ -81,7 +81,15 @@ class AttentionWorkload : public Workload {
     Work w;
     w.request = std::move(req);
     w.units = tq;
+    w.output_bytes = {tq * o_.heads_q * o_.head_dim * DTypeSize(o_.dtype)};
     return w;
+  }
+  int64_t max_request_bytes() const override {
+    const int64_t seqs = o_.send_cu_seqlens ? std::max<int64_t>(1, o_.seqs_per_request.max()) : 1;
+    const int64_t tq = seqs * std::max<int64_t>(1, o_.seq_len.max());
+    const int64_t tk = tq + seqs * std::max<int64_t>(0, o_.kv_extra.max());
+    const int64_t cu = o_.send_cu_seqlens ? 2 * (seqs + 1) * 4 : 0;
+    return (2 * tq * o_.heads_q + 2 * tk * o_.heads_kv) * o_.head_dim * DTypeSize(o_.dtype) + cu;  // Q, O, K, V
   }
 
  private:
@@ -117,7 +125,11 @@ class LinearWorkload : public Workload {
     Work w;
     w.request = std::move(req);
     w.units = m;
+    w.output_bytes = {m * o_.n * DTypeSize(o_.dtype)};
     return w;
+  }
+  int64_t max_request_bytes() const override {
+    return std::max<int64_t>(1, o_.m.max()) * (o_.k + o_.n) * DTypeSize(o_.dtype);  // X, Y
   }
 
  private:
@@ -160,6 +172,10 @@ class KvWorkload : public Workload {
                            o_.decode_steps.spec());
   }
   int64_t sessions_completed() const override { return completed_.load(); }
+  int64_t max_request_bytes() const override {  // a prefill: Q, O, K, V
+    const int64_t n = std::max<int64_t>(1, o_.prefill_len.max());
+    return 2 * n * (o_.heads_q + o_.heads_kv) * o_.head_dim * DTypeSize(o_.dtype);
+  }
 
   Work Next() override {
     auto s = std::make_shared<Session>();
@@ -237,6 +253,7 @@ class KvWorkload : public Workload {
     w.units = n;
     w.tag = start ? 0 : 1;
     w.session = s;
+    w.output_bytes = {n * o_.heads_q * o_.head_dim * DTypeSize(o_.dtype)};
     return w;
   }
 

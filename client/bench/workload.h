@@ -27,6 +27,7 @@ struct Work {
   int64_t units = 0;  // tokens (attention, kv_attention) or rows M (linear)
   int tag = 0;        // index into Workload::tags(): which sub-histogram it counts in
   std::shared_ptr<Session> session;  // kv_attention only
+  std::vector<int64_t> output_bytes;  // per requested output: its size, for a shared-memory range
 };
 
 class Workload {
@@ -48,6 +49,9 @@ class Workload {
   // Requests that close whatever is still open (kv sessions); sent unmeasured.
   virtual std::vector<Work> Drain() { return {}; }
   virtual int64_t sessions_completed() const { return 0; }
+  // Bytes of the largest request's inputs and outputs that the shape distributions
+  // allow (their maxima): the size of a shared-memory slot.
+  virtual int64_t max_request_bytes() const { return 0; }
 };
 
 // Random values in [-1, 1) encoded once as FP16/BF16; requests copy slices of it.
@@ -87,6 +91,7 @@ struct LinearWorkloadOptions {
   std::string model = "up_proj_int4";
   DType dtype = DType::kF16;
   int64_t k = 4096;  // input features
+  int64_t n = 0;     // output features: sizes Y in shared memory (0: unknown)
   IntDistribution m = IntDistribution::Fixed(8);
   uint64_t seed = 1;
 };

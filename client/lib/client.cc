@@ -139,6 +139,77 @@ grpc::Status Client::ModelStatistics(int endpoint, std::string_view model,
   return stub(endpoint).ModelStatistics(&ctx, req, resp);
 }
 
+namespace {
+
+// Administrative calls get a short deadline, like the metadata calls above.
+void AdminDeadline(grpc::ClientContext& ctx) {
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+}
+
+}  // namespace
+
+grpc::Status Client::SystemSharedMemoryRegister(int endpoint, std::string_view name, std::string_view key,
+                                                uint64_t offset, uint64_t byte_size) {
+  grpc::ClientContext ctx;
+  AdminDeadline(ctx);
+  inference::SystemSharedMemoryRegisterRequest req;
+  req.set_name(std::string(name));
+  req.set_key(std::string(key));
+  req.set_offset(offset);
+  req.set_byte_size(byte_size);
+  inference::SystemSharedMemoryRegisterResponse resp;
+  return stub(endpoint).SystemSharedMemoryRegister(&ctx, req, &resp);
+}
+
+grpc::Status Client::SystemSharedMemoryUnregister(int endpoint, std::string_view name) {
+  grpc::ClientContext ctx;
+  AdminDeadline(ctx);
+  inference::SystemSharedMemoryUnregisterRequest req;
+  req.set_name(std::string(name));
+  inference::SystemSharedMemoryUnregisterResponse resp;
+  return stub(endpoint).SystemSharedMemoryUnregister(&ctx, req, &resp);
+}
+
+grpc::Status Client::SystemSharedMemoryStatus(int endpoint, std::string_view name,
+                                              inference::SystemSharedMemoryStatusResponse* resp) {
+  grpc::ClientContext ctx;
+  AdminDeadline(ctx);
+  inference::SystemSharedMemoryStatusRequest req;
+  req.set_name(std::string(name));
+  return stub(endpoint).SystemSharedMemoryStatus(&ctx, req, resp);
+}
+
+grpc::Status Client::CudaSharedMemoryRegister(int endpoint, std::string_view name, std::string_view raw_handle,
+                                              int64_t device_id, uint64_t byte_size) {
+  grpc::ClientContext ctx;
+  AdminDeadline(ctx);
+  inference::CudaSharedMemoryRegisterRequest req;
+  req.set_name(std::string(name));
+  req.set_raw_handle(std::string(raw_handle));
+  req.set_device_id(device_id);
+  req.set_byte_size(byte_size);
+  inference::CudaSharedMemoryRegisterResponse resp;
+  return stub(endpoint).CudaSharedMemoryRegister(&ctx, req, &resp);
+}
+
+grpc::Status Client::CudaSharedMemoryUnregister(int endpoint, std::string_view name) {
+  grpc::ClientContext ctx;
+  AdminDeadline(ctx);
+  inference::CudaSharedMemoryUnregisterRequest req;
+  req.set_name(std::string(name));
+  inference::CudaSharedMemoryUnregisterResponse resp;
+  return stub(endpoint).CudaSharedMemoryUnregister(&ctx, req, &resp);
+}
+
+grpc::Status Client::CudaSharedMemoryStatus(int endpoint, std::string_view name,
+                                            inference::CudaSharedMemoryStatusResponse* resp) {
+  grpc::ClientContext ctx;
+  AdminDeadline(ctx);
+  inference::CudaSharedMemoryStatusRequest req;
+  req.set_name(std::string(name));
+  return stub(endpoint).CudaSharedMemoryStatus(&ctx, req, resp);
+}
+
 absl::Status Client::WaitUntilReady(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (int e = 0; e < num_endpoints(); ++e) {

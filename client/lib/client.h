@@ -71,6 +71,21 @@ class Client {
   grpc::Status ModelReady(int endpoint, std::string_view model, bool* ready);
   grpc::Status ModelMetadata(int endpoint, std::string_view model, inference::ModelMetadataResponse* resp);
   grpc::Status ModelStatistics(int endpoint, std::string_view model, inference::ModelStatisticsResponse* resp);
+
+  // Triton's shared-memory extensions. A registered region is named by a tensor's
+  // shared_memory_region parameter (SetSharedMemory in tensor.h). An empty `name`
+  // unregisters, or reports, every region of that kind.
+  grpc::Status SystemSharedMemoryRegister(int endpoint, std::string_view name, std::string_view key, uint64_t offset,
+                                          uint64_t byte_size);
+  grpc::Status SystemSharedMemoryUnregister(int endpoint, std::string_view name);
+  grpc::Status SystemSharedMemoryStatus(int endpoint, std::string_view name,
+                                        inference::SystemSharedMemoryStatusResponse* resp);
+  // `raw_handle` holds the bytes of a cudaIpcMemHandle_t of memory on GPU `device_id`.
+  grpc::Status CudaSharedMemoryRegister(int endpoint, std::string_view name, std::string_view raw_handle,
+                                        int64_t device_id, uint64_t byte_size);
+  grpc::Status CudaSharedMemoryUnregister(int endpoint, std::string_view name);
+  grpc::Status CudaSharedMemoryStatus(int endpoint, std::string_view name,
+                                      inference::CudaSharedMemoryStatusResponse* resp);
   // Polls ServerReady on every endpoint until all are ready or `timeout` passes.
   absl::Status WaitUntilReady(absl::Duration timeout);
 

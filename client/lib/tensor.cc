@@ -91,6 +91,49 @@ void RequestOutput(inference::ModelInferRequest& req, std::string_view name) {
   req.add_outputs()->set_name(std::string(name));
 }
 
+namespace {
+
+void SetSharedMemoryParams(google::protobuf::Map<std::string, inference::InferParameter>& p, const SharedMemoryRef& ref) {
+  p["shared_memory_region"].set_string_param(ref.region);
+  p["shared_memory_byte_size"].set_int64_param(ref.byte_size);
+  p["shared_memory_offset"].set_int64_param(ref.offset);
+}
+
+std::optional<int64_t> IntParam(const google::protobuf::Map<std::string, inference::InferParameter>& params,
+                                const char* key) {
+  auto it = params.find(key);
+  if (it == params.end()) return std::nullopt;
+  switch (it->second.parameter_choice_case()) {
+    case inference::InferParameter::kInt64Param: return it->second.int64_param();
+    case inference::InferParameter::kUint64Param: return int64_t(it->second.uint64_param());
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
+void SetSharedMemory(inference::ModelInferRequest::InferInputTensor& input, const SharedMemoryRef& ref) {
+  SetSharedMemoryParams(*input.mutable_parameters(), ref);
+}
+
+void SetSharedMemory(inference::ModelInferRequest::InferRequestedOutputTensor& output, const SharedMemoryRef& ref) {
+  SetSharedMemoryParams(*output.mutable_parameters(), ref);
+}
+
+std::optional<SharedMemoryRef> SharedMemoryOf(
+    const google::protobuf::Map<std::string, inference::InferParameter>& params) {
+  auto region = params.find("shared_memory_region");
+  if (region == params.end() || region->second.parameter_choice_case() != inference::InferParameter::kStringParam)
+    return std::nullopt;
+  auto size = IntParam(params, "shared_memory_byte_size");
+  if (!size) return std::nullopt;
+  SharedMemoryRef ref;
+  ref.region = region->second.string_param();
+  ref.byte_size = *size;
+  ref.offset = IntParam(params, "shared_memory_offset").value_or(0);
+  return ref;
+}
+
 void SetSequence(inference::ModelInferRequest& req, uint64_t sequence_id, bool start, bool end) {
   auto& p = *req.mutable_parameters();
   p["sequence_id"].set_uint64_param(sequence_id);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -36,6 +37,21 @@ absl::Status AddFloatInput(inference::ModelInferRequest& req, std::string_view n
 absl::Status AddInt32Input(inference::ModelInferRequest& req, std::string_view name,
                            std::span<const int64_t> shape, std::span<const int32_t> values);
 void RequestOutput(inference::ModelInferRequest& req, std::string_view name);
+
+// Triton's shared-memory parameters (shared_memory_region, shared_memory_byte_size,
+// shared_memory_offset): the tensor's bytes are [offset, offset + byte_size) of a
+// registered region instead of the message. An input so placed has no
+// raw_input_contents entry: the entries are one per input outside shared memory.
+struct SharedMemoryRef {
+  std::string region;
+  int64_t byte_size = 0;
+  int64_t offset = 0;
+};
+void SetSharedMemory(inference::ModelInferRequest::InferInputTensor& input, const SharedMemoryRef& ref);
+void SetSharedMemory(inference::ModelInferRequest::InferRequestedOutputTensor& output, const SharedMemoryRef& ref);
+// The region a tensor's parameters name, if any (malformed parameters read as none).
+std::optional<SharedMemoryRef> SharedMemoryOf(
+    const google::protobuf::Map<std::string, inference::InferParameter>& params);
 
 // Triton's sequence parameters, used by stateful models such as kv_attention.
 void SetSequence(inference::ModelInferRequest& req, uint64_t sequence_id, bool start, bool end);

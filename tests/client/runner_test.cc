@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -224,6 +225,77 @@ TEST(Runner, OpenLoopKvRateIsSessionsAndEverySessionEnds) {
   EXPECT_GT(w->sessions_completed(), 20);
   // Every session that started was ended, by its own last step or by the drain.
   EXPECT_EQ(t.starts_, t.ends_);
+}
+
+// A server whose prefills take `prefill` and decode steps `decode`, each from its
+// arrival (no queueing): one timer thread completes them when they are due.
+class KvTimedServer : public Transport {
+ public:
+  KvTimedServer(std::chrono::microseconds prefill, std::chrono::microseconds decode)
+      : prefill_(prefill), decode_(decode), timer_([this] { Loop(); }) {}
+  ~KvTimedServer() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    timer_.join();
+  }
+  void Send(const Work& w, std::function<void(int)> done) override {
+    const bool start = w.request->parameters().at("sequence_start").bool_param();
+    std::lock_guard<std::mutex> l(mu_);
+    due_.emplace(std::chrono::steady_clock::now() + (start ? prefill_ : decode_), std::move(done));
+    cv_.notify_all();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!stop_ || !due_.empty()) {
+      if (due_.empty()) {
+        cv_.wait(lk);
+        continue;
+      }
+      auto first = due_.begin();
+      if (std::chrono::steady_clock::now() < first->first) {
+        cv_.wait_until(lk, first->first);
+        continue;
+      }
+      auto done = std::move(first->second);
+      due_.erase(first);
+      lk.unlock();
+      done(0);
+      lk.lock();
+    }
+  }
+  std::chrono::microseconds prefill_, decode_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::multimap<std::chrono::steady_clock::time_point, std::function<void(int)>> due_;
+  bool stop_ = false;
+  std::thread timer_;
+};
+
+TEST(Runner, KvPrefillAndDecodeLatenciesAreMeasuredApart) {
+  KvWorkloadOptions o;
+  o.prefill_len = IntDistribution::Fixed(8);
+  o.decode_steps = IntDistribution::Fixed(9);
+  auto w = MakeKvWorkload(o);
+  KvTimedServer server(20000us, 1000us);
+  LoadPoint lp;
+  lp.concurrency = 2;
+  PointResult r = RunPoint(*w, server, lp, Fast(), nullptr, nullptr, nullptr);
+  ASSERT_EQ(r.m.by_tag.size(), 2u);
+  const Histogram &prefill = r.m.by_tag[0], &decode = r.m.by_tag[1];
+  ASSERT_GT(prefill.count(), 5);
+  EXPECT_EQ(prefill.count() + decode.count(), r.m.ok);
+  // Nine decode steps per prefill (give or take the sessions cut at the windows' edges).
+  EXPECT_NEAR(double(decode.count()) / prefill.count(), 9, 2);
+  // Each kind's percentiles are its own: sleeps only run long, never short.
+  EXPECT_GE(prefill.Percentile(50), 20'000'000);
+  EXPECT_GE(decode.Percentile(50), 1'000'000);
+  EXPECT_LT(decode.Percentile(50), 10'000'000);
+  EXPECT_LT(r.m.latency.Percentile(50), prefill.Percentile(50));  // the mix is mostly decode
 }
 
 TEST(Runner, ClosedLoopKvSessionsEndOnStop) {
