@@ -21,9 +21,8 @@ std::string CodeName(absl::StatusCode c) {
   return i >= 0 && i < int(std::size(kNames)) ? kNames[i] : "UNKNOWN";
 }
 
-// A response holds the outputs plus names, shapes, the model name and the request id.
 constexpr int64_t kMaxRequestIdBytes = 1024;
-constexpr int64_t kResponseOverheadBytes = 16 << 10;
+constexpr int64_t kResponseOverheadBytes = 2048;
 
 // Copies the outputs bound to shared-memory regions into them; the response then carries
 // only their names, datatypes and shapes.
@@ -226,7 +225,10 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
   for (const auto& [name, bytes] : (*work)->output_sizes) {
     for (const SharedMemoryOutput& o : (*work)->shm_outputs) message_bytes -= o.name == name ? bytes : 0;
   }
-  if (max_response_bytes_ > 0 && message_bytes > max_response_bytes_ - kResponseOverheadBytes) {
+  // Besides the outputs a response holds their names, datatypes and shapes, the model name and
+  // the request id: a few hundred bytes, bounded here generously.
+  const int64_t overhead = kResponseOverheadBytes + int64_t(request.id().size() + request.model_name().size());
+  if (max_response_bytes_ > 0 && message_bytes > 0 && message_bytes + overhead > max_response_bytes_) {
     absl::Status too_big = absl::ResourceExhaustedError(absl::StrCat(
         "the outputs of this request come to ", message_bytes, " bytes; responses are limited to ",
         max_response_bytes_, " bytes (--grpc-max-message-bytes); send fewer tokens or rows per request"));
