@@ -29,7 +29,8 @@ echo "== fatbin contents (cuobjdump)"
 
 GPUS=$(nvidia-smi -L | wc -l)
 # PARTS picks sections (default all), so that one machine can take the work in two calls;
-# E2E_SCENARIOS, E2E_CONC and E2E_SERVER_ARGS (extra server flags) shape the end-to-end part.
+# E2E_SCENARIOS, E2E_CONC, E2E_SERVER_ARGS (extra server flags) and E2E_BENCH_ARGS (extra
+# flashq-bench flags, e.g. --shared-memory=system) shape the end-to-end part.
 PARTS=${PARTS:-tests,cold,e2e,multi}
 part() { [[ ",$PARTS," == *",$1,"* ]]; }
 if part tests; then
@@ -78,7 +79,7 @@ serve_and_load() {
   for _ in $(seq 1 240); do grep -q "flashq-server ready" "$OUT/server-$name.log" && break; sleep 0.5; done
   timeout 420 python3 "$ROOT"/bench/e2e/gpu_e2e.py --bench="$B/libexec/flashq-bench" --endpoint=localhost:$port \
     --metrics=http://localhost:$((port + 1))/metrics --out-dir="$OUT/$name" --max-time=5 --scenarios="$4" \
-    --concurrency="$5" | tail -n 20
+    --concurrency="$5" --bench-args="${E2E_BENCH_ARGS:-}" | tail -n 20
   check "load run $name" "${PIPESTATUS[0]}"
   kill -TERM $spid; wait $spid
   local code=$?

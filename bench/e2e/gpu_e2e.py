@@ -43,6 +43,7 @@ def main():
     ap.add_argument("--concurrency", default="1,16,64,256")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--max-time", default="6")
+    ap.add_argument("--bench-args", default="", help="extra flashq-bench flags, e.g. --shared-memory=system")
     a = ap.parse_args()
     rows = []
     for name in a.scenarios.split(","):
@@ -52,7 +53,7 @@ def main():
             tag = f"{name}-c{c}"
             cmd = [a.bench, f"--endpoints={a.endpoint}", f"--concurrency={c}", f"--max-time={a.max_time}",
                    "--window=1", "--warmup=1", "--no-plot", f"--output-dir={a.out_dir}", f"--name={tag}",
-                   "--progress=off", "--request-timeout=120"] + SCENARIOS[name]
+                   "--progress=off", "--request-timeout=120"] + SCENARIOS[name] + a.bench_args.split()
             r = subprocess.run(cmd, capture_output=True, text=True)
             wall, after = time.time() - t0, scrape(a.metrics)
             sys.stdout.write(r.stdout[-1500:])
