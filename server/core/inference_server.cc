@@ -220,11 +220,7 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
     return;
   }
   // Refused before compute: a response over the frontend's message limit could not be sent.
-  // Outputs written to shared memory do not travel in it.
-  int64_t message_bytes = (*work)->output_bytes;
-  for (const auto& [name, bytes] : (*work)->output_sizes) {
-    for (const SharedMemoryOutput& o : (*work)->shm_outputs) message_bytes -= o.name == name ? bytes : 0;
-  }
+  const int64_t message_bytes = (*work)->MessageBytes();
   // Besides the outputs a response holds their names, datatypes and shapes, the model name and
   // the request id: a few hundred bytes, bounded here generously.
   const int64_t overhead = kResponseOverheadBytes + int64_t(request.id().size() + request.model_name().size());

@@ -22,14 +22,20 @@ struct Work {
   virtual ~Work() = default;
 
   // Prepare declares each output it will produce, with its size, before compute.
-  void ExpectOutput(std::string name, int64_t bytes) {
-    output_sizes.push_back({std::move(name), bytes});
-    output_bytes += bytes;
+  void ExpectOutput(std::string name, int64_t bytes) { output_sizes.push_back({std::move(name), bytes}); }
+  // Bytes of the declared outputs that travel in the response message (not in shared memory).
+  int64_t MessageBytes() const {
+    int64_t bytes = 0;
+    for (const auto& [name, n] : output_sizes) {
+      bool in_region = false;
+      for (const SharedMemoryOutput& o : shm_outputs) in_region |= o.name == name;
+      bytes += in_region ? 0 : n;
+    }
+    return bytes;
   }
 
   int64_t tokens = 1;          // what the batch's token budget counts
-  int64_t output_bytes = 0;    // bytes of the outputs asked for, known before compute
-  std::vector<std::pair<std::string, int64_t>> output_sizes;  // the same, per output
+  std::vector<std::pair<std::string, int64_t>> output_sizes;  // each output asked for, known before compute
   std::vector<SharedMemoryOutput> shm_outputs;  // set at admission; written before the answer
   std::string batch_key;       // only works with equal keys share a batch
   std::string exclusive_key;   // non-empty: works with equal keys never share a batch nor run at once

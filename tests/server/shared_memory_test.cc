@@ -294,7 +294,7 @@ TEST(SharedMemoryDecodeTest, OutputsAreBoundAfterTheirSizeIsChecked) {
   ASSERT_EQ(w.shm_outputs.size(), 1u);
   EXPECT_EQ(w.shm_outputs[0].name, "Y");
   EXPECT_EQ(w.shm_outputs[0].buffer.size, 1000u);
-  EXPECT_EQ(w.output_bytes, 1000);
+  EXPECT_EQ(w.MessageBytes(), 0) << "Y goes to the region, not the message";
 }
 
 }  // namespace

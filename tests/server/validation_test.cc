@@ -303,7 +303,7 @@ TEST_F(AttentionValidationTest, OutputBytesAreKnownBeforeCompute) {
   auto r = MakeAttention({.want_lse = true}).request;
   auto w = Prepare(r);
   ASSERT_TRUE(w.ok()) << w.status();
-  EXPECT_EQ((*w)->output_bytes, 5 * 4 * 64 * 2 + 5 * 4 * 4) << "O [5, 4, 64] FP16 and LSE [4, 5] FP32";
+  EXPECT_EQ((*w)->MessageBytes(), 5 * 4 * 64 * 2 + 5 * 4 * 4) << "O [5, 4, 64] FP16 and LSE [4, 5] FP32";
 }
 
 TEST_F(AttentionValidationTest, ShapeWhoseSizeOverflowsIsRejected) {
