@@ -102,6 +102,7 @@ LinearWeights SliceN(const LinearWeights& w, int n0, int n1) {
   s.K = w.K;
   s.N = n1 - n0;
   s.fp8_activations = w.fp8_activations;
+  s.fp8_input_scale = w.fp8_input_scale;
   const size_t K = size_t(w.K);
   switch (w.format) {
     case WeightFormat::kBf16: s.bf16.assign(w.bf16.begin() + n0 * K, w.bf16.begin() + n1 * K); break;
@@ -149,7 +150,9 @@ class CpuLinear : public LinearExecutor {
         case WeightFormat::kBf16: gemm::LinearRefBf16<float>(x.data(), M, K_, w.bf16.data(), w.N, part.data()); break;
         case WeightFormat::kInt4: gemm::LinearRefInt4<float>(x.data(), M, w.int4, part.data()); break;
         case WeightFormat::kFp8:
-          if (w.fp8_activations) {
+          if (w.fp8_activations && w.fp8_input_scale > 0) {
+            gemm::LinearRefFp8W8A8Static<float>(x.data(), M, w.fp8, w.fp8_input_scale, part.data());
+          } else if (w.fp8_activations) {
             gemm::LinearRefFp8W8A8<float>(x.data(), M, w.fp8, /*per_row_act=*/true, part.data());
           } else {
             gemm::LinearRefFp8W8A16<float>(x.data(), M, w.fp8, part.data());
