@@ -708,20 +708,18 @@ absl::StatusOr<Sizes> DeclaredSizes(const inference::ModelConfig& config) {
 
 absl::Status CheckDeclared(const inference::ModelConfig& config, const Sizes& d, const LinearWeights& w,
                            const std::string& source) {
-  auto mismatch = [&](const char* what, int64_t declared, int64_t found) {
-    return Invalid(absl::StrCat("the config declares ", what, " = ", declared, " but the weights in ", source,
-                                " have ", what, " = ", found));
+  auto mismatch = [&](const char* what, const char* where, int64_t declared, int64_t found) {
+    return Invalid(absl::StrCat("the config declares ", what, " = ", declared, " (", where, ") but the weights in ",
+                                source, " have ", what, " = ", found));
   };
-  if (d.K > 0 && d.K != w.K) return mismatch("K (in_features, X dims)", d.K, w.K);
-  if (d.N > 0 && d.N != w.N) return mismatch("N (out_features, Y dims)", d.N, w.N);
-  auto dims_ok = [](const inference::ModelInput& in, int64_t v) {
-    return in.dims_size() != 2 || in.dims(1) == -1 || in.dims(1) == v;
-  };
-  if (config.input_size() > 0 && !dims_ok(config.input(0), w.K))
-    return mismatch("X dims [-1, K]: K", config.input(0).dims(1), w.K);
+  if (d.K > 0 && d.K != w.K) return mismatch("K", "in_features, or X dims [-1, K]", d.K, w.K);
+  if (d.N > 0 && d.N != w.N) return mismatch("N", "out_features, or Y dims [-1, N]", d.N, w.N);
+  if (config.input_size() > 0 && config.input(0).dims_size() == 2 && config.input(0).dims(1) != -1 &&
+      config.input(0).dims(1) != w.K)
+    return mismatch("K", "X dims [-1, K]", config.input(0).dims(1), w.K);
   if (config.output_size() > 0 && config.output(0).dims_size() == 2 && config.output(0).dims(1) != -1 &&
       config.output(0).dims(1) != w.N)
-    return mismatch("Y dims [-1, N]: N", config.output(0).dims(1), w.N);
+    return mismatch("N", "Y dims [-1, N]", config.output(0).dims(1), w.N);
   return absl::OkStatus();
 }
 
