@@ -274,3 +274,25 @@ def test_refused_checkpoint_stops_start_naming_the_tensor(tmp_dir):
     s.stop()
     assert "model.layers.3.mlp.up_proj.g_idx" in str(e.value), str(e.value)
     assert "desc_act" in str(e.value), str(e.value)
+
+
+def test_make_repository_writes_servable_configs(start_server, repo, tmp_dir):
+    """tools/make_repository.py: one model per chosen layer and projection, fused ones from
+    their parts; the server loads them and they compute what the checkpoint holds."""
+    import subprocess
+    root, cases = repo
+    out = tmp_dir / "generated"
+    r = subprocess.run([sys.executable, str(ROOT / "tools/make_repository.py"), str(root / "hf" / "gptq-v1"), str(out),
+                        "--layers", "1", "--projections", "qkv_proj,up_proj", "--relative"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["layer1_qkv_proj", "layer1_up_proj"]
+    assert 'dims: [ -1, 256 ]' in (out / "layer1_qkv_proj" / "config.pbtxt").read_text()
+    s = start_server(f"--model-repository={out}", name="generated-repo")
+    for model, case in (("layer1_qkv_proj", cases["gptq_qkv_proj_bias"]), ("layer1_up_proj", cases["gptq_v1_sym_act_order_l1"])):
+        x = np.random.default_rng(3).standard_normal((M, K)).astype(np.float16)
+        y, ref = run(s.url, model, x), reference(x, case)
+        assert np.abs(y - ref).max() <= 4e-3 * (np.sqrt(np.mean(ref ** 2)) + np.abs(ref).max()), model
+    bad = subprocess.run([sys.executable, str(ROOT / "tools/make_repository.py"), str(root / "hf" / "awq"), str(out),
+                          "--projections", "q_proj"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "q_proj is not in the checkpoint" in bad.stderr, bad.stderr
