@@ -108,7 +108,9 @@ LinearWeights SliceN(const LinearWeights& w, int n0, int n1) {
     case WeightFormat::kBf16: s.bf16.assign(w.bf16.begin() + n0 * K, w.bf16.begin() + n1 * K); break;
     case WeightFormat::kInt4: {
       const size_t g = size_t(w.int4.num_groups());
-      s.int4 = w.int4;
+      s.int4.K = w.int4.K;  // not a copy of the whole layer: only the slice's rows are copied
+      s.int4.group_size = w.int4.group_size;
+      s.int4.g_idx = w.int4.g_idx;
       s.int4.N = s.N;
       s.int4.q.assign(w.int4.q.begin() + n0 * K, w.int4.q.begin() + n1 * K);
       s.int4.scales.assign(w.int4.scales.begin() + n0 * g, w.int4.scales.begin() + n1 * g);
