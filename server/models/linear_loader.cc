@@ -395,11 +395,11 @@ absl::StatusOr<LinearLoad> LoadPart(const TensorReader& r, const Checkpoint& ckp
       auto t = r.Get("weight", {"BF16"});
       if (!t.ok()) return t.status();
       if (t->shape.size() != 2) return r.Shape("weight", *t, {declared.N, declared.K}, "[N, K]");
+      if (t->shape[0] < 1 || t->shape[0] > kMaxFeatures) return bad_size("weight", t->shape[0], "N");
+      if (t->shape[1] < 1 || t->shape[1] > kMaxFeatures) return bad_size("weight", t->shape[1], "K");
       w.format = WeightFormat::kBf16;
-      w.N = int(std::clamp<int64_t>(t->shape[0], 0, kMaxFeatures + 1));
-      w.K = int(std::clamp<int64_t>(t->shape[1], 0, kMaxFeatures + 1));
-      if (w.N < 1 || w.N > kMaxFeatures) return bad_size("weight", t->shape[0], "N");
-      if (w.K < 1 || w.K > kMaxFeatures) return bad_size("weight", t->shape[1], "K");
+      w.N = int(t->shape[0]);
+      w.K = int(t->shape[1]);
       w.bf16.resize(t->data.size() / 2);
       std::memcpy(w.bf16.data(), t->data.data(), t->data.size());
       break;
@@ -734,7 +734,7 @@ absl::StatusOr<LinearLoad> LoadLinear(const std::string& model_dir, const infere
     const fs::path p(source_param);
     source = p.is_absolute() ? p.string() : (fs::path(model_dir) / p).lexically_normal().string();
   }
-  auto ckpt = cache.Open(source);
+  auto ckpt = cache.Open(source, /*with_metadata=*/!bare);
   if (!ckpt.ok()) return ckpt.status();
 
   std::vector<std::string> prefixes;

@@ -125,7 +125,7 @@ std::vector<std::string> Checkpoint::files() const {
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<const Checkpoint>> CheckpointCache::Load(const std::string& path) {
+absl::StatusOr<std::shared_ptr<const Checkpoint>> CheckpointCache::Load(const std::string& path, bool with_metadata) {
   std::error_code ec;
   const fs::path p(path);
   std::shared_ptr<Checkpoint> c(new Checkpoint());
@@ -134,6 +134,7 @@ absl::StatusOr<std::shared_ptr<const Checkpoint>> CheckpointCache::Load(const st
   if (fs::is_regular_file(p, ec)) {
     // One file: its folder's metadata applies (a bare file next to a config.json).
     c->single_file_ = path;
+    if (!with_metadata) return std::shared_ptr<const Checkpoint>(std::move(c));
     auto q = ReadQuantMetadata(p.parent_path().string());
     if (!q.ok()) return q.status();
     c->quant_ = *std::move(q);
@@ -147,26 +148,27 @@ absl::StatusOr<std::shared_ptr<const Checkpoint>> CheckpointCache::Load(const st
     if (!f.ok()) return f.status();
     c->single_file_ = *f;
   }
+  if (!with_metadata) return std::shared_ptr<const Checkpoint>(std::move(c));
   auto q = ReadQuantMetadata(path);
   if (!q.ok()) return q.status();
   c->quant_ = *std::move(q);
   return std::shared_ptr<const Checkpoint>(std::move(c));
 }
 
-absl::StatusOr<std::shared_ptr<const Checkpoint>> CheckpointCache::Open(const std::string& path) {
+absl::StatusOr<std::shared_ptr<const Checkpoint>> CheckpointCache::Open(const std::string& path, bool with_metadata) {
   std::error_code ec;
   fs::path key = fs::weakly_canonical(fs::absolute(path, ec), ec);
   if (ec) key = fs::path(path);
   std::shared_ptr<Slot<Checkpoint>> slot;
   {
     std::lock_guard<std::mutex> l(mu_);
-    auto& s = checkpoints_[key.string()];
+    auto& s = checkpoints_[std::make_pair(key.string(), with_metadata)];
     if (!s) s = std::make_shared<Slot<Checkpoint>>();
     slot = s;
   }
   std::lock_guard<std::mutex> l(slot->mu);  // a second opener waits for the first
   if (!slot->done) {
-    slot->value = Load(key.string());
+    slot->value = Load(key.string(), with_metadata);
     slot->done = true;
   }
   return slot->value;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -55,9 +56,10 @@ class CheckpointCache {
   CheckpointCache(const CheckpointCache&) = delete;
   CheckpointCache& operator=(const CheckpointCache&) = delete;
 
-  // `path`: a folder or a .safetensors file. Reads the index and the metadata (not the
-  // shards). The same path (after resolving symlinks) gives the same Checkpoint.
-  absl::StatusOr<std::shared_ptr<const Checkpoint>> Open(const std::string& path);
+  // `path`: a folder or a .safetensors file. Reads the index and, with_metadata, the
+  // quantization metadata (not the shards). The same path (after resolving symlinks) gives
+  // the same Checkpoint.
+  absl::StatusOr<std::shared_ptr<const Checkpoint>> Open(const std::string& path, bool with_metadata = true);
   // One mapping per file for the cache's lifetime.
   absl::StatusOr<std::shared_ptr<const SafetensorsFile>> OpenFile(const std::string& path);
   // Files mapped so far (tests: each shard is mapped once however many models read it).
@@ -70,10 +72,10 @@ class CheckpointCache {
     bool done = false;
     absl::StatusOr<std::shared_ptr<const T>> value = absl::UnknownError("not opened");
   };
-  absl::StatusOr<std::shared_ptr<const Checkpoint>> Load(const std::string& path);
+  absl::StatusOr<std::shared_ptr<const Checkpoint>> Load(const std::string& path, bool with_metadata);
 
   mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Slot<Checkpoint>>> checkpoints_;
+  std::map<std::pair<std::string, bool>, std::shared_ptr<Slot<Checkpoint>>> checkpoints_;  // (path, with_metadata)
   std::map<std::string, std::shared_ptr<Slot<SafetensorsFile>>> files_;
   int files_mapped_ = 0;
 };
