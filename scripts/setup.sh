@@ -25,7 +25,7 @@ APT_PACKAGES=(
   prometheus libb64-0d python3-venv python3-pip curl
   clang libclang-rt-14-dev openssl debootstrap docker-compose
 )
-PY_PACKAGES=(numpy pytest matplotlib "tritonclient[grpc]==2.50.0" nvidia-cuda-runtime-cu12 grpcio-health-checking grpcio-reflection kubernetes-validate)
+PY_PACKAGES=(numpy pytest matplotlib "tritonclient[grpc]==2.50.0" nvidia-cuda-runtime-cu12 grpcio-health-checking grpcio-reflection kubernetes-validate safetensors)
 
 log() { echo "setup: $*"; }
 
@@ -63,12 +63,13 @@ fi
 if "$VENV/bin/python" - <<'PY' 2>/dev/null
 import importlib.metadata as md, sys
 need = {"numpy": None, "pytest": None, "matplotlib": None, "tritonclient": "2.50.0",
-        "nvidia-cuda-runtime-cu12": None, "grpcio-health-checking": None, "grpcio-reflection": None, "kubernetes-validate": None}
+        "nvidia-cuda-runtime-cu12": None, "grpcio-health-checking": None, "grpcio-reflection": None, "kubernetes-validate": None,
+        "safetensors": None}
 for name, ver in need.items():
     v = md.version(name)
     if ver and v != ver:
         sys.exit(1)
-import tritonclient.grpc, numpy, grpc_health.v1.health_pb2, grpc_reflection.v1alpha.reflection_pb2
+import tritonclient.grpc, numpy, grpc_health.v1.health_pb2, grpc_reflection.v1alpha.reflection_pb2, safetensors
 PY
 then
   log "Python venv: all packages present ($VENV)"

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <future>
 #include <iostream>
+#include <mutex>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -272,6 +273,11 @@ int Run(const Options& o) {
   opts.max_response_bytes = o.grpc_max_message_bytes;
   opts.shared_memory = shared_memory.get();
   opts.load.kv_cache_blocks = o.kv_cache_blocks;
+  std::mutex log_mu;  // models load on several threads
+  opts.load.log = [&log_mu](const std::string& model, const std::string& line) {
+    std::lock_guard<std::mutex> l(log_mu);
+    std::cerr << "flashq-server: model " << model << ": " << line << "\n";
+  };
   auto server = InferenceServer::Create(*entries, **backend, metrics, opts);
   if (!server.ok()) {
     std::cerr << "flashq-server: " << server.status() << "\n";

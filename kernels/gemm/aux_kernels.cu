@@ -193,4 +193,18 @@ Status run_quantize_act_fp8(const void* x, ActType act, int M, int K, bool per_r
   return launch(static_cast<const __nv_bfloat16*>(nullptr));
 }
 
+Status run_quantize_act_fp8_static(const void* x, ActType act, int M, int K, const float* scale, uint8_t* xq,
+                                   cudaStream_t stream) {
+  if (M < 0 || K <= 0) return InvalidArgument("run_quantize_act_fp8_static: need M >= 0 and K > 0");
+  if (M == 0) return Status::Ok();
+  if (!x || !xq || !scale) return InvalidArgument("run_quantize_act_fp8_static: null pointer");
+  if (act == ActType::kF16) {
+    detail::QuantRowsKernel<__half><<<M, 256, 0, stream>>>(static_cast<const __half*>(x), K, scale, xq);
+  } else {
+    detail::QuantRowsKernel<__nv_bfloat16><<<M, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), K, scale, xq);
+  }
+  FQ_CUDA_RETURN_LAUNCH();
+  return Status::Ok();
+}
+
 }  // namespace flashq::gemm

@@ -161,6 +161,11 @@ Status run_w8a8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cuda
 // scale: M floats (per-tensor: every entry holds the tensor scale).
 Status run_quantize_act_fp8(const void* x, ActType act, int M, int K, bool per_row, uint8_t* xq, float* scale,
                             cudaStream_t stream);
+// Static activation quantization (a checkpoint's input_scale): xq = satfinite_rn(x / scale[m])
+// with scale given (device, M floats, all the static scale); the same bits as the host's
+// FloatToFp8E4M3(x / scale). Batch-invariant: the scale does not depend on the batch.
+Status run_quantize_act_fp8_static(const void* x, ActType act, int M, int K, const float* scale, uint8_t* xq,
+                                   cudaStream_t stream);
 
 // ---- 16-bit baseline through cuBLASLt ----
 // w: device [N][K] in a.act's type. Plans are cached per (M, N, K, type, mode).

@@ -28,6 +28,7 @@ size_t W8A16WorkspaceBytes(const Fp8DeviceWeights&, int) { return 0; }
 Status run_w8a16(const Fp8DeviceWeights&, const LinearArgs&, cudaStream_t) { return NoCuda(); }
 Status run_w8a8(BlasLt*, const Fp8DeviceWeights&, const W8A8Args&, cudaStream_t) { return NoCuda(); }
 Status run_quantize_act_fp8(const void*, ActType, int, int, bool, uint8_t*, float*, cudaStream_t) { return NoCuda(); }
+Status run_quantize_act_fp8_static(const void*, ActType, int, int, const float*, uint8_t*, cudaStream_t) { return NoCuda(); }
 Status run_bf16(BlasLt*, const void*, int, int, const LinearArgs&, cudaStream_t) { return NoCuda(); }
 Status WarmBf16(BlasLt*, int, int, int, ActType, bool) { return NoCuda(); }
 

@@ -112,17 +112,16 @@ void LinearRefFp8W8A16(const float* x, int M, const Fp8Weights& w, float* y) {
   });
 }
 
+namespace {
+// y = (xq·wqᵀ) * xs[m] * sw[n], with xq already quantized.
 template <typename Acc>
-void LinearRefFp8W8A8(const float* x, int M, const Fp8Weights& w, bool per_row_act, float* y) {
+void LinearFp8Quantized(const uint8_t* xq, const float* xs, int M, const Fp8Weights& w, float* y) {
   const int K = w.K;
-  std::vector<uint8_t> xq(size_t(M) * K);
-  std::vector<float> xs(std::max(M, 1));
-  QuantizeActFp8(x, M, K, per_row_act, xq.data(), xs.data());
   float lut[256];
   for (int i = 0; i < 256; ++i) lut[i] = Fp8E4M3ToFloat(uint8_t(i));
   std::vector<float> xd(size_t(M) * K);
   for (size_t i = 0; i < xd.size(); ++i) xd[i] = lut[xq[i]];
-  struct Ctx { const float* xs; const Fp8Weights* w; } ctx{xs.data(), &w};
+  struct Ctx { const float* xs; const Fp8Weights* w; } ctx{xs, &w};
   LinearRows<Acc>(
       xd.data(), M, K, w.N, y,
       [&](int n, Acc* r) {
@@ -135,13 +134,31 @@ void LinearRefFp8W8A8(const float* x, int M, const Fp8Weights& w, bool per_row_a
       },
       &ctx);
 }
+}  // namespace
+
+template <typename Acc>
+void LinearRefFp8W8A8(const float* x, int M, const Fp8Weights& w, bool per_row_act, float* y) {
+  std::vector<uint8_t> xq(size_t(M) * w.K);
+  std::vector<float> xs(std::max(M, 1));
+  QuantizeActFp8(x, M, w.K, per_row_act, xq.data(), xs.data());
+  LinearFp8Quantized<Acc>(xq.data(), xs.data(), M, w, y);
+}
+
+template <typename Acc>
+void LinearRefFp8W8A8Static(const float* x, int M, const Fp8Weights& w, float input_scale, float* y) {
+  std::vector<uint8_t> xq(size_t(M) * w.K);
+  std::vector<float> xs(std::max(M, 1), input_scale);
+  for (size_t i = 0; i < xq.size(); ++i) xq[i] = FloatToFp8E4M3(x[i] / input_scale);
+  LinearFp8Quantized<Acc>(xq.data(), xs.data(), M, w, y);
+}
 
 #define FQ_INSTANTIATE(Acc)                                                                          \
   template void LinearRefBf16<Acc>(const float*, int, int, const uint16_t*, int, float*);            \
   template void LinearRefF32<Acc>(const float*, int, int, const float*, int, float*);                \
   template void LinearRefInt4<Acc>(const float*, int, const Int4Weights&, float*);                   \
   template void LinearRefFp8W8A16<Acc>(const float*, int, const Fp8Weights&, float*);                \
-  template void LinearRefFp8W8A8<Acc>(const float*, int, const Fp8Weights&, bool, float*);
+  template void LinearRefFp8W8A8<Acc>(const float*, int, const Fp8Weights&, bool, float*);          \
+  template void LinearRefFp8W8A8Static<Acc>(const float*, int, const Fp8Weights&, float, float*);
 FQ_INSTANTIATE(float)
 FQ_INSTANTIATE(double)
 #undef FQ_INSTANTIATE

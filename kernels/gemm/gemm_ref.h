@@ -21,5 +21,9 @@ void LinearRefFp8W8A16(const float* x, int M, const Fp8Weights& w, float* y);
 // Quantizes x with QuantizeActFp8 (per tensor or per row), then y = (xq·wqᵀ) * sx * sw.
 template <typename Acc>
 void LinearRefFp8W8A8(const float* x, int M, const Fp8Weights& w, bool per_row_act, float* y);
+// W8A8 with a static activation scale (a checkpoint's input_scale): xq = satfinite_rn(x /
+// input_scale), then y = (xq·wqᵀ) * input_scale * sw.
+template <typename Acc>
+void LinearRefFp8W8A8Static(const float* x, int M, const Fp8Weights& w, float input_scale, float* y);
 
 }  // namespace flashq::gemm

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "kernels/common/dtype.h"
@@ -19,6 +20,33 @@ std::string Shape(int K, int N, int g) {
 
 float RoundF16(float v) { return F16ToFloat(FloatToF16(v)); }
 
+// Word i of packed little-endian int32 data at any alignment.
+uint32_t Word(const void* base, size_t i) {
+  uint32_t v;
+  std::memcpy(&v, static_cast<const char*>(base) + 4 * i, 4);
+  return v;
+}
+
+// Act-order g_idx [K]: every entry a group of the ceil(K / group_size) groups (a larger
+// one is a malformed checkpoint; refusing it first bounds what is allocated), no group
+// holding more than group_size channels. *G becomes max(g_idx) + 1.
+Status CheckGIdx(const void* g_idx, int K, int group_size, const char* who, int* G) {
+  const int groups = (K + group_size - 1) / group_size;
+  std::vector<int> count(groups, 0);
+  int mx = -1;
+  for (int k = 0; k < K; ++k) {
+    int32_t g = int32_t(Word(g_idx, k));
+    if (g < 0 || g >= groups)
+      return InvalidArgument(std::string(who) + ": g_idx entry " + std::to_string(g) + " is outside 0.." +
+                             std::to_string(groups - 1) + " (ceil(K / group_size) groups)");
+    if (++count[g] > group_size)
+      return InvalidArgument(std::string(who) + ": g_idx assigns more than group_size channels to group " + std::to_string(g));
+    mx = std::max(mx, int(g));
+  }
+  *G = mx + 1;
+  return Status::Ok();
+}
+
 Status CheckGroupShape(int K, int N, int group_size, const char* who) {
   if (K <= 0 || N <= 0) return InvalidArgument(std::string(who) + ": K and N must be positive (" + Shape(K, N, group_size) + ")");
   if (group_size <= 0) return InvalidArgument(std::string(who) + ": group_size must be positive (" + Shape(K, N, group_size) + ")");
@@ -27,6 +55,18 @@ Status CheckGroupShape(int K, int N, int group_size, const char* who) {
 }
 
 }  // namespace
+
+float ScalesView::at(size_t i) const {
+  const char* p = static_cast<const char*>(data);
+  if (type == ScaleType::kF32) {
+    float f;
+    std::memcpy(&f, p + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p + 2 * i, 2);
+  return type == ScaleType::kF16 ? F16ToFloat(h) : Bf16ToFloat(h);
+}
 
 int Int4Weights::num_groups() const {
   if (!g_idx.empty()) {
@@ -200,52 +240,67 @@ Status UnpackGptq(const GptqTensors& t, Int4Weights* out) {
   const int K8 = (t.K + 7) / 8, N8 = t.N / 8;
   if (t.qweight.size() != size_t(K8) * t.N)
     return InvalidArgument("GPTQ: qweight must be int32 [ceil(K/8), N] = [" + std::to_string(K8) + ", " + std::to_string(t.N) + "], got " + std::to_string(t.qweight.size()) + " elements");
+  if (!t.g_idx.empty() && t.g_idx.size() != size_t(t.K))
+    return InvalidArgument("GPTQ: g_idx must be int32 [K] = [" + std::to_string(t.K) + "]");
   int G = (t.K + t.group_size - 1) / t.group_size;
-  if (!t.g_idx.empty()) {
-    if (t.g_idx.size() != size_t(t.K)) return InvalidArgument("GPTQ: g_idx must be int32 [K] = [" + std::to_string(t.K) + "]");
-    // Act-order only permutes channels among the ceil(K / group_size) groups, so a larger
-    // entry is a malformed checkpoint; refusing it first bounds what is allocated below.
-    int mx = -1;
-    for (int32_t g : t.g_idx) {
-      if (g < 0 || g >= G)
-        return InvalidArgument("GPTQ: g_idx entry " + std::to_string(g) + " is outside 0.." + std::to_string(G - 1) +
-                               " (ceil(K / group_size) groups)");
-      mx = std::max(mx, int(g));
-    }
-    G = mx + 1;
-    std::vector<int> count(G, 0);
-    for (int32_t g : t.g_idx)
-      if (++count[g] > t.group_size) return InvalidArgument("GPTQ: g_idx assigns more than group_size channels to group " + std::to_string(g));
-  }
+  if (!t.g_idx.empty()) FQ_RETURN_IF_ERROR(CheckGIdx(t.g_idx.data(), t.K, t.group_size, "GPTQ", &G));
   if (t.qzeros.size() != size_t(G) * N8)
     return InvalidArgument("GPTQ: qzeros must be int32 [G, N/8] = [" + std::to_string(G) + ", " + std::to_string(N8) + "]");
   if (t.scales_f16.size() != size_t(G) * t.N)
     return InvalidArgument("GPTQ: scales must be fp16 [G, N] = [" + std::to_string(G) + ", " + std::to_string(t.N) + "]");
+  GptqView v;
+  v.qweight = t.qweight.data();
+  v.qzeros = t.qzeros.data();
+  v.g_idx = t.g_idx.empty() ? nullptr : t.g_idx.data();
+  v.scales = {t.scales_f16.data(), ScaleType::kF16};
+  v.K = t.K;
+  v.N = t.N;
+  v.group_size = t.group_size;
+  v.v1 = t.v1;
+  return UnpackGptq(v, out);
+}
+
+Status UnpackGptq(const GptqView& v, Int4Weights* out) {
+  FQ_RETURN_IF_ERROR(CheckGroupShape(v.K, v.N, v.group_size, "GPTQ"));
+  const int K = v.K, N = v.N, K8 = (K + 7) / 8, N8 = N / 8;
+  int G = (K + v.group_size - 1) / v.group_size;
   Int4Weights w;
-  w.K = t.K;
-  w.N = t.N;
-  w.group_size = t.group_size;
-  w.g_idx = t.g_idx;
-  // Drop a trivial g_idx (k / group_size): it is the plain layout.
-  bool trivial = !w.g_idx.empty();
-  for (int k = 0; trivial && k < t.K; ++k) trivial = w.g_idx[k] == k / t.group_size;
-  if (trivial) w.g_idx.clear();
-  w.q.resize(size_t(t.N) * t.K);
-  for (int k = 0; k < t.K; ++k)
-    for (int n = 0; n < t.N; ++n)
-      w.q[size_t(n) * t.K + k] = uint8_t((uint32_t(t.qweight[size_t(k / 8) * t.N + n]) >> (4 * (k % 8))) & 0xFu);
-  if (t.K % 8 != 0) {  // padding nibbles of the last row must be zero
-    for (int n = 0; n < t.N; ++n)
-      if (uint32_t(t.qweight[size_t(K8 - 1) * t.N + n]) >> (4 * (t.K % 8)))
+  w.K = K;
+  w.N = N;
+  w.group_size = v.group_size;
+  if (v.g_idx) {
+    FQ_RETURN_IF_ERROR(CheckGIdx(v.g_idx, K, v.group_size, "GPTQ", &G));
+    w.g_idx.resize(K);
+    std::memcpy(w.g_idx.data(), v.g_idx, size_t(K) * 4);
+    // A trivial g_idx (k / group_size) is the plain layout.
+    bool trivial = true;
+    for (int k = 0; trivial && k < K; ++k) trivial = w.g_idx[k] == k / v.group_size;
+    if (trivial) w.g_idx.clear();
+  }
+  if (K % 8 != 0) {  // padding nibbles of the last row must be zero
+    for (int n = 0; n < N; ++n)
+      if (Word(v.qweight, size_t(K8 - 1) * N + n) >> (4 * (K % 8)))
         return InvalidArgument("GPTQ: qweight padding nibbles beyond K must be zero");
   }
-  w.scales.resize(size_t(t.N) * G);
-  w.zeros.resize(size_t(t.N) * G);
+  // qweight is [K/8][N] and q is [N][K]: a transpose, done in tiles that stay in cache.
+  w.q.resize(size_t(N) * K);
+  constexpr int kTileN = 64, kTileR = 64;
+  for (int n0 = 0; n0 < N; n0 += kTileN)
+    for (int r0 = 0; r0 < K8; r0 += kTileR)
+      for (int r = r0; r < std::min(K8, r0 + kTileR); ++r)
+        for (int n = n0; n < std::min(N, n0 + kTileN); ++n) {
+          const uint32_t word = Word(v.qweight, size_t(r) * N + n);
+          uint8_t* dst = w.q.data() + size_t(n) * K + 8 * r;
+          const int count = std::min(8, K - 8 * r);
+          for (int i = 0; i < count; ++i) dst[i] = uint8_t((word >> (4 * i)) & 0xFu);
+        }
+  w.scales.resize(size_t(N) * G);
+  w.zeros.resize(size_t(N) * G);
   for (int g = 0; g < G; ++g)
-    for (int n = 0; n < t.N; ++n) {
-      uint32_t z = (uint32_t(t.qzeros[size_t(g) * N8 + n / 8]) >> (4 * (n % 8))) & 0xFu;
-      w.zeros[size_t(n) * G + g] = float(t.v1 ? z + 1 : z);
-      float s = F16ToFloat(t.scales_f16[size_t(g) * t.N + n]);
+    for (int n = 0; n < N; ++n) {
+      const uint32_t z = (Word(v.qzeros, size_t(g) * N8 + n / 8) >> (4 * (n % 8))) & 0xFu;
+      w.zeros[size_t(n) * G + g] = float(v.v1 ? z + 1 : z);
+      const float s = v.scales.at(size_t(g) * N + n);
       if (!std::isfinite(s)) return InvalidArgument("GPTQ: scales must be finite (group " + std::to_string(g) + ", column " + std::to_string(n) + ")");
       w.scales[size_t(n) * G + g] = s;
     }
@@ -288,28 +343,90 @@ Status UnpackAwq(const AwqTensors& t, Int4Weights* out) {
     return InvalidArgument("AWQ: qzeros must be int32 [ceil(K/group_size), N/8] = [" + std::to_string(G) + ", " + std::to_string(N8) + "]");
   if (t.scales_f16.size() != size_t(G) * t.N)
     return InvalidArgument("AWQ: scales must be fp16 [ceil(K/group_size), N] = [" + std::to_string(G) + ", " + std::to_string(t.N) + "]");
+  AwqView v;
+  v.qweight = t.qweight.data();
+  v.qzeros = t.qzeros.data();
+  v.scales = {t.scales_f16.data(), ScaleType::kF16};
+  v.K = t.K;
+  v.N = t.N;
+  v.group_size = t.group_size;
+  return UnpackAwq(v, out);
+}
+
+Status UnpackAwq(const AwqView& v, Int4Weights* out) {
+  FQ_RETURN_IF_ERROR(CheckGroupShape(v.K, v.N, v.group_size, "AWQ"));
+  const int K = v.K, N = v.N, N8 = N / 8, G = (K + v.group_size - 1) / v.group_size;
   Int4Weights w;
-  w.K = t.K;
-  w.N = t.N;
-  w.group_size = t.group_size;
-  w.q.resize(size_t(t.N) * t.K);
-  for (int k = 0; k < t.K; ++k)
-    for (int c = 0; c < N8; ++c) {
-      uint32_t word = uint32_t(t.qweight[size_t(k) * N8 + c]);
-      for (int i = 0; i < 8; ++i) w.q[size_t(8 * c + kAwqOrder[i]) * t.K + k] = uint8_t((word >> (4 * i)) & 0xFu);
-    }
-  w.scales.resize(size_t(t.N) * G);
-  w.zeros.resize(size_t(t.N) * G);
+  w.K = K;
+  w.N = N;
+  w.group_size = v.group_size;
+  w.q.resize(size_t(N) * K);
+  constexpr int kTileK = 256, kTileC = 8;
+  for (int c0 = 0; c0 < N8; c0 += kTileC)
+    for (int k0 = 0; k0 < K; k0 += kTileK)
+      for (int c = c0; c < std::min(N8, c0 + kTileC); ++c)
+        for (int k = k0; k < std::min(K, k0 + kTileK); ++k) {
+          const uint32_t word = Word(v.qweight, size_t(k) * N8 + c);
+          for (int i = 0; i < 8; ++i) w.q[size_t(8 * c + kAwqOrder[i]) * K + k] = uint8_t((word >> (4 * i)) & 0xFu);
+        }
+  w.scales.resize(size_t(N) * G);
+  w.zeros.resize(size_t(N) * G);
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < N8; ++c) {
-      uint32_t word = uint32_t(t.qzeros[size_t(g) * N8 + c]);
+      const uint32_t word = Word(v.qzeros, size_t(g) * N8 + c);
       for (int i = 0; i < 8; ++i) {
-        int n = 8 * c + kAwqOrder[i];
+        const int n = 8 * c + kAwqOrder[i];
         w.zeros[size_t(n) * G + g] = float((word >> (4 * i)) & 0xFu);
-        float s = F16ToFloat(t.scales_f16[size_t(g) * t.N + n]);
+        const float s = v.scales.at(size_t(g) * N + n);
         if (!std::isfinite(s)) return InvalidArgument("AWQ: scales must be finite (group " + std::to_string(g) + ", column " + std::to_string(n) + ")");
         w.scales[size_t(n) * G + g] = s;
       }
+    }
+  *out = std::move(w);
+  return Status::Ok();
+}
+
+// ---------------- compressed-tensors pack-quantized ----------------
+
+Status UnpackPackQuantized(const PackQuantizedView& v, Int4Weights* out) {
+  const int K = v.K, N = v.N;
+  if (K <= 0 || N <= 0 || v.group_size <= 0)
+    return InvalidArgument("pack-quantized: K, N and group_size must be positive (" + Shape(K, N, v.group_size) + ")");
+  const int K8 = (K + 7) / 8;
+  int G = (K + v.group_size - 1) / v.group_size;
+  Int4Weights w;
+  w.K = K;
+  w.N = N;
+  w.group_size = v.group_size;
+  if (v.g_idx) {
+    FQ_RETURN_IF_ERROR(CheckGIdx(v.g_idx, K, v.group_size, "pack-quantized", &G));
+    w.g_idx.resize(K);
+    std::memcpy(w.g_idx.data(), v.g_idx, size_t(K) * 4);
+    bool trivial = true;
+    for (int k = 0; trivial && k < K; ++k) trivial = w.g_idx[k] == k / v.group_size;
+    if (trivial) w.g_idx.clear();
+  }
+  w.q.resize(size_t(N) * K);
+  for (int n = 0; n < N; ++n) {
+    uint8_t* dst = w.q.data() + size_t(n) * K;
+    for (int c = 0; c < K8; ++c) {
+      const uint32_t word = Word(v.weight_packed, size_t(n) * K8 + c);
+      const int count = std::min(8, K - 8 * c);
+      if (count < 8 && (word >> (4 * count)) != 0)
+        return InvalidArgument("pack-quantized: weight_packed padding nibbles beyond K must be zero (row " + std::to_string(n) + ")");
+      for (int i = 0; i < count; ++i) dst[8 * c + i] = uint8_t((word >> (4 * i)) & 0xFu);
+    }
+  }
+  w.scales.resize(size_t(N) * G);
+  w.zeros.resize(size_t(N) * G);
+  for (int n = 0; n < N; ++n)
+    for (int g = 0; g < G; ++g) {
+      float z = 8.0f;  // symmetric: zero point 0, stored with the +8 offset
+      if (v.zero_point) z = float((Word(v.zero_point, size_t(n / 8) * G + g) >> (4 * (n % 8))) & 0xFu);
+      w.zeros[size_t(n) * G + g] = z;
+      const float s = v.scales.at(size_t(n) * G + g);
+      if (!std::isfinite(s)) return InvalidArgument("pack-quantized: weight_scale must be finite (row " + std::to_string(n) + ", group " + std::to_string(g) + ")");
+      w.scales[size_t(n) * G + g] = s;
     }
   *out = std::move(w);
   return Status::Ok();

@@ -4,6 +4,7 @@
 // Plain C++: no CUDA. The GPU layouts are made from these by kernels/gemm/gemm.h.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -77,5 +78,43 @@ struct AwqTensors {
 };
 AwqTensors PackAwq(const Int4Weights& w);
 Status UnpackAwq(const AwqTensors& t, Int4Weights* out);
+
+// ---- views of checkpoint tensors ----
+// Loaders read packed tensors where they lie (in a mapped file): raw little-endian bytes,
+// no alignment assumed, copied once, into the canonical form. The caller has checked each
+// tensor's dtype and shape; the view functions check values (g_idx range, padding).
+enum class ScaleType { kF16, kBF16, kF32 };
+struct ScalesView {
+  const void* data = nullptr;
+  ScaleType type = ScaleType::kF16;
+  float at(size_t i) const;
+};
+// GPTQ: the layout of GptqTensors. g_idx may be null.
+struct GptqView {
+  const void *qweight = nullptr, *qzeros = nullptr, *g_idx = nullptr;
+  ScalesView scales;
+  int K = 0, N = 0, group_size = 0;
+  bool v1 = false;
+};
+Status UnpackGptq(const GptqView& v, Int4Weights* out);
+// AWQ: the layout of AwqTensors.
+struct AwqView {
+  const void *qweight = nullptr, *qzeros = nullptr;
+  ScalesView scales;
+  int K = 0, N = 0, group_size = 0;
+};
+Status UnpackAwq(const AwqView& v, Int4Weights* out);
+// compressed-tensors pack-quantized (its pack_to_int32, num_bits = 4): signed int4 values
+// are stored as value + 8, eight to an int32, element i of a run in nibble i % 8 (low
+// first). weight_packed int32 [N, ceil(K/8)] runs along K; weight_zero_point int32
+// [ceil(N/8), G] runs along N (asymmetric only; null: symmetric, zero point 0, stored 8);
+// weight_scale [N, G]; weight_g_idx int32 [K] (null: group of k = k / group_size).
+// Dequantized: (q_signed - zp_signed) * scale, i.e. (stored q - stored zero) * scale.
+struct PackQuantizedView {
+  const void *weight_packed = nullptr, *zero_point = nullptr, *g_idx = nullptr;
+  ScalesView scales;
+  int K = 0, N = 0, group_size = 0;
+};
+Status UnpackPackQuantized(const PackQuantizedView& v, Int4Weights* out);
 
 }  // namespace flashq::gemm

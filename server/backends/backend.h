@@ -76,6 +76,9 @@ struct LinearWeights {
   gemm::Int4Weights int4;              // kInt4 (from GPTQ or AWQ checkpoints)
   gemm::Fp8Weights fp8;                // kFp8
   bool fp8_activations = false;        // kFp8: W8A8 (true) or W8A16 (false)
+  // kFp8 W8A8: > 0, the checkpoint's static activation scale (x8 = satfinite(x / scale));
+  // 0, a scale per row from its amax (dynamic).
+  float fp8_input_scale = 0.0f;
 };
 
 class LinearExecutor {

@@ -1,6 +1,10 @@
 #include "server/core/inference_server.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -22,6 +26,7 @@ std::string CodeName(absl::StatusCode c) {
 }
 
 constexpr int64_t kMaxRequestIdBytes = 1024;
+constexpr int kDefaultLoadThreads = 8;
 constexpr int64_t kResponseOverheadBytes = 2048;
 
 // Copies the outputs bound to shared-memory regions into them; the response then carries
@@ -77,20 +82,57 @@ absl::StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Create(const s
                                                                          const InferenceServerOptions& options) {
   std::unique_ptr<InferenceServer> server(
       new InferenceServer(metrics, options.max_response_bytes, options.shared_memory));
-  for (const ModelEntry& e : entries) {
-    auto sched = SchedulerOptionsFor(e.config, options);
-    if (!sched.ok()) return sched.status();
-    const auto t0 = Clock::now();
-    auto model = CreateModel(e, backend, options.load);
-    if (!model.ok()) return model.status();
-    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    server->load_seconds_.emplace_back(e.config.name(), seconds);
-    if (ConfigParam(e.config, "kind", "") == "linear") server->weights_seconds_ += seconds;
+  const size_t n = entries.size();
+  std::vector<SchedulerOptions> sched(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto s = SchedulerOptionsFor(entries[i].config, options);
+    if (!s.ok()) return s.status();
+    sched[i] = *s;
+  }
+
+  // Models load in parallel on a bounded pool of threads, each taking the next entry:
+  // reading and unpacking weights is host work that scales with cores, and uploads and
+  // warm-ups of different models overlap. Every model that reads a checkpoint file shares
+  // one mapping of it through `checkpoints`, which unmaps everything once loading ends.
+  CheckpointCache checkpoints;
+  ModelLoadOptions load = options.load;
+  if (load.checkpoints == nullptr) load.checkpoints = &checkpoints;
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  const size_t threads =
+      std::min(n, size_t(options.load_threads > 0 ? options.load_threads : std::min(hw, kDefaultLoadThreads)));
+  std::vector<std::optional<absl::StatusOr<std::unique_ptr<Model>>>> models(n);
+  std::vector<double> seconds(n, 0.0), linear_end(n, 0.0);
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  const auto t_load = Clock::now();
+  auto work = [&] {
+    for (size_t i; !failed && (i = next.fetch_add(1)) < n;) {
+      const auto t0 = Clock::now();
+      models[i] = CreateModel(entries[i], backend, load);
+      const auto t1 = Clock::now();
+      seconds[i] = std::chrono::duration<double>(t1 - t0).count();
+      if (ConfigParam(entries[i].config, "kind", "") == "linear")
+        linear_end[i] = std::chrono::duration<double>(t1 - t_load).count();
+      if (!models[i]->ok()) failed = true;  // the others stop taking entries
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  // The first failure in repository order, whichever thread met it first.
+  for (size_t i = 0; i < n; ++i)
+    if (models[i] && !models[i]->ok()) return models[i]->status();
+  server->weights_seconds_ = n == 0 ? 0.0 : *std::max_element(linear_end.begin(), linear_end.end());
+
+  for (size_t i = 0; i < n; ++i) {
+    const ModelEntry& e = entries[i];
+    server->load_seconds_.emplace_back(e.config.name(), seconds[i]);
     Served s;
-    s.model = std::move(*model);
+    s.model = std::move(**models[i]);
     s.stats = std::make_unique<ModelStats>();
     s.metrics = &metrics.ForModel(e.config.name());
-    s.scheduler = std::make_unique<Scheduler>(*s.model, *sched, *s.metrics, *s.stats);
+    s.scheduler = std::make_unique<Scheduler>(*s.model, sched[i], *s.metrics, *s.stats);
     server->models_.emplace(e.config.name(), std::move(s));
   }
   server->housekeeping_ = std::thread([s = server.get()] { s->Housekeeping(); });

@@ -36,6 +36,8 @@ struct InferenceServerOptions {
   // the server. Null: such tensors are refused (UNIMPLEMENTED).
   const SharedMemoryRegistry* shared_memory = nullptr;
   ModelLoadOptions load;
+  // Threads that load models in parallel; 0: the machine's cores, at most 8.
+  int load_threads = 0;
 };
 
 // Each model serves one version, "1"; an empty version means the latest. NOT_FOUND
@@ -61,9 +63,10 @@ class InferenceServer {
   const Model* FindModel(const std::string& name) const;
   std::vector<const Model*> models() const;
   void FillStatistics(const std::string& name, inference::ModelStatisticsResponse* out) const;
-  // Seconds Create spent loading linear layers' weights (read, unpack, repack, upload).
+  // Wall-clock seconds from the start of loading until the last linear layer's weights were
+  // read, unpacked, repacked and uploaded (models load in parallel).
   double weights_seconds() const { return weights_seconds_; }
-  // Per model, in load order: seconds to load its weights (if any), build and warm it up.
+  // Per model, in repository order: seconds to load its weights (if any), build and warm it up.
   const std::vector<std::pair<std::string, double>>& load_seconds() const { return load_seconds_; }
   // Stops admitting (UNAVAILABLE), runs everything queued, stops the schedulers.
   void Drain();

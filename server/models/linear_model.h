@@ -5,20 +5,21 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "server/backends/backend.h"
 #include "server/core/model.h"
+#include "server/repository/checkpoint.h"
 
 namespace flashq::server {
 
-// Reads the folder's model.safetensors in the format named by the config's
-// `weight_format` parameter (bf16 | gptq | awq | fp8) into the canonical host form.
-absl::StatusOr<LinearWeights> LoadLinearWeights(const std::string& model_dir, const inference::ModelConfig& config);
-
 class LinearModel : public Model {
  public:
+  // Weights come through `checkpoints` (see linear_loader.h); what loading detected or
+  // overrode is appended to `notes`.
   static absl::StatusOr<std::unique_ptr<Model>> Create(inference::ModelConfig config, const std::string& dir,
-                                                       Backend& backend);
+                                                       Backend& backend, CheckpointCache& checkpoints,
+                                                       std::vector<std::string>* notes);
 
   using Model::Prepare;
   absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request,
@@ -27,9 +28,10 @@ class LinearModel : public Model {
 
  private:
   LinearModel(inference::ModelConfig config, std::unique_ptr<LinearExecutor> executor, int K, int N,
-              int64_t max_tokens);
+              int64_t max_tokens, std::vector<float> bias);
   std::unique_ptr<LinearExecutor> executor_;
   const int K_, N_;
+  const std::vector<float> bias_;  // [N] or empty: added to Y after the backend's GEMM
   const int64_t max_tokens_;
 };
 

@@ -98,7 +98,12 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelEntry& entry, Back
   } else if (kind == "kv_attention") {
     model = KvAttentionModel::Create(entry.config, backend, options.kv_cache_blocks);
   } else {
-    model = LinearModel::Create(entry.config, entry.dir, backend);
+    CheckpointCache own;
+    std::vector<std::string> notes;
+    model = LinearModel::Create(entry.config, entry.dir, backend, options.checkpoints ? *options.checkpoints : own,
+                                &notes);
+    if (options.log)
+      for (const std::string& n : notes) options.log(entry.config.name(), n);
   }
   if (!model.ok()) {
     return absl::Status(model.status().code(), absl::StrCat("loading model '", entry.config.name(), "' (", entry.dir,

@@ -1,13 +1,20 @@
-// The embedded demo repository. Layout of <cache_dir>/demo-v1-<seed>/:
-//   attention/config.pbtxt, kv_attention/config.pbtxt,
-//   {up,down}_proj_{bf16,int4,fp8}/{config.pbtxt,model.safetensors}, STAMP.
+// The embedded demo repository. Layout of <cache_dir>/demo-v3-<seed>/:
+//   checkpoints/llama-3-8b-gptq/  a Hugging Face folder as GPTQModel writes it: config.json
+//       and quantize_config.json (gptq, 4 bits, group 128, asymmetric, gptq_v2), two shards
+//       (layer 0's up_proj, then its down_proj) and model.safetensors.index.json;
+//   checkpoints/llama-3-8b-fp8/   the same layers as compressed-tensors float-quantized FP8
+//       (per-channel weight scales, 16-bit activations: W8A16);
+//   checkpoints/llama-3-8b/       the same layers in BF16;
+//   attention/, kv_attention/ and {up,down}_proj_{bf16,int4,fp8}/config.pbtxt, each linear
+//       model naming its checkpoint and tensor prefix, so that the first run reads real
+//       checkpoint folders; STAMP.
 // Llama-3-8B MLP shapes: up K=4096 -> N=14336, down K=14336 -> N=4096. Weights are
 // N(0, 1/K) (keeps activations O(1) through the layer) from splitmix64 + Marsaglia's
 // polar method with our own log, so the bits are the same on every machine and
 // compiler (only IEEE-exact operations: + - * / sqrt and bit operations; no libm).
 // Each float row is generated once and the BF16, GPTQ-int4 (v2, asymmetric, group 128)
-// and FP8 (per-channel scale, W8A16) variants are derived from it, so the three formats
-// of a layer approximate the same weights: 470 MB, a few seconds on two cores.
+// and FP8 (per-channel scale) variants are derived from it, so the three formats of a
+// layer approximate the same weights: 470 MB, a few seconds on two cores.
 // The folder is built under a temporary name and renamed into place, so a reader never
 // sees half of it; STAMP (version + seed) is written last.
 #include "server/repository/demo_repository.h"
@@ -36,7 +43,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int kDemoVersion = 2;  // bump when the generated content changes
+constexpr int kDemoVersion = 3;  // bump when the generated content or layout changes
 constexpr int kGroupSize = 128;
 
 uint64_t SplitMix64(uint64_t& state) {
@@ -143,14 +150,39 @@ std::string KvAttentionConfig() {
       Param("max_queue_delay_us", "0"), Param("max_queue_size", "1024"));
 }
 
-std::string LinearConfig(const std::string& name, int K, int N, const std::string& extra_params) {
-  return absl::StrCat("# Llama-3-8B MLP projection, random weights (demo).\n"
+std::string LinearConfig(const std::string& name, const std::string& checkpoint, const std::string& tensor, int K,
+                         int N) {
+  return absl::StrCat("# Llama-3-8B MLP projection, random weights (demo), read from a Hugging Face checkpoint folder.\n"
                       "name: \"", name, "\"\nbackend: \"flashq\"\nmax_batch_size: 0\n"
                       "input [ { name: \"X\" data_type: TYPE_FP16 dims: [ -1, ", K, " ] } ]\n"
                       "output [ { name: \"Y\" data_type: TYPE_FP16 dims: [ -1, ", N, " ] } ]\n",
-                      kDynamicBatching, Param("kind", "linear"), Param("in_features", std::to_string(K)),
-                      Param("out_features", std::to_string(N)), Param("max_batch_tokens", "4096"), extra_params);
+                      kDynamicBatching, Param("kind", "linear"), Param("checkpoint", "../checkpoints/" + checkpoint),
+                      Param("tensor", tensor), Param("in_features", std::to_string(K)),
+                      Param("out_features", std::to_string(N)), Param("max_batch_tokens", "4096"));
 }
+
+// config.json as transformers writes it for a Llama-3-8B-shaped model of one decoder layer.
+std::string HfConfig(const std::string& torch_dtype, const std::string& quantization_config) {
+  return absl::StrCat(
+      "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"hidden_size\": 4096,\n"
+      "  \"intermediate_size\": 14336,\n  \"num_hidden_layers\": 1,\n  \"num_attention_heads\": 32,\n"
+      "  \"num_key_value_heads\": 8,\n  \"hidden_act\": \"silu\",\n  \"rms_norm_eps\": 1e-05,\n"
+      "  \"vocab_size\": 128256,\n  \"torch_dtype\": \"", torch_dtype, "\"",
+      quantization_config.empty() ? "" : ",\n  \"quantization_config\": " + quantization_config, "\n}\n");
+}
+
+// GPTQModel's quantize_config.json (also config.json's quantization_config).
+constexpr const char* kGptqConfig =
+    "{\"bits\": 4, \"group_size\": 128, \"desc_act\": false, \"sym\": false, \"lm_head\": false, "
+    "\"quant_method\": \"gptq\", \"checkpoint_format\": \"gptq_v2\", \"damp_percent\": 0.01, "
+    "\"true_sequential\": true}";
+// compressed-tensors FP8 weights with a scale per output channel and unquantized activations.
+constexpr const char* kFp8Config =
+    "{\"quant_method\": \"compressed-tensors\", \"format\": \"float-quantized\", \"quantization_status\": "
+    "\"compressed\", \"ignore\": [\"lm_head\"], \"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], "
+    "\"weights\": {\"num_bits\": 8, \"type\": \"float\", \"symmetric\": true, \"dynamic\": false, "
+    "\"strategy\": \"channel\"}, \"input_activations\": null, \"output_activations\": null, "
+    "\"format\": \"float-quantized\"}}}";
 
 // One weight matrix W [N][K] in the three checkpoint formats.
 struct LinearFormats {
@@ -222,35 +254,63 @@ LinearFormats MakeLinearFormats(uint64_t seed, uint64_t tag, int K, int N) {
   return out;
 }
 
-// Writes <prefix>_bf16, <prefix>_int4 and <prefix>_fp8 for one weight matrix W [N][K].
-absl::Status WriteLinearModels(const fs::path& root, const std::string& prefix, uint64_t seed, uint64_t tag, int K,
-                               int N) {
+// The three checkpoints, each sharded by layer as save_pretrained splits them.
+constexpr const char* kCheckpoints[3] = {"llama-3-8b", "llama-3-8b-gptq", "llama-3-8b-fp8"};
+constexpr const char* kSuffixes[3] = {"bf16", "int4", "fp8"};
+
+std::string ShardName(int shard) { return absl::StrCat("model-0000", shard, "-of-00002.safetensors"); }
+
+// Writes shard `shard` of each checkpoint (one projection W [N][K] of layer 0) and the
+// configs of <proj>_bf16, <proj>_int4 and <proj>_fp8; appends to each index's weight map.
+absl::Status WriteLinearModels(const fs::path& root, const std::string& proj, int shard, uint64_t seed, uint64_t tag,
+                               int K, int N, std::string (&weight_maps)[3]) {
   const LinearFormats m = MakeLinearFormats(seed, tag, K, N);
   const int G = (K + kGroupSize - 1) / kGroupSize;
-  struct Out {
-    std::string name;
-    std::vector<SafeTensorToWrite> tensors;
-    std::string params;
+  std::vector<int32_t> g_idx(K);  // written by the GPTQ tools even without act-order
+  for (int k = 0; k < K; ++k) g_idx[k] = k / kGroupSize;
+  const std::string p = "model.layers.0.mlp." + proj + ".";
+  const std::vector<SafeTensorToWrite> tensors[3] = {
+      {{p + "weight", "BF16", {N, K}, Bytes(m.bf16)}},
+      {{p + "g_idx", "I32", {K}, Bytes(g_idx)},
+       {p + "qweight", "I32", {(K + 7) / 8, N}, Bytes(m.qweight)},
+       {p + "qzeros", "I32", {G, N / 8}, Bytes(m.qzeros)},
+       {p + "scales", "F16", {G, N}, Bytes(m.scales_f16)}},
+      {{p + "weight", "F8_E4M3", {N, K}, Bytes(m.fp8)}, {p + "weight_scale", "F32", {N, 1}, Bytes(m.fp8_scale)}},
   };
-  const std::vector<Out> outs = {
-      {prefix + "_bf16", {{"weight", "BF16", {N, K}, Bytes(m.bf16)}}, Param("weight_format", "bf16")},
-      {prefix + "_int4",
-       {{"qweight", "I32", {(K + 7) / 8, N}, Bytes(m.qweight)},
-        {"qzeros", "I32", {G, N / 8}, Bytes(m.qzeros)},
-        {"scales", "F16", {G, N}, Bytes(m.scales_f16)}},
-       absl::StrCat(Param("weight_format", "gptq"), Param("group_size", std::to_string(kGroupSize)),
-                    Param("symmetric", "false"), Param("gptq_version", "2"))},
-      {prefix + "_fp8",
-       {{"weight", "F8_E4M3", {N, K}, Bytes(m.fp8)}, {"weight_scale", "F32", {N}, Bytes(m.fp8_scale)}},
-       absl::StrCat(Param("weight_format", "fp8"), Param("fp8_activation", "bf16"))},
-  };
-  for (const Out& o : outs) {
-    fs::create_directories(root / o.name);
-    absl::Status s = WriteSafetensors((root / o.name / "model.safetensors").string(), o.tensors);
-    if (s.ok()) s = WriteText(root / o.name / "config.pbtxt", LinearConfig(o.name, K, N, o.params));
+  for (int c = 0; c < 3; ++c) {
+    const fs::path dir = root / "checkpoints" / kCheckpoints[c];
+    fs::create_directories(dir);
+    absl::Status s = WriteSafetensors((dir / ShardName(shard)).string(), tensors[c]);
+    if (!s.ok()) return s;
+    for (const SafeTensorToWrite& t : tensors[c]) {
+      if (!weight_maps[c].empty()) weight_maps[c] += ",\n";
+      absl::StrAppend(&weight_maps[c], "    \"", t.name, "\": \"", ShardName(shard), "\"");
+    }
+    const std::string name = proj + "_" + kSuffixes[c];
+    fs::create_directories(root / name);
+    s = WriteText(root / name / "config.pbtxt", LinearConfig(name, kCheckpoints[c], "model.layers.0.mlp." + proj, K, N));
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteCheckpointMetadata(const fs::path& root, const std::string (&weight_maps)[3]) {
+  const std::string configs[3] = {HfConfig("bfloat16", ""), HfConfig("float16", kGptqConfig),
+                                  HfConfig("bfloat16", kFp8Config)};
+  for (int c = 0; c < 3; ++c) {
+    const fs::path dir = root / "checkpoints" / kCheckpoints[c];
+    absl::Status s = WriteText(dir / "config.json", configs[c]);
+    if (s.ok()) {
+      std::error_code ec;
+      uint64_t total = 0;
+      for (int shard = 1; shard <= 2; ++shard) total += fs::file_size(dir / ShardName(shard), ec);
+      s = WriteText(dir / "model.safetensors.index.json",
+                    absl::StrCat("{\n  \"metadata\": {\"total_size\": ", total, "},\n  \"weight_map\": {\n",
+                                 weight_maps[c], "\n  }\n}\n"));
+    }
+    if (!s.ok()) return s;
+  }
+  return WriteText(root / "checkpoints" / kCheckpoints[1] / "quantize_config.json", std::string(kGptqConfig) + "\n");
 }
 
 std::string StampText(uint64_t seed) {
@@ -270,8 +330,10 @@ absl::Status Generate(const fs::path& tmp, uint64_t seed) {
   fs::create_directories(tmp / "kv_attention");
   absl::Status s = WriteText(tmp / "attention" / "config.pbtxt", AttentionConfig());
   if (s.ok()) s = WriteText(tmp / "kv_attention" / "config.pbtxt", KvAttentionConfig());
-  if (s.ok()) s = WriteLinearModels(tmp, "up_proj", seed, /*tag=*/1, /*K=*/4096, /*N=*/14336);
-  if (s.ok()) s = WriteLinearModels(tmp, "down_proj", seed, /*tag=*/2, /*K=*/14336, /*N=*/4096);
+  std::string weight_maps[3];
+  if (s.ok()) s = WriteLinearModels(tmp, "up_proj", 1, seed, /*tag=*/1, /*K=*/4096, /*N=*/14336, weight_maps);
+  if (s.ok()) s = WriteLinearModels(tmp, "down_proj", 2, seed, /*tag=*/2, /*K=*/14336, /*N=*/4096, weight_maps);
+  if (s.ok()) s = WriteCheckpointMetadata(tmp, weight_maps);
   if (!s.ok()) return s;
   return WriteText(tmp / "STAMP", StampText(seed));  // last: marks the folder complete
 }

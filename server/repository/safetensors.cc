@@ -1,7 +1,8 @@
-// safetensors reader (one read-only mmap) and writer. The JSON header is parsed by
-// a small parser that accepts exactly what safetensors headers hold: objects,
-// arrays, strings and non-negative integers (plus the free-form "__metadata__"
-// object of strings, which we skip).
+// safetensors reader (one read-only mmap) and writer. The JSON header is parsed in the
+// dialect that accepts exactly what safetensors headers hold: objects, arrays, strings
+// and non-negative integers (plus the free-form "__metadata__" object of strings, which
+// we skip). Like the reference implementation, the tensors must tile the data section:
+// no overlap, no hole, nothing after the last one.
 #include "server/repository/safetensors.h"
 
 #include <fcntl.h>
@@ -14,10 +15,10 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/repository/json.h"
 
 namespace flashq::server {
 namespace {
@@ -34,221 +35,6 @@ int64_t DtypeBytes(std::string_view dtype) {
   return 0;
 }
 
-// ---- minimal JSON ---------------------------------------------------------------
-
-struct JsonValue;
-using JsonObject = std::vector<std::pair<std::string, JsonValue>>;  // keeps the file's order
-using JsonArray = std::vector<JsonValue>;
-struct JsonValue {
-  std::variant<std::string, int64_t, JsonArray, JsonObject> v;
-  bool is_string() const { return v.index() == 0; }
-  bool is_int() const { return v.index() == 1; }
-  bool is_array() const { return v.index() == 2; }
-  bool is_object() const { return v.index() == 3; }
-};
-
-class JsonParser {
- public:
-  explicit JsonParser(std::string_view s) : s_(s) {}
-
-  absl::StatusOr<JsonValue> ParseDocument() {
-    JsonValue v;
-    if (!ParseValue(&v, 0)) return Error();
-    SkipWs();
-    if (pos_ != s_.size()) {
-      err_ = "trailing characters after the JSON value";
-      return Error();
-    }
-    return v;
-  }
-
- private:
-  absl::Status Error() const {
-    return absl::InvalidArgumentError(absl::StrCat("invalid JSON header at byte ", pos_, ": ", err_));
-  }
-  void SkipWs() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
-  }
-  bool Fail(std::string msg) {
-    if (err_.empty()) err_ = std::move(msg);
-    return false;
-  }
-
-  bool ParseValue(JsonValue* out, int depth) {
-    if (depth > 16) return Fail("nested too deeply");
-    SkipWs();
-    if (pos_ >= s_.size()) return Fail("unexpected end of header");
-    char c = s_[pos_];
-    if (c == '{') {
-      ++pos_;
-      JsonObject obj;
-      SkipWs();
-      if (pos_ < s_.size() && s_[pos_] == '}') {
-        ++pos_;
-        out->v = std::move(obj);
-        return true;
-      }
-      for (;;) {
-        SkipWs();
-        std::string key;
-        if (pos_ >= s_.size() || s_[pos_] != '"') return Fail("expected a string key");
-        if (!ParseString(&key)) return false;
-        SkipWs();
-        if (pos_ >= s_.size() || s_[pos_] != ':') return Fail("expected ':'");
-        ++pos_;
-        JsonValue v;
-        if (!ParseValue(&v, depth + 1)) return false;
-        obj.emplace_back(std::move(key), std::move(v));
-        SkipWs();
-        if (pos_ < s_.size() && s_[pos_] == ',') { ++pos_; continue; }
-        if (pos_ < s_.size() && s_[pos_] == '}') { ++pos_; break; }
-        return Fail("expected ',' or '}'");
-      }
-      out->v = std::move(obj);
-      return true;
-    }
-    if (c == '[') {
-      ++pos_;
-      JsonArray arr;
-      SkipWs();
-      if (pos_ < s_.size() && s_[pos_] == ']') {
-        ++pos_;
-        out->v = std::move(arr);
-        return true;
-      }
-      for (;;) {
-        JsonValue v;
-        if (!ParseValue(&v, depth + 1)) return false;
-        arr.push_back(std::move(v));
-        SkipWs();
-        if (pos_ < s_.size() && s_[pos_] == ',') { ++pos_; continue; }
-        if (pos_ < s_.size() && s_[pos_] == ']') { ++pos_; break; }
-        return Fail("expected ',' or ']'");
-      }
-      out->v = std::move(arr);
-      return true;
-    }
-    if (c == '"') {
-      std::string str;
-      if (!ParseString(&str)) return false;
-      out->v = std::move(str);
-      return true;
-    }
-    if (c >= '0' && c <= '9') {
-      uint64_t n = 0;
-      size_t start = pos_;
-      while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') {
-        uint64_t d = uint64_t(s_[pos_] - '0');
-        if (n > (uint64_t(std::numeric_limits<int64_t>::max()) - d) / 10) return Fail("integer too large");
-        n = n * 10 + d;
-        ++pos_;
-      }
-      if (s_[start] == '0' && pos_ - start > 1) return Fail("leading zero in an integer");
-      if (pos_ < s_.size() && (s_[pos_] == '.' || s_[pos_] == 'e' || s_[pos_] == 'E'))
-        return Fail("only integers are supported");
-      out->v = int64_t(n);
-      return true;
-    }
-    if (c == '-') return Fail("negative numbers are not valid here");
-    return Fail(absl::StrCat("unexpected character '", std::string(1, c), "'"));
-  }
-
-  static void AppendUtf8(uint32_t cp, std::string* out) {
-    if (cp < 0x80) {
-      out->push_back(char(cp));
-    } else if (cp < 0x800) {
-      out->push_back(char(0xc0 | (cp >> 6)));
-      out->push_back(char(0x80 | (cp & 0x3f)));
-    } else if (cp < 0x10000) {
-      out->push_back(char(0xe0 | (cp >> 12)));
-      out->push_back(char(0x80 | ((cp >> 6) & 0x3f)));
-      out->push_back(char(0x80 | (cp & 0x3f)));
-    } else {
-      out->push_back(char(0xf0 | (cp >> 18)));
-      out->push_back(char(0x80 | ((cp >> 12) & 0x3f)));
-      out->push_back(char(0x80 | ((cp >> 6) & 0x3f)));
-      out->push_back(char(0x80 | (cp & 0x3f)));
-    }
-  }
-
-  bool ParseHex4(uint32_t* cp) {
-    if (pos_ + 4 > s_.size()) return Fail("truncated \\u escape");
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) {
-      char h = s_[pos_++];
-      v <<= 4;
-      if (h >= '0' && h <= '9') v |= uint32_t(h - '0');
-      else if (h >= 'a' && h <= 'f') v |= uint32_t(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F') v |= uint32_t(h - 'A' + 10);
-      else return Fail("bad \\u escape");
-    }
-    *cp = v;
-    return true;
-  }
-
-  bool ParseString(std::string* out) {
-    ++pos_;  // opening quote
-    for (;;) {
-      if (pos_ >= s_.size()) return Fail("unterminated string");
-      char c = s_[pos_++];
-      if (c == '"') return true;
-      if (static_cast<unsigned char>(c) < 0x20) return Fail("control character in a string");
-      if (c != '\\') {
-        out->push_back(c);
-        continue;
-      }
-      if (pos_ >= s_.size()) return Fail("unterminated string");
-      char e = s_[pos_++];
-      switch (e) {
-        case '"': out->push_back('"'); break;
-        case '\\': out->push_back('\\'); break;
-        case '/': out->push_back('/'); break;
-        case 'b': out->push_back('\b'); break;
-        case 'f': out->push_back('\f'); break;
-        case 'n': out->push_back('\n'); break;
-        case 'r': out->push_back('\r'); break;
-        case 't': out->push_back('\t'); break;
-        case 'u': {
-          uint32_t cp;
-          if (!ParseHex4(&cp)) return false;
-          if (cp >= 0xd800 && cp < 0xdc00) {  // surrogate pair
-            uint32_t lo;
-            if (pos_ + 2 > s_.size() || s_[pos_] != '\\' || s_[pos_ + 1] != 'u') return Fail("lone surrogate");
-            pos_ += 2;
-            if (!ParseHex4(&lo)) return false;
-            if (lo < 0xdc00 || lo >= 0xe000) return Fail("bad surrogate pair");
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-          }
-          AppendUtf8(cp, out);
-          break;
-        }
-        default: return Fail("bad escape in a string");
-      }
-    }
-  }
-
-  std::string_view s_;
-  size_t pos_ = 0;
-  std::string err_;
-};
-
-void AppendJsonString(std::string_view s, std::string* out) {
-  out->push_back('"');
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out->push_back('\\');
-      out->push_back(c);
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
-      out->append(buf);
-    } else {
-      out->push_back(c);
-    }
-  }
-  out->push_back('"');
-}
-
 std::string ShapeString(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ","), "]"); }
 
 // Checks one header entry and fills `t` (data still relative to the data section).
@@ -261,7 +47,7 @@ absl::Status ParseTensorEntry(const std::string& name, const JsonValue& v, uint6
   const JsonValue* dtype = nullptr;
   const JsonValue* shape = nullptr;
   const JsonValue* offsets = nullptr;
-  for (const auto& [k, val] : std::get<JsonObject>(v.v)) {
+  for (const auto& [k, val] : v.as_object()) {
     if (k == "dtype") dtype = &val;
     else if (k == "shape") shape = &val;
     else if (k == "data_offsets") offsets = &val;
@@ -269,24 +55,24 @@ absl::Status ParseTensorEntry(const std::string& name, const JsonValue& v, uint6
   }
   if (!dtype || !shape || !offsets) return bad("needs dtype, shape and data_offsets");
   if (!dtype->is_string()) return bad("dtype is not a string");
-  t->dtype = std::get<std::string>(dtype->v);
+  t->dtype = dtype->as_string();
   int64_t elem = DtypeBytes(t->dtype);
   if (elem == 0) return bad(absl::StrCat("unknown dtype '", t->dtype, "'"));
   if (!shape->is_array()) return bad("shape is not an array");
   t->shape.clear();
   uint64_t numel = 1;
-  for (const JsonValue& d : std::get<JsonArray>(shape->v)) {
+  for (const JsonValue& d : shape->as_array()) {
     if (!d.is_int()) return bad("shape holds a non-integer");
-    int64_t n = std::get<int64_t>(d.v);
+    int64_t n = d.as_int();
     t->shape.push_back(n);
     if (n != 0 && numel > uint64_t(std::numeric_limits<int64_t>::max()) / uint64_t(n)) return bad("shape overflows");
     numel *= uint64_t(n);
   }
-  if (!offsets->is_array() || std::get<JsonArray>(offsets->v).size() != 2 ||
-      !std::get<JsonArray>(offsets->v)[0].is_int() || !std::get<JsonArray>(offsets->v)[1].is_int())
+  if (!offsets->is_array() || offsets->as_array().size() != 2 || !offsets->as_array()[0].is_int() ||
+      !offsets->as_array()[1].is_int())
     return bad("data_offsets must be [begin, end]");
-  *begin = uint64_t(std::get<int64_t>(std::get<JsonArray>(offsets->v)[0].v));
-  *end = uint64_t(std::get<int64_t>(std::get<JsonArray>(offsets->v)[1].v));
+  *begin = uint64_t(offsets->as_array()[0].as_int());
+  *end = uint64_t(offsets->as_array()[1].as_int());
   if (*begin > *end) return bad(absl::StrCat("data_offsets [", *begin, ", ", *end, "] are reversed"));
   if (*end > data_size)
     return bad(absl::StrCat("data_offsets [", *begin, ", ", *end, "] run past the data section (", data_size,
@@ -345,14 +131,14 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   if (header_len > size - 8)
     return corrupt(absl::StrCat("header length ", header_len, " exceeds the file size ", size, " minus 8"));
   if (header_len < 2 || bytes[8] != '{') return corrupt("the header does not start with '{'");
-  auto doc = JsonParser(std::string_view(bytes + 8, header_len)).ParseDocument();
+  auto doc = ParseJson(std::string_view(bytes + 8, header_len), JsonDialect::kSafetensorsHeader);
   if (!doc.ok()) return corrupt(doc.status().message());
   if (!doc->is_object()) return corrupt("the header is not a JSON object");
 
   const uint64_t data_size = size - 8 - header_len;
   const char* data = bytes + 8 + header_len;
   std::vector<std::tuple<uint64_t, uint64_t, std::string>> ranges;
-  for (const auto& [name, v] : std::get<JsonObject>(doc->v)) {
+  for (const auto& [name, v] : doc->as_object()) {
     if (name == "__metadata__") {
       if (!v.is_object()) return corrupt("__metadata__ is not an object");
       continue;
@@ -367,11 +153,20 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     ranges.emplace_back(begin, end, name);
   }
   std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (std::get<0>(ranges[i]) < std::get<1>(ranges[i - 1]))
-      return corrupt(absl::StrCat("tensors '", std::get<2>(ranges[i - 1]), "' and '", std::get<2>(ranges[i]),
-                                  "' overlap"));
+  uint64_t covered = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const auto& [begin, end, name] = ranges[i];
+    if (i > 0 && begin < std::get<1>(ranges[i - 1]))
+      return corrupt(absl::StrCat("tensors '", std::get<2>(ranges[i - 1]), "' and '", name, "' overlap"));
+    if (begin != covered)
+      return corrupt(absl::StrCat("tensor '", name, "' starts at data offset ", begin, ", but the tensors before it end at ",
+                                  covered, " (the data section has a hole)"));
+    covered = end;
   }
+  if (covered != data_size)
+    return corrupt(absl::StrCat("the tensors end at data offset ", covered, " but the data section holds ", data_size,
+                                " bytes"));
+  file->path_ = path;
   return file;
 }
 
@@ -379,9 +174,15 @@ absl::StatusOr<SafeTensor> SafetensorsFile::Get(const std::string& name, std::st
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
     std::vector<std::string> names;
-    for (const auto& [n, t] : tensors_) names.push_back(n);
-    return absl::NotFoundError(
-        absl::StrCat("no tensor '", name, "' in the safetensors file (it holds: ", absl::StrJoin(names, ", "), ")"));
+    for (const auto& [n, t] : tensors_) {
+      if (names.size() == 20) {
+        names.push_back(absl::StrCat("... ", tensors_.size() - 20, " more"));
+        break;
+      }
+      names.push_back(n);
+    }
+    return absl::NotFoundError(absl::StrCat("no tensor '", name, "' in ", path_, " (it holds: ", absl::StrJoin(names, ", "),
+                                            ")"));
   }
   if (!dtype.empty() && it->second.dtype != dtype)
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has dtype ", it->second.dtype, " shape ",

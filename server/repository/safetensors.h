@@ -1,6 +1,6 @@
 // safetensors files: an 8-byte little-endian header length, a JSON header naming
 // each tensor's dtype, shape and byte range, then the raw data. We read them with
-// one mmap and write them for the demo repository.
+// one read-only mmap (tensors are views into it) and write them for the demo repository.
 #pragma once
 
 #include <cstdint>
@@ -26,12 +26,14 @@ class SafetensorsFile {
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   ~SafetensorsFile();
 
+  const std::string& path() const { return path_; }
   const std::map<std::string, SafeTensor>& tensors() const { return tensors_; }
   // NOT_FOUND / INVALID_ARGUMENT naming the tensor, the expected and the found dtype/shape.
   absl::StatusOr<SafeTensor> Get(const std::string& name, std::string_view dtype) const;
 
  private:
   SafetensorsFile() = default;
+  std::string path_;
   void* map_ = nullptr;
   size_t map_size_ = 0;
   std::map<std::string, SafeTensor> tensors_;

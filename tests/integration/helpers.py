@@ -225,18 +225,51 @@ def read_safetensors(path):
     return out
 
 
+def linear_tensors(model_dir):
+    """The tensors of a linear model, {short name: (dtype, shape, bytes)}, and the quantization
+    metadata that applies ({} for none): from the checkpoint its config names (a folder,
+    sharded through its index, or a file) under its tensor prefix, else from the model
+    folder's own safetensors file with bare names."""
+    import glob
+    import json
+    import os
+    ckpt = config_param(model_dir, "checkpoint")
+    if ckpt is None:
+        files = glob.glob(os.path.join(model_dir, "*.safetensors"))
+        assert files, f"no safetensors in {model_dir}"
+        return read_safetensors(files[0]), {}
+    ckpt = os.path.normpath(os.path.join(model_dir, ckpt))
+    prefix = config_param(model_dir, "tensor", "")
+    folder = ckpt if os.path.isdir(ckpt) else os.path.dirname(ckpt)
+    if os.path.isfile(ckpt):
+        files = [ckpt]
+    elif os.path.exists(os.path.join(ckpt, "model.safetensors.index.json")):
+        weight_map = json.load(open(os.path.join(ckpt, "model.safetensors.index.json")))["weight_map"]
+        files = sorted({os.path.join(ckpt, f) for t, f in weight_map.items() if t.startswith(prefix + ".")})
+    else:
+        files = glob.glob(os.path.join(ckpt, "*.safetensors"))
+    out = {}
+    for f in files:
+        for name, v in read_safetensors(f).items():
+            if name.startswith(prefix + "."):
+                out[name[len(prefix) + 1:]] = v
+    meta = {}
+    if os.path.exists(os.path.join(folder, "config.json")):
+        meta = json.load(open(os.path.join(folder, "config.json"))).get("quantization_config") or {}
+    if not meta and os.path.exists(os.path.join(folder, "quantize_config.json")):
+        meta = dict(json.load(open(os.path.join(folder, "quantize_config.json"))), quant_method="gptq")
+    return out, meta
+
+
 def linear_weight_bf16(model_dir, k, n):
     """The BF16 weight of a linear layer as float64 [K, N], whichever of [N, K] or [K, N]
     the file stores it in."""
-    import glob
-    import os
-    files = glob.glob(os.path.join(model_dir, "*.safetensors"))
-    assert files, f"no safetensors in {model_dir}"
-    for dt, shape, raw in read_safetensors(files[0]).values():
+    tensors, _ = linear_tensors(model_dir)
+    for dt, shape, raw in tensors.values():
         if dt == "BF16" and len(shape) == 2 and sorted(shape) == sorted([k, n]):
             w = from_bf16_bits(np.frombuffer(raw, np.uint16)).reshape(shape).astype(np.float64)
             return w.T if shape == [n, k] else w
-    raise AssertionError(f"no BF16 [{n},{k}] or [{k},{n}] tensor in {files[0]}")
+    raise AssertionError(f"no BF16 [{n},{k}] or [{k},{n}] tensor for {model_dir}")
 
 
 def config_param(model_dir, key, default=None):
@@ -258,14 +291,16 @@ def _fp8_e4m3_table():
 
 
 def linear_weight_dequant(model_dir, k, n):
-    """The dequantized weight of a linear layer as float64 [K, N], from its safetensors
-    file and config: bf16, gptq (W[k,n] = (q - z) * s), fp8 (W = fp8 * scale)."""
-    import glob
-    import os
-    fmt = config_param(model_dir, "weight_format", "bf16")
+    """The dequantized weight of a linear layer as float64 [K, N], from its checkpoint (or
+    safetensors file) and config: bf16, gptq (W[k,n] = (q - z) * s), fp8 (W = fp8 * scale)."""
+    t, meta = linear_tensors(model_dir)
+    fmt = config_param(model_dir, "weight_format")
+    if fmt is None:  # a checkpoint: its metadata and tensors say
+        fmt = {"gptq": "gptq", "fp8": "fp8"}.get(meta.get("quant_method"), "bf16")
+        if "weight" in t and t["weight"][0] == "F8_E4M3":
+            fmt = "fp8"
     if fmt == "bf16":
         return linear_weight_bf16(model_dir, k, n)
-    t = read_safetensors(glob.glob(os.path.join(model_dir, "*.safetensors"))[0])
     if fmt == "fp8":
         dt, shape, raw = t["weight"]
         assert dt == "F8_E4M3" and shape == [n, k], (dt, shape)
@@ -274,8 +309,9 @@ def linear_weight_dequant(model_dir, k, n):
         w = w * (scale.reshape(-1, 1) if scale.size == n else scale.reshape(1, 1))
         return w.T
     if fmt == "gptq":
-        group = int(config_param(model_dir, "group_size", "128"))
-        v1 = config_param(model_dir, "gptq_version", "1") == "1"
+        group = int(config_param(model_dir, "group_size", str(meta.get("group_size", 128))))
+        v1 = config_param(model_dir, "gptq_version",
+                          "2" if meta.get("checkpoint_format") == "gptq_v2" else "1") == "1"
         qw = np.frombuffer(t["qweight"][2], np.int32).reshape(k // 8, n).view(np.uint32)
         qz = np.frombuffer(t["qzeros"][2], np.int32).reshape(-1, n // 8).view(np.uint32)
         sc = np.frombuffer(t["scales"][2], np.float16).reshape(-1, n).astype(np.float64)

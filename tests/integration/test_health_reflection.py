@@ -86,7 +86,11 @@ def test_not_serving_while_models_load():
     s = ServerProcess(name="health-load")
     s._logf = open(s.log_path, "wb")
     s.proc = subprocess.Popen(s.cmd, stdout=s._logf, stderr=subprocess.STDOUT)
-    ch = grpc.insecure_channel(s.url)
+    # Reconnect within milliseconds of the port opening (gRPC's default backoff waits a
+    # second after a refused connection): the models may load in well under a second.
+    ch = grpc.insecure_channel(s.url, options=[("grpc.initial_reconnect_backoff_ms", 10),
+                                               ("grpc.min_reconnect_backoff_ms", 10),
+                                               ("grpc.max_reconnect_backoff_ms", 20)])
     seen = []   # (status of "", status of SERVICE, ServerReady) while loading
     try:
         deadline = time.monotonic() + 120

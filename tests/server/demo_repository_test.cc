@@ -12,7 +12,9 @@
 
 #include "kernels/common/dtype.h"
 #include "kernels/gemm/quant_formats.h"
+#include "server/repository/checkpoint.h"
 #include "server/repository/model_repository.h"
+#include "server/repository/quant_metadata.h"
 #include "server/repository/safetensors.h"
 
 namespace flashq::server {
@@ -33,14 +35,18 @@ uint16_t Bf16At(const SafeTensor& t, size_t i) {
   return v;
 }
 
-std::unique_ptr<SafetensorsFile> Weights(const std::string& root, const std::string& model) {
-  auto f = SafetensorsFile::Open(root + "/" + model + "/model.safetensors");
+// The shard of a demo checkpoint that holds layer 0's `proj` (up_proj: shard 1, down_proj: 2).
+std::unique_ptr<SafetensorsFile> Shard(const std::string& root, const std::string& checkpoint, const std::string& proj) {
+  auto f = SafetensorsFile::Open(root + "/checkpoints/" + checkpoint + "/model-0000" + (proj == "up_proj" ? "1" : "2") +
+                                 "-of-00002.safetensors");
   EXPECT_TRUE(f.ok()) << f.status();
   return f.ok() ? std::move(*f) : nullptr;
 }
 
+std::string Prefix(const std::string& proj) { return "model.layers.0.mlp." + proj + "."; }
+
 void CheckLayoutAndConfigs(const std::string& root) {
-  EXPECT_EQ(fs::path(root).filename(), "demo-v2-20261122");
+  EXPECT_EQ(fs::path(root).filename(), "demo-v3-20261122");
   EXPECT_TRUE(fs::exists(fs::path(root) / "STAMP"));
 
   auto models = ScanModelRepository(root);
@@ -101,56 +107,87 @@ void CheckLayoutAndConfigs(const std::string& root) {
       EXPECT_EQ(c.output(0).dims(1), N);
       EXPECT_EQ(c.output(0).data_type(), inference::TYPE_FP16);
     }
-    const auto& i4 = by_name[std::string(prefix) + "_int4"];
-    EXPECT_EQ(ConfigParam(i4, "weight_format", ""), "gptq");
-    EXPECT_EQ(ConfigParam(i4, "group_size", ""), "128");
-    EXPECT_EQ(ConfigParam(i4, "symmetric", ""), "false");
-    EXPECT_EQ(ConfigParam(i4, "gptq_version", ""), "2");
-    const auto& f8 = by_name[std::string(prefix) + "_fp8"];
-    EXPECT_EQ(ConfigParam(f8, "weight_format", ""), "fp8");
-    EXPECT_EQ(ConfigParam(f8, "fp8_activation", ""), "bf16");
-    EXPECT_EQ(ConfigParam(by_name[std::string(prefix) + "_bf16"], "weight_format", ""), "bf16");
+    // Every linear model names its checkpoint folder and tensor prefix; the format is the
+    // checkpoint's own metadata, so no format parameter is set.
+    for (const auto& [fmt, ckpt] : {std::pair{"int4", "llama-3-8b-gptq"}, std::pair{"fp8", "llama-3-8b-fp8"},
+                                    std::pair{"bf16", "llama-3-8b"}}) {
+      const auto& c = by_name[std::string(prefix) + "_" + fmt];
+      EXPECT_EQ(ConfigParam(c, "checkpoint", ""), std::string("../checkpoints/") + ckpt);
+      EXPECT_EQ(ConfigParam(c, "tensor", ""), std::string("model.layers.0.mlp.") + prefix);
+      for (const char* p : {"weight_format", "group_size", "gptq_version", "fp8_activation"})
+        EXPECT_EQ(ConfigParam(c, p, "unset"), "unset") << p;
+    }
+  }
+  // The checkpoints' metadata says what the formats are.
+  auto gptq = ReadQuantMetadata(root + "/checkpoints/llama-3-8b-gptq");
+  ASSERT_TRUE(gptq.ok()) << gptq.status();
+  EXPECT_EQ(gptq->quant_method, "gptq");
+  EXPECT_EQ(gptq->bits, 4);
+  EXPECT_EQ(*gptq->group_size, 128);
+  EXPECT_FALSE(*gptq->sym);
+  EXPECT_FALSE(*gptq->desc_act);
+  EXPECT_EQ(gptq->checkpoint_format, "gptq_v2");
+  EXPECT_TRUE(fs::exists(fs::path(root) / "checkpoints/llama-3-8b-gptq/quantize_config.json"));
+  auto fp8 = ReadQuantMetadata(root + "/checkpoints/llama-3-8b-fp8");
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  EXPECT_EQ(fp8->quant_method, "compressed-tensors");
+  ASSERT_NE(FindCtGroup(*fp8, "model.layers.0.mlp.up_proj"), nullptr);
+  EXPECT_FALSE(FindCtGroup(*fp8, "model.layers.0.mlp.up_proj")->input_activations.has_value());
+  EXPECT_TRUE(ReadQuantMetadata(root + "/checkpoints/llama-3-8b")->empty());
+  // Each index names both shards, and each shard holds what the index says.
+  CheckpointCache cache;
+  for (const char* ckpt : {"llama-3-8b", "llama-3-8b-gptq", "llama-3-8b-fp8"}) {
+    auto c = cache.Open(root + "/checkpoints/" + ckpt);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ((*c)->files().size(), 2u) << ckpt;
+    for (const char* proj : {"up_proj", "down_proj"}) {
+      auto t = (*c)->Get(Prefix(proj) + (std::string(ckpt) == "llama-3-8b-gptq" ? "qweight" : "weight"));
+      EXPECT_TRUE(t.ok()) << t.status();
+    }
   }
 }
 
 void CheckTensorDtypesAndShapes(const std::string& root) {
-  for (const auto& [prefix, K, N] : {std::tuple{"up_proj", 4096, 14336}, std::tuple{"down_proj", 14336, 4096}}) {
-    const std::string p = prefix;
-    auto bf16 = Weights(root, p + "_bf16");
+  for (const auto& [proj_c, K, N] : {std::tuple{"up_proj", 4096, 14336}, std::tuple{"down_proj", 14336, 4096}}) {
+    const std::string proj = proj_c, p = Prefix(proj);
+    auto bf16 = Shard(root, "llama-3-8b", proj);
     ASSERT_TRUE(bf16);
-    auto w = bf16->Get("weight", "BF16");
+    auto w = bf16->Get(p + "weight", "BF16");
     ASSERT_TRUE(w.ok()) << w.status();
     EXPECT_EQ(w->shape, (std::vector<int64_t>{N, K}));
 
-    auto i4 = Weights(root, p + "_int4");
+    auto i4 = Shard(root, "llama-3-8b-gptq", proj);
     ASSERT_TRUE(i4);
     const int64_t G = K / 128;
-    auto qw = i4->Get("qweight", "I32");
-    auto qz = i4->Get("qzeros", "I32");
-    auto sc = i4->Get("scales", "F16");
-    ASSERT_TRUE(qw.ok() && qz.ok() && sc.ok());
+    auto qw = i4->Get(p + "qweight", "I32");
+    auto qz = i4->Get(p + "qzeros", "I32");
+    auto sc = i4->Get(p + "scales", "F16");
+    auto gi = i4->Get(p + "g_idx", "I32");
+    ASSERT_TRUE(qw.ok() && qz.ok() && sc.ok() && gi.ok());
     EXPECT_EQ(qw->shape, (std::vector<int64_t>{K / 8, N}));
     EXPECT_EQ(qz->shape, (std::vector<int64_t>{G, N / 8}));
     EXPECT_EQ(sc->shape, (std::vector<int64_t>{G, N}));
+    EXPECT_EQ(gi->shape, (std::vector<int64_t>{K}));
 
-    auto f8 = Weights(root, p + "_fp8");
+    auto f8 = Shard(root, "llama-3-8b-fp8", proj);
     ASSERT_TRUE(f8);
-    auto fw = f8->Get("weight", "F8_E4M3");
-    auto fs_ = f8->Get("weight_scale", "F32");
+    auto fw = f8->Get(p + "weight", "F8_E4M3");
+    auto fs_ = f8->Get(p + "weight_scale", "F32");
     ASSERT_TRUE(fw.ok() && fs_.ok());
     EXPECT_EQ(fw->shape, (std::vector<int64_t>{N, K}));
-    EXPECT_EQ(fs_->shape, (std::vector<int64_t>{N}));
+    EXPECT_EQ(fs_->shape, (std::vector<int64_t>{N, 1}));
   }
 }
 
 // The three formats of a layer approximate the same N(0, 1/K) matrix.
 void CheckFormatsAgreeAndWeightsAreNormal(const std::string& root) {
   const int K = 4096, N = 14336;
-  auto bf16_file = Weights(root, "up_proj_bf16");
-  auto i4_file = Weights(root, "up_proj_int4");
-  auto f8_file = Weights(root, "up_proj_fp8");
+  auto bf16_file = Shard(root, "llama-3-8b", "up_proj");
+  auto i4_file = Shard(root, "llama-3-8b-gptq", "up_proj");
+  auto f8_file = Shard(root, "llama-3-8b-fp8", "up_proj");
   ASSERT_TRUE(bf16_file && i4_file && f8_file);
-  const SafeTensor w = *bf16_file->Get("weight", "BF16");
+  const std::string p = Prefix("up_proj");
+  const SafeTensor w = *bf16_file->Get(p + "weight", "BF16");
 
   // Moments over the first 64 rows (262144 samples): std within 1% of 1/sqrt(K).
   double sum = 0, sum2 = 0;
@@ -171,17 +208,17 @@ void CheckFormatsAgreeAndWeightsAreNormal(const std::string& root) {
   g.N = N;
   g.group_size = 128;
   g.v1 = false;
-  g.qweight = Copy<int32_t>(*i4_file->Get("qweight", "I32"));
-  g.qzeros = Copy<int32_t>(*i4_file->Get("qzeros", "I32"));
-  g.scales_f16 = Copy<uint16_t>(*i4_file->Get("scales", "F16"));
+  g.qweight = Copy<int32_t>(*i4_file->Get(p + "qweight", "I32"));
+  g.qzeros = Copy<int32_t>(*i4_file->Get(p + "qzeros", "I32"));
+  g.scales_f16 = Copy<uint16_t>(*i4_file->Get(p + "scales", "F16"));
   gemm::Int4Weights q;
   Status s = gemm::UnpackGptq(g, &q);
   ASSERT_TRUE(s.ok()) << s.message();
   const int G = q.num_groups();
   ASSERT_EQ(G, K / 128);
 
-  const SafeTensor fw = *f8_file->Get("weight", "F8_E4M3");
-  const std::vector<float> fscale = Copy<float>(*f8_file->Get("weight_scale", "F32"));
+  const SafeTensor fw = *f8_file->Get(p + "weight", "F8_E4M3");
+  const std::vector<float> fscale = Copy<float>(*f8_file->Get(p + "weight_scale", "F32"));
   for (int n : {0, 1, 777, N - 1}) {
     float amax = 0;
     for (int k = 0; k < K; ++k) {
@@ -201,9 +238,9 @@ void CheckFormatsAgreeAndWeightsAreNormal(const std::string& root) {
 
 // Fixed seed -> fixed bits, on every machine: these values were recorded once.
 void CheckWeightsAreDeterministic(const std::string& root) {
-  auto bf16_file = Weights(root, "down_proj_bf16");
+  auto bf16_file = Shard(root, "llama-3-8b", "down_proj");
   ASSERT_TRUE(bf16_file);
-  const SafeTensor w = *bf16_file->Get("weight", "BF16");
+  const SafeTensor w = *bf16_file->Get(Prefix("down_proj") + "weight", "BF16");
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the first two rows
   for (size_t i = 0; i < 2 * 14336 * 2; ++i) h = (h ^ uint8_t(w.data[i])) * 1099511628211ull;
 
@@ -244,7 +281,7 @@ TEST(DemoRepositoryTest, GeneratesValidatesAndReuses) {
   }
 
   // A second call finds the stamp and returns at once without rewriting anything.
-  const fs::path weights = fs::path(root) / "up_proj_bf16" / "model.safetensors";
+  const fs::path weights = fs::path(root) / "checkpoints/llama-3-8b/model-00001-of-00002.safetensors";
   const auto mtime = fs::last_write_time(weights);
   const auto t1 = std::chrono::steady_clock::now();
   auto again = EnsureDemoRepository(cache.string(), 20261122);

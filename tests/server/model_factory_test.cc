@@ -158,7 +158,7 @@ TEST_F(ModelFactoryTest, Fp8ScaleThatIsNotFiniteIsRefused) {
     ExpectRefused("name: \"l\" input [ { name: \"X\" data_type: TYPE_BF16 dims: [ -1, 32 ] } ]\n"
                   "output [ { name: \"Y\" data_type: TYPE_BF16 dims: [ -1, 16 ] } ]\n" +
                       Param("kind", "linear") + Param("weight_format", "fp8"),
-                  {"'weight_scale' element 5", "finite and > 0"}, std::to_string(bad));
+                  {"'weight_scale'", "element 5", "finite and > 0"}, std::to_string(bad));
   }
 }
 

@@ -656,7 +656,8 @@ class LinearValidationTest : public ::testing::Test {
     BackendOptions o;
     o.cpu_threads = 2;
     backend_ = std::make_unique<CpuBackend>(o);
-    auto m = LinearModel::Create(config, dir_.string(), *backend_);
+    CheckpointCache checkpoints;
+    auto m = LinearModel::Create(config, dir_.string(), *backend_, checkpoints, nullptr);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
   }

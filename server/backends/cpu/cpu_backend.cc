@@ -102,12 +102,15 @@ LinearWeights SliceN(const LinearWeights& w, int n0, int n1) {
   s.K = w.K;
   s.N = n1 - n0;
   s.fp8_activations = w.fp8_activations;
+  s.fp8_input_scale = w.fp8_input_scale;
   const size_t K = size_t(w.K);
   switch (w.format) {
     case WeightFormat::kBf16: s.bf16.assign(w.bf16.begin() + n0 * K, w.bf16.begin() + n1 * K); break;
     case WeightFormat::kInt4: {
       const size_t g = size_t(w.int4.num_groups());
-      s.int4 = w.int4;
+      s.int4.K = w.int4.K;  // not a copy of the whole layer: only the slice's rows are copied
+      s.int4.group_size = w.int4.group_size;
+      s.int4.g_idx = w.int4.g_idx;
       s.int4.N = s.N;
       s.int4.q.assign(w.int4.q.begin() + n0 * K, w.int4.q.begin() + n1 * K);
       s.int4.scales.assign(w.int4.scales.begin() + n0 * g, w.int4.scales.begin() + n1 * g);
@@ -149,7 +152,9 @@ class CpuLinear : public LinearExecutor {
         case WeightFormat::kBf16: gemm::LinearRefBf16<float>(x.data(), M, K_, w.bf16.data(), w.N, part.data()); break;
         case WeightFormat::kInt4: gemm::LinearRefInt4<float>(x.data(), M, w.int4, part.data()); break;
         case WeightFormat::kFp8:
-          if (w.fp8_activations) {
+          if (w.fp8_activations && w.fp8_input_scale > 0) {
+            gemm::LinearRefFp8W8A8Static<float>(x.data(), M, w.fp8, w.fp8_input_scale, part.data());
+          } else if (w.fp8_activations) {
             gemm::LinearRefFp8W8A8<float>(x.data(), M, w.fp8, /*per_row_act=*/true, part.data());
           } else {
             gemm::LinearRefFp8W8A16<float>(x.data(), M, w.fp8, part.data());

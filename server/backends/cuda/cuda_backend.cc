@@ -437,6 +437,11 @@ class CudaLinear : public LinearExecutor {
           if (!p.ok()) return p.status();
           ws = *p;
           FQ_CUDA_OK(cudaMemset(ws, 0, r.ws_bytes));
+          if (w.format == WeightFormat::kFp8 && w.fp8_activations && w.fp8_input_scale > 0) {
+            // A static activation scale: its row scales are written once, after the largest xq.
+            const std::vector<float> scales(e->max_rows_, w.fp8_input_scale);
+            FQ_CUDA_OK(cudaMemcpy(ws + e->StaticScaleOffset(), scales.data(), scales.size() * 4, cudaMemcpyHostToDevice));
+          }
         }
         r.workspace.push_back(ws);
       }
@@ -482,8 +487,13 @@ class CudaLinear : public LinearExecutor {
     std::vector<char*> workspace;  // per stream slot
   };
 
+  // W8A8 workspace: xq [rows][K] E4M3, then the row scales (256-byte aligned). Static
+  // scales sit after the largest chunk's xq, so no chunk's xq reaches them.
+  size_t StaticScaleOffset() const { return (size_t(max_rows_) * K_ + 255) & ~size_t(255); }
+
   CudaLinear(Contexts& ctx, ServerMetrics& m, const LinearWeights& w, bool invariant)
-      : ctx_(ctx), format_(w.format), K_(w.K), N_(w.N), fp8_act_(w.fp8_activations), invariant_(invariant),
+      : ctx_(ctx), format_(w.format), K_(w.K), N_(w.N), fp8_act_(w.fp8_activations),
+        fp8_input_scale_(w.fp8_input_scale), invariant_(invariant),
         hist_(PerGpuHistograms(m, ctx, w.format == WeightFormat::kBf16 ? "linear_bf16"
                                 : w.format == WeightFormat::kInt4 ? "linear_w4a16"
                                 : w.fp8_activations ? "linear_w8a8" : "linear_w8a16")) {}
@@ -526,8 +536,14 @@ class CudaLinear : public LinearExecutor {
             s = gemm::run_w8a16(*r.fp8, a, slot->stream);
           } else {
             auto* xq = reinterpret_cast<uint8_t*>(a.workspace);
-            auto* xs = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + ((size_t(m) * K_ + 255) & ~size_t(255)));
-            s = gemm::run_quantize_act_fp8(xd, act, m, K_, /*per_row=*/true, xq, xs, slot->stream);
+            float* xs;
+            if (fp8_input_scale_ > 0) {
+              xs = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + StaticScaleOffset());
+              s = gemm::run_quantize_act_fp8_static(xd, act, m, K_, xs, xq, slot->stream);
+            } else {
+              xs = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + ((size_t(m) * K_ + 255) & ~size_t(255)));
+              s = gemm::run_quantize_act_fp8(xd, act, m, K_, /*per_row=*/true, xq, xs, slot->stream);
+            }
             if (s.ok()) {
               gemm::W8A8Args w8;
               w8.x_fp8 = xq;
@@ -559,7 +575,9 @@ class CudaLinear : public LinearExecutor {
   Contexts& ctx_;
   const WeightFormat format_;
   const int K_, N_;
-  const bool fp8_act_, invariant_;
+  const bool fp8_act_;
+  const float fp8_input_scale_;
+  const bool invariant_;
   std::vector<prometheus::Histogram*> hist_;  // per GPU
   int max_rows_ = 256;
   std::vector<Replica> replicas_;
