@@ -19,7 +19,8 @@ echo ".deps ready: $(du -sh .deps | cut -f1)"
 
 # tritonclient's grpc client imports grpc (the GPU host has it), google.protobuf, rapidjson (a C
 # extension: one wheel per CPython version, since the host's python3 version is not fixed),
-# numpy (present) and packaging; urllib3 comes along for tritonclient.utils' http side.
+# numpy (present) and packaging; urllib3 comes along for tritonclient.utils' http side. safetensors
+# (one abi3 wheel) lets tools/ write Hugging Face checkpoints there (the load-time measurement).
 if [ "${FLASHQ_SKIP_WHEELS:-0}" != 1 ]; then
   mkdir -p .whl
   PLAT=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
@@ -29,7 +30,7 @@ if [ "${FLASHQ_SKIP_WHEELS:-0}" != 1 ]; then
       "${PLAT[@]}" -d .whl python-rapidjson==1.20
   done
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 312 --implementation cp "${PLAT[@]}" \
-    -d .whl tritonclient==2.50.0 protobuf==4.25.9 urllib3==2.2.3 packaging==24.2
+    -d .whl tritonclient==2.50.0 protobuf==4.25.9 urllib3==2.2.3 packaging==24.2 safetensors==0.8.0
   # tritonclient's wheel carries 14 MB of data files (perf_analyzer and its libraries) that the
   # Python client does not use; the trimmed wheel keeps the carried tree small.
   python3 - .whl/tritonclient-2.50.0-*.whl <<'EOF'
