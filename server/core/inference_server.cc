@@ -82,6 +82,7 @@ absl::StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Create(const s
                                                                          const InferenceServerOptions& options) {
   std::unique_ptr<InferenceServer> server(
       new InferenceServer(metrics, options.max_response_bytes, options.shared_memory));
+  server->log_ = options.load.log;
   const size_t n = entries.size();
   std::vector<SchedulerOptions> sched(n);
   for (size_t i = 0; i < n; ++i) {
@@ -195,6 +196,15 @@ absl::Status CheckModelVersion(const std::string& model, const std::string& vers
   return absl::NotFoundError(absl::StrCat("model '", model, "' has no version ", Quoted(version), "; it serves version 1"));
 }
 
+void InferenceServer::LogFault(const std::string& model, const absl::Status& status) {
+  const auto c = status.code();
+  if (!log_ || (c != absl::StatusCode::kInternal && c != absl::StatusCode::kUnknown && c != absl::StatusCode::kDataLoss)) {
+    return;
+  }
+  const uint64_t n = ++faults_;
+  if (n <= 20 || n % 1000 == 0) log_(model, absl::StrCat("request failed (server fault ", n, "): ", status.ToString()));
+}
+
 void InferenceServer::CountRejected(const std::string& model, absl::StatusCode code) {
   metrics_.CountRequest(models_.count(model) ? model : "(unknown)", CodeName(code));
 }
@@ -232,6 +242,7 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
       s.stats->RecordFailure(total_ns);
     }
     metrics_.CountRequest(s.model->name(), CodeName(st.code()));
+    LogFault(s.model->name(), st);
     s.metrics->inflight->Decrement();
     UpdateKvGauges(s);
     done(st, work);

@@ -83,8 +83,14 @@ class InferenceServer {
   void Housekeeping();
   static void UpdateKvGauges(Served& s);
 
+  // A request that failed through the server's own fault (INTERNAL, UNKNOWN, DATA_LOSS):
+  // logged, the first ones and then one in a thousand, so that operators see it.
+  void LogFault(const std::string& model, const absl::Status& status);
+
   ServerMetrics& metrics_;
   const int64_t max_response_bytes_;
+  std::function<void(const std::string& model, const std::string& line)> log_;
+  std::atomic<uint64_t> faults_{0};
   const SharedMemoryRegistry* const shared_memory_;
   double weights_seconds_ = 0;
   std::vector<std::pair<std::string, double>> load_seconds_;
