@@ -8,8 +8,8 @@
 #   FLASHQ_CUDA=OFF ...                    # CPU only, even where nvcc exists
 #   FLASHQ_BUILD_TYPE=Debug ...            # default Release
 #   FLASHQ_JOBS=2 ...                      # parallel jobs (default: number of cores)
-#   FLASHQ_BUILD_PROGRESS=1 ...            # one progress line per step with the time left
-#                                          # (default: on a terminal only)
+#   FLASHQ_BUILD_PROGRESS=1 ...            # one progress line per step with the time left;
+#                                          # compiler warnings go to BUILD_DIR/build-output.log
 #   FLASHQ_BUILD_DRY_RUN=1 ...             # print the cmake commands, run nothing
 #   scripts/build.sh -- --target flashq-server   # extra arguments go to `cmake --build`
 #
@@ -43,13 +43,18 @@ fi
 
 # Reads ninja's output and shows, per finished step, what it was and about how long the
 # rest takes: the steps left at the average rate so far (steps differ in cost, so this is
-# a rough guide). On a terminal one line is rewritten; otherwise one line per step.
+# a rough guide). On a terminal one line is rewritten; otherwise one line per step. The
+# compiler's output of steps that succeed (warnings) goes to a file, that of a failed step
+# to the screen.
 progress() {
-  local start=$SECONDS tty=0 cols=120 f t what left eta line
+  local start=$SECONDS tty=0 cols=120 failed=0 extra=0 f t what left eta line
+  local log="$BUILD_DIR/build-output.log"
+  : >"$log"
   [ -t 1 ] && tty=1 && cols=$(tput cols 2>/dev/null || echo 120)
   while IFS= read -r line; do
     if [[ $line =~ ^\[([0-9]+)/([0-9]+)\]\ (.*)$ ]]; then
       f=${BASH_REMATCH[1]} t=${BASH_REMATCH[2]} what=${BASH_REMATCH[3]}
+      (( f > 0 )) || continue  # ninja's own checks before the first step
       # "Building CXX object server/CMakeFiles/flashq_server_lib.dir/frontend/x.cc.o" -> "server/frontend/x.cc"
       if [[ $what =~ ^Building\ [A-Z]+\ object\ (.*)CMakeFiles/[^/]+\.dir/(.*)\.o$ ]]; then
         what="compiled ${BASH_REMATCH[1]}${BASH_REMATCH[2]}"
@@ -65,17 +70,23 @@ progress() {
       fi
       line=$(printf 'build: [%d/%d] %3d%%  %s  (%s)' "$f" "$t" $(( 100 * f / t )) "$what" "$eta")
       if (( tty )); then printf '\r\033[K%s' "${line:0:cols-1}"; else printf '%s\n' "$line"; fi
-    else
+      continue
+    fi
+    [[ $line == FAILED:* ]] && failed=1
+    if (( failed )) || [[ $line == ninja:* ]]; then
       (( tty )) && printf '\r\033[K'
       printf '%s\n' "$line"
+    else
+      printf '%s\n' "$line" >>"$log"
+      extra=$(( extra + 1 ))
     fi
   done
   (( tty )) && printf '\r\033[K'
+  (( extra )) && echo "build: the steps printed $extra more lines (compiler warnings): $log"
   echo "build: finished in $(( SECONDS - start )) s"
 }
 
-show_progress="${FLASHQ_BUILD_PROGRESS:-auto}"
-[ "$show_progress" = auto ] && { [ -t 1 ] && show_progress=1 || show_progress=0; }
+show_progress="${FLASHQ_BUILD_PROGRESS:-0}"
 
 echo "build: cmake ${args[*]}"
 cmake "${args[@]}"
