@@ -161,7 +161,11 @@ CACHE="${FLASHQ_DEMO_CACHE:-$ROOT/$BUILD_DIR/demo-cache}"
 served_by() {
   local b
   b=$(sed -n 's/^flashq-server: .* on the \(.*\) backend$/\1/p' "$1" 2>/dev/null | tail -n 1)
-  [ -n "$b" ] || { echo "served by: unknown (no backend line in $1)"; return; }
+  if [ -z "$b" ]; then
+    echo "demo: the server did not come up; the end of its log ($1):"
+    tail -n 20 "$1" 2>/dev/null | sed 's/^/  /'
+    return
+  fi
   if [ "${b%% *}" = cpu ]; then
     local cpu
     cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
