@@ -121,8 +121,9 @@ else
   done
   # Architecture unknown: every one flashq ships (slower to build, runs on any of them).
   (( unknown )) && ARCHS="80-real 89-real 90a-real"
+  # Prebuilt binaries (FLASHQ_NO_BUILD) need no nvcc here.
   if [ -z "$ARCHS" ]; then :
-  elif [ -z "$NVCC" ]; then WHY="$WHY; no nvcc (CUDACXX, /usr/local/cuda/bin or PATH), so no CUDA backend"
+  elif [ -z "$NVCC" ] && [ "${FLASHQ_NO_BUILD:-0}" != 1 ]; then WHY="$WHY; no nvcc (CUDACXX, /usr/local/cuda/bin or PATH), so no CUDA backend"
   else BACKEND=cuda; CUDA=ON; fi
 fi
 if [ -n "${FLASHQ_CUDA_ARCHS:-}" ] && [ "${FLASHQ_CUDA:-}" != OFF ]; then
@@ -131,7 +132,9 @@ fi
 if [ "${FLASHQ_CUDA:-}" = OFF ]; then
   BACKEND=cpu; CUDA=OFF; ARCHS=""; WHY="$WHY; FLASHQ_CUDA=OFF"
 fi
-if [ "$CUDA" = ON ]; then
+if [ "${FLASHQ_NO_BUILD:-0}" = 1 ]; then
+  echo "demo: $WHY -> $BACKEND backend (binaries from ${FLASHQ_BIN_DIR:-$BUILD_DIR/bin})"
+elif [ "$CUDA" = ON ]; then
   echo "demo: $WHY -> CUDA kernels for $ARCHS, $BACKEND backend"
 else
   echo "demo: $WHY -> no CUDA compilation, cpu backend"
@@ -184,7 +187,7 @@ if [ "${FLASHQ_DEMO_LOADER:-}" != perf_analyzer ] && { [ "$DRY_RUN" = 1 ] || [ -
   mkdir -p "$CACHE"
   echo "demo: load from flashq-bench (it starts its own server; log: $SERVER_LOG)"
   # The table goes to stdout once the run ends: print it under the line that says what served.
-  out=$(mktemp /tmp/flashq-demo-table.XXXXXX)
+  out=$(mktemp -t flashq-demo-table.XXXXXX)
   rc=0
   "${BENCH[@]}" >"$out" || rc=$?
   echo

@@ -107,6 +107,14 @@ def main():
     print(f"{'ok  ' if ok else 'FAIL'} user arguments after the demo's")
     failures += not ok
 
+    # Prebuilt binaries (FLASHQ_NO_BUILD) on a GPU host without nvcc: nothing built, the cuda backend.
+    p = subprocess.run(["bash", str(demo), "--dry-run"], cwd=tmp, text=True, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, env=dict(base, FLASHQ_DEMO_GPU_ARCH="9.0", FLASHQ_NO_BUILD="1",
+                                                          CUDACXX=str(tmp / "missing")))
+    ok = p.returncode == 0 and "build: cmake" not in p.stdout and "--server-backend=cuda " in p.stdout
+    print(f"{'ok  ' if ok else 'FAIL'} prebuilt binaries on a GPU host without nvcc")
+    failures += not ok
+
     # A forced architecture that is not one is refused.
     p = subprocess.run(["bash", str(demo), "--dry-run"], cwd=tmp, text=True, env=dict(base, FLASHQ_DEMO_GPU_ARCH="x"),
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -115,7 +123,7 @@ def main():
     failures += not ok
 
     shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{len(cases) + 2 - failures} passed, {failures} failed")
+    print(f"{len(cases) + 3 - failures} passed, {failures} failed")
     return 1 if failures else 0
 
 
