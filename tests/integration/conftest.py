@@ -8,6 +8,7 @@ built into build/):
   FLASHQ_PERF_ANALYZER wrapper that runs perf_analyzer (scripts/perf_analyzer)
   FLASHQ_PROMETHEUS    the prometheus binary
   FLASHQ_TEST_TMP      where server logs and temp folders go
+  FLASHQ_TEST_BACKEND  the servers' backend (default cpu; cuda runs the same checks on a GPU)
 """
 import os
 import pathlib
@@ -26,6 +27,7 @@ DEMO_CACHE = os.environ.get("FLASHQ_DEMO_CACHE", str(ROOT / "build/integration/d
 PERF_ANALYZER = os.environ.get("FLASHQ_PERF_ANALYZER", str(ROOT / "scripts/perf_analyzer"))
 PROMETHEUS = os.environ.get("FLASHQ_PROMETHEUS") or "prometheus"
 TEST_TMP = os.environ.get("FLASHQ_TEST_TMP", str(ROOT / "build/integration/tmp"))
+BACKEND = os.environ.get("FLASHQ_TEST_BACKEND", "cpu")
 READY_LINE = "flashq-server ready"
 # The first start generates the demo repository; later ones only map it.
 READY_TIMEOUT_S = float(os.environ.get("FLASHQ_READY_TIMEOUT", "300"))
@@ -48,7 +50,7 @@ class ServerProcess:
         os.makedirs(TEST_TMP, exist_ok=True)
         self.log_path = tempfile.mktemp(prefix=f"{name}-", suffix=".log", dir=TEST_TMP)
         self.cmd = [SERVER_BIN, f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
-                    "--host=127.0.0.1", f"--demo-cache-dir={DEMO_CACHE}", "--backend=cpu", *flags]
+                    "--host=127.0.0.1", f"--demo-cache-dir={DEMO_CACHE}", f"--backend={BACKEND}", *flags]
         self.proc = None
         self.returncode = None
 
