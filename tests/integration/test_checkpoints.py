@@ -235,8 +235,10 @@ def test_checkpoint_round_trip(ckpt_server, repo, model):
     y = run(ckpt_server.url, model, x)
     ref = reference(x, case)
     assert y.shape == ref.shape, (y.shape, ref.shape)
-    # FP32 accumulation over K, one FP16 rounding (bias adds one more): relative to the rms.
-    tol = 4e-3
+    # FP32 accumulation over K, one FP16 rounding (bias adds one more): relative to the rms. BF16
+    # weights run as a BF16 GEMM on the CUDA backend, which rounds X to BF16 on the way: bf16's
+    # half unit, twice (the conformance test's bound for the same path).
+    tol = 1.6e-2 if model == "dense_single_file" else 4e-3
     err = np.abs(y - ref)
     bound = tol * np.sqrt(np.mean(ref ** 2)) + tol * np.abs(ref)
     assert (err <= bound).all(), (f"{model}: {(err > bound).sum()} of {err.size} out of tolerance, "
