@@ -287,7 +287,7 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
   }
   auto p = std::make_unique<Pending>();
   p->work = std::move(*work);
-  p->enqueued = start;
+  p->enqueued = Clock::now();  // queue time counts from here, not from the decoding before
   p->deadline = deadline;
   p->cancelled = std::move(cancelled);
   p->done = [finish, done](Pending& p, const absl::Status& st) { finish(st, p.work.get(), p.queue_ns, p.compute_ns, done); };
