@@ -15,7 +15,7 @@
 # When the server is built with CUDA it needs the host's libcublasLt.so.13, which the
 # bundle never carries: the test then bind-mounts (read-only, in a private mount
 # namespace) the host's folder holding it at /usr/local/cuda/lib64 inside the root,
-# which is where the GPU machine has it, so the launcher's search is exercised too.
+# which is where our GPU hosts have it, so the launcher's search is exercised too.
 set -euo pipefail
 SRC="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="$(cd "${1:?usage: bundle_chroot_test.sh BUILD_DIR}" && pwd)"
