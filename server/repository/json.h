@@ -20,6 +20,16 @@ using JsonArray = std::vector<JsonValue>;
 
 struct JsonNull {};
 struct JsonValue {
+  // The special members are defined in json.cc, where JsonValue is complete: a variant
+  // over containers of JsonValue must not instantiate them inside this definition (clang
+  // with libstdc++ refuses to).
+  JsonValue();
+  JsonValue(const JsonValue&);
+  JsonValue(JsonValue&&) noexcept;
+  JsonValue& operator=(const JsonValue&);
+  JsonValue& operator=(JsonValue&&) noexcept;
+  ~JsonValue();
+
   // int64_t: an integer literal that fits; double: any other number.
   std::variant<JsonNull, bool, int64_t, double, std::string, JsonArray, JsonObject> v;
 
