@@ -262,6 +262,7 @@ int Run(const Options& o) {
     std::cerr << "flashq-server: backend: " << backend.status() << "\n";
     return 1;
   }
+  if (shared_memory) shared_memory->SetDeviceAccess((*backend)->device_memory());
   std::cerr << "flashq-server: " << (*backend)->name() << " backend up at " << backend_s
             << " s; gRPC, metrics and repository up at " << repository_s << " s; heap: " << HeapAllocatorName()
             << "\n";
@@ -304,6 +305,11 @@ int Run(const Options& o) {
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   grpc_server->Wait();
   server->reset();
+  // Regions page-locked or opened by the backend are released while it still runs.
+  if (shared_memory) {
+    shared_memory->UnregisterAll();
+    shared_memory->UnregisterAll(/*cuda=*/true);
+  }
   std::cerr << "flashq-server: stopped" << std::endl;
   return 0;
 }

@@ -1,6 +1,10 @@
 // Backends run the arithmetic of a merged batch. The model kinds (server/models)
 // do everything else, so the CPU and CUDA backends see the same batches and the CPU
 // backend is the reference for the CUDA one.
+//
+// A batch's tensors are not merged on the host: each input is a Gather of the requests'
+// own bytes and each output a Scatter into the requests' own destinations (a response
+// buffer or a shared-memory region), so that a backend moves every byte once each way.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +16,47 @@
 #include "absl/status/statusor.h"
 #include "kernels/common/dtype.h"
 #include "kernels/gemm/quant_formats.h"
+#include "server/core/shared_memory.h"
+#include "server/core/tensor.h"
 
 namespace flashq::server {
+
+// One tensor of a batch: pieces laid end to end, typically one per request.
+struct Gather {
+  std::vector<ConstBytes> pieces;
+  Gather() = default;
+  Gather(std::string_view host) {  // one piece of ordinary host memory
+    if (!host.empty()) pieces.push_back({host.data(), host.size()});
+  }
+  Gather(const std::string& host) : Gather(std::string_view(host)) {}
+  Gather(ConstBytes one) {
+    if (one.size) pieces.push_back(one);
+  }
+  size_t size() const {
+    size_t n = 0;
+    for (const ConstBytes& p : pieces) n += p.size;
+    return n;
+  }
+};
+
+// Where a batch's output goes: destinations laid end to end, one per request; a piece
+// with null data drops its bytes (a request that did not ask for that output).
+struct Scatter {
+  std::vector<MutableBytes> pieces;
+  size_t size() const {
+    size_t n = 0;
+    for (const MutableBytes& p : pieces) n += p.size;
+    return n;
+  }
+};
+
+// One host destination of `bytes` bytes, sized in `out`.
+inline Scatter IntoString(std::string* out, size_t bytes) {
+  out->resize(bytes);
+  Scatter s;
+  if (bytes) s.pieces.push_back({out->data(), bytes});
+  return s;
+}
 
 // ---- attention over a ragged batch (varlen) --------------------------------
 struct AttentionBatch {
@@ -24,14 +67,21 @@ struct AttentionBatch {
   bool want_lse = false;
   std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;  // [b + 1]
   int max_seqlen_q = 0, max_seqlen_k = 0;
-  std::string_view q, k, v;                         // [total_q, Hq, D], [total_k, Hkv, D]
+  Gather q, k, v;                                   // [total_q, Hq, D], [total_k, Hkv, D]
+  Scatter o;                                        // [total_q, Hq, D]
 };
 
 class AttentionExecutor {
  public:
   virtual ~AttentionExecutor() = default;
-  // o: [total_q, Hq, D] in batch.dtype; lse (if want_lse): [Hq, total_q].
-  virtual absl::Status Run(const AttentionBatch& batch, std::string* o, std::vector<float>* lse) = 0;
+  // Writes O ([total_q, Hq, D] in batch.dtype) into batch.o, and lse (if want_lse) as
+  // [Hq, total_q].
+  virtual absl::Status Run(const AttentionBatch& batch, std::vector<float>* lse) = 0;
+  // The same with O in one host string.
+  absl::Status Run(AttentionBatch batch, std::string* o, std::vector<float>* lse) {
+    batch.o = IntoString(o, size_t(batch.cu_seqlens_q.back()) * batch.num_heads_q * batch.head_dim * DTypeSize(batch.dtype));
+    return Run(static_cast<const AttentionBatch&>(batch), lse);
+  }
 };
 
 // ---- attention over a paged KV cache (kv_attention) ------------------------
@@ -46,10 +96,11 @@ struct KvGeometry {
 
 struct KvItem {
   std::string_view sequence_id;        // pins the sequence to one GPU
-  std::string_view q, k, v;            // new tokens: [n, Hq, D], [n, Hkv, D]
+  ConstBytes q, k, v;                  // new tokens: [n, Hq, D], [n, Hkv, D]
   int n = 0;
   int64_t start_pos = 0;               // tokens already cached for this sequence
   const std::vector<int32_t>* blocks;  // block table covering start_pos + n tokens
+  MutableBytes o;                      // [n, Hq, D]
 };
 
 struct KvBatch {
@@ -62,8 +113,19 @@ class KvAttentionExecutor {
  public:
   virtual ~KvAttentionExecutor() = default;
   // Appends each item's K/V to the cache, then attends causally over the whole
-  // sequence. outputs[i]: [n_i, Hq, D] in batch.dtype.
-  virtual absl::Status Run(const KvBatch& batch, std::vector<std::string>* outputs) = 0;
+  // sequence, writing item i's [n_i, Hq, D] in batch.dtype into items[i].o.
+  virtual absl::Status Run(const KvBatch& batch) = 0;
+  // The same with each item's output in a host string of its own.
+  absl::Status Run(KvBatch batch, int num_heads_q, int head_dim, std::vector<std::string>* outputs) {
+    outputs->assign(batch.items.size(), std::string());
+    for (size_t i = 0; i < batch.items.size(); ++i) {
+      KvItem& it = batch.items[i];
+      const size_t bytes = size_t(it.n) * num_heads_q * head_dim * DTypeSize(batch.dtype);
+      (*outputs)[i].resize(bytes);
+      it.o = {(*outputs)[i].data(), bytes};
+    }
+    return Run(static_cast<const KvBatch&>(batch));
+  }
 };
 
 // ---- linear layers ----------------------------------------------------------
@@ -79,13 +141,24 @@ struct LinearWeights {
   // kFp8 W8A8: > 0, the checkpoint's static activation scale (x8 = satfinite(x / scale));
   // 0, a scale per row from its amax (dynamic).
   float fp8_input_scale = 0.0f;
+  // [N] or empty. Added to Y in Y's type, through float (FP16/BF16 outputs round twice).
+  std::vector<float> bias;
 };
 
 class LinearExecutor {
  public:
+  explicit LinearExecutor(int N) : N_(N) {}
   virtual ~LinearExecutor() = default;
-  // y[M][N] = x[M][K] · Wᵀ; x and y in `dtype` (FP16, BF16 or FP32).
-  virtual absl::Status Run(DType dtype, int M, std::string_view x, std::string* y) = 0;
+  // y[M][N] = x[M][K] · Wᵀ (+ bias); x and y in `dtype` (FP16, BF16 or FP32).
+  virtual absl::Status Run(DType dtype, int M, const Gather& x, const Scatter& y) = 0;
+  // The same with y in one host string.
+  absl::Status Run(DType dtype, int M, std::string_view x, std::string* y) {
+    return Run(dtype, M, Gather(x), IntoString(y, size_t(M) * N_ * DTypeSize(dtype)));
+  }
+  int N() const { return N_; }
+
+ private:
+  const int N_;
 };
 
 // ---- the backend ------------------------------------------------------------
@@ -107,6 +180,8 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<KvAttentionExecutor>> CreateKvAttention(const KvGeometry& geometry) = 0;
   // Takes the weights (the CUDA backend uploads them once and frees the host copy).
   virtual absl::StatusOr<std::unique_ptr<LinearExecutor>> CreateLinear(LinearWeights weights) = 0;
+  // Page-locking and CUDA IPC for shared-memory regions; null for a backend without GPUs.
+  virtual DeviceMemoryAccess* device_memory() { return nullptr; }
 };
 
 }  // namespace flashq::server

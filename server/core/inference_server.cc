@@ -29,24 +29,6 @@ constexpr int64_t kMaxRequestIdBytes = 1024;
 constexpr int kDefaultLoadThreads = 8;
 constexpr int64_t kResponseOverheadBytes = 2048;
 
-// Copies the outputs bound to shared-memory regions into them; the response then carries
-// only their names, datatypes and shapes.
-absl::Status WriteSharedMemoryOutputs(Work& work) {
-  for (const SharedMemoryOutput& dst : work.shm_outputs) {
-    for (OutputTensor& t : work.outputs) {
-      if (t.name != dst.name) continue;
-      // Admission checked the size from the shapes; an output that came out larger is a bug.
-      if (t.data.size() > dst.buffer.size) {
-        return absl::InternalError(absl::StrCat("output ", Quoted(t.name), " is ", t.data.size(),
-                                                " bytes, more than the ", dst.buffer.size, " admitted"));
-      }
-      if (!t.data.empty()) std::memcpy(dst.buffer.data, t.data.data(), t.data.size());
-      std::string().swap(t.data);
-    }
-  }
-  return absl::OkStatus();
-}
-
 uint64_t Ns(Clock::duration d) { return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); }
 
 absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfig& c, const InferenceServerOptions& o) {
@@ -226,7 +208,6 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
   auto finish = [this, &s, start, deadline, cancelled](const absl::Status& status, Work* work, uint64_t queue_ns,
                                                        uint64_t compute_ns, const Done& done) {
     absl::Status st = status.ok() && work ? work->status : status;
-    if (st.ok() && work && !work->shm_outputs.empty()) st = WriteSharedMemoryOutputs(*work);
     // A client that gave up while its request computed never sees the result: count it
     // as the client saw it, not as OK.
     if (st.ok() && deadline && Clock::now() >= *deadline) {

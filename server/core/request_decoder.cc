@@ -196,7 +196,18 @@ absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& r
       }
       auto buffer = shared_memory->Find(ref.region, ref.offset, ref.byte_size);
       if (!buffer.ok()) return Prefixed(buffer.status(), what);
-      t.data = std::string_view(buffer->data, buffer->size);
+      if (buffer->kind == MemoryKind::kDevice && t.dtype != DType::kF16 && t.dtype != DType::kBF16 &&
+          t.dtype != DType::kF32) {
+        // Models read integer inputs (offsets, lengths) on the host; only the tensors the
+        // kernels consume stay in device memory.
+        out.owned.push_back(std::make_unique<std::string>(buffer->size, '\0'));
+        if (absl::Status s = buffer->Read(0, out.owned.back()->data(), buffer->size); !s.ok()) return Prefixed(s, what);
+        t.data = *out.owned.back();
+      } else {
+        t.data = std::string_view(buffer->data, buffer->size);
+        t.kind = buffer->kind;
+        t.device = buffer->device;
+      }
       out.regions.push_back(std::move(*buffer));
       out.tensors.emplace(t.name, std::move(t));
       continue;

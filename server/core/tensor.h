@@ -17,12 +17,38 @@ std::optional<DType> ParseDType(std::string_view name);
 int64_t NumElements(const std::vector<int64_t>& shape);
 std::string ShapeString(const std::vector<int64_t>& shape);
 
-// A decoded input: it points into the request's raw_input_contents (no copy).
+// Where bytes live: ordinary host memory, host memory page-locked for DMA (a system
+// shared-memory region the backend registered with its GPUs), or memory of GPU `device`
+// (a CUDA shared-memory region). The CUDA backend moves pinned and device bytes by DMA
+// with no host copy, and host bytes through its pinned staging with one.
+enum class MemoryKind : uint8_t { kHost, kPinned, kDevice };
+
+struct ConstBytes {
+  const char* data = nullptr;
+  size_t size = 0;
+  MemoryKind kind = MemoryKind::kHost;
+  int device = -1;  // kDevice only
+};
+
+inline ConstBytes HostBytes(std::string_view s) { return {s.data(), s.size()}; }
+
+struct MutableBytes {
+  char* data = nullptr;  // null: nobody asked for these bytes; they are dropped
+  size_t size = 0;
+  MemoryKind kind = MemoryKind::kHost;
+  int device = -1;  // kDevice only
+};
+
+// A decoded input: it points into the request's raw_input_contents or a shared-memory
+// region (no copy).
 struct InputTensor {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   std::string_view data;
+  MemoryKind kind = MemoryKind::kHost;
+  int device = -1;
+  ConstBytes bytes() const { return {data.data(), data.size(), kind, device}; }
 };
 
 struct OutputTensor {
@@ -31,14 +57,6 @@ struct OutputTensor {
   std::vector<int64_t> shape;
   std::string data;
 };
-
-// Bytes [off, off + n) of a batch's output for one request. When the request owns the whole
-// buffer (a batch of one) it is moved out instead of copied: outputs run to tens of MB.
-inline std::string TakeSlice(std::string& all, size_t off, size_t n) {
-  if (n == 0) return {};
-  if (off == 0 && n == all.size()) return std::move(all);
-  return all.substr(off, n);
-}
 
 // Element i of a FP16/BF16/FP32 buffer as float.
 float LoadAsFloat(DType t, const void* data, int64_t i);

@@ -34,6 +34,29 @@ struct Work {
     return bytes;
   }
 
+  // Where output `name` of `bytes` bytes is written: its shared-memory region when the
+  // client bound one (admission checked the size), else `data`, sized here, which the
+  // response then carries.
+  MutableBytes OutputDestination(const std::string& name, std::string* data, size_t bytes) const {
+    for (const SharedMemoryOutput& o : shm_outputs) {
+      if (o.name == name) return {o.buffer.data, bytes, o.buffer.kind, o.buffer.device};
+    }
+    data->resize(bytes);
+    return {data->data(), bytes};
+  }
+
+  // Puts output `t`, computed in t.data on the host, into its shared-memory region when
+  // the client bound one (t.data is then emptied).
+  absl::Status Deliver(OutputTensor& t) const {
+    for (const SharedMemoryOutput& o : shm_outputs) {
+      if (o.name != t.name) continue;
+      absl::Status s = o.buffer.Write(0, t.data.data(), t.data.size());
+      std::string().swap(t.data);
+      return s;
+    }
+    return absl::OkStatus();
+  }
+
   int64_t tokens = 1;          // what the batch's token budget counts
   std::vector<std::pair<std::string, int64_t>> output_sizes;  // each output asked for, known before compute
   std::vector<SharedMemoryOutput> shm_outputs;  // set at admission; written before the answer

@@ -25,8 +25,7 @@ std::optional<Clock::time_point> SteadyDeadline(const grpc::CallbackServerContex
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(d - now);
 }
 
-constexpr char kNoSharedMemory[] = "system shared memory is turned off here (--max-shared-memory-regions=0)";
-constexpr char kNoCudaSharedMemory[] = "this server cannot map CUDA IPC handles yet";
+constexpr char kNoSharedMemory[] = "shared memory (system and CUDA) is turned off here (--max-shared-memory-regions=0)";
 
 const char* ConfigDType(inference::DataType t) {
   switch (t) {
@@ -114,6 +113,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ServerMetadata(grpc::CallbackSer
   resp->set_version(version_);
   for (const char* e : {"model_configuration", "statistics", "sequence", "ragged_batching"}) resp->add_extensions(e);
   if (shared_memory_) resp->add_extensions("system_shared_memory");
+  if (shared_memory_ && shared_memory_->cuda_capable()) resp->add_extensions("cuda_shared_memory");
   return Reply(ctx, grpc::Status::OK);
 }
 
@@ -229,29 +229,41 @@ grpc::ServerUnaryReactor* GrpcInferenceService::SystemSharedMemoryUnregister(
 
 grpc::ServerUnaryReactor* GrpcInferenceService::CudaSharedMemoryStatus(
     grpc::CallbackServerContext* ctx, const inference::CudaSharedMemoryStatusRequest* req,
-    inference::CudaSharedMemoryStatusResponse*) {
+    inference::CudaSharedMemoryStatusResponse* resp) {
   if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
-  if (req->name().empty()) return Reply(ctx, grpc::Status::OK);
-  return Reply(ctx, grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                 absl::StrCat("CUDA shared-memory region ", Quoted(req->name()),
-                                              " is not registered (", kNoCudaSharedMemory, ")")));
+  if (!shared_memory_) return Reply(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED, kNoSharedMemory));
+  auto regions = shared_memory_->Status(req->name(), /*cuda=*/true);
+  if (!regions.ok()) return Reply(ctx, ToGrpc(regions.status()));
+  for (const SharedMemoryRegionStatus& r : *regions) {
+    auto& out = (*resp->mutable_regions())[r.name];
+    out.set_name(r.name);
+    out.set_device_id(uint64_t(r.device));
+    out.set_byte_size(r.byte_size);
+  }
+  return Reply(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* GrpcInferenceService::CudaSharedMemoryRegister(
     grpc::CallbackServerContext* ctx, const inference::CudaSharedMemoryRegisterRequest* req,
     inference::CudaSharedMemoryRegisterResponse*) {
   if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
-  return Reply(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                 absl::StrCat("cannot register CUDA shared-memory region ", Quoted(req->name()), ": ",
-                                              kNoCudaSharedMemory, "; use system shared memory or send the "
-                                              "tensors in the message")));
+  if (!shared_memory_) return Reply(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED, kNoSharedMemory));
+  return Reply(ctx, ToGrpc(shared_memory_->RegisterCuda(req->name(), req->raw_handle(), req->device_id(),
+                                                        req->byte_size())));
 }
 
 grpc::ServerUnaryReactor* GrpcInferenceService::CudaSharedMemoryUnregister(
-    grpc::CallbackServerContext* ctx, const inference::CudaSharedMemoryUnregisterRequest*,
+    grpc::CallbackServerContext* ctx, const inference::CudaSharedMemoryUnregisterRequest* req,
     inference::CudaSharedMemoryUnregisterResponse*) {
   if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
-  return Reply(ctx, grpc::Status::OK);  // none can be registered, so none is left to remove
+  if (!shared_memory_) return Reply(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED, kNoSharedMemory));
+  // A region in use stays open until its last request finishes (SharedMemoryRegistry).
+  if (req->name().empty()) {
+    shared_memory_->UnregisterAll(/*cuda=*/true);
+  } else {
+    shared_memory_->Unregister(req->name(), /*cuda=*/true);
+  }
+  return Reply(ctx, grpc::Status::OK);
 }
 
 namespace {

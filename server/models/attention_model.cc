@@ -193,21 +193,11 @@ void AttentionModel::Execute(const std::vector<Work*>& batch) {
   b.want_lse = first.want_lse;
   b.cu_seqlens_q = {0};
   b.cu_seqlens_k = {0};
-  std::string q, k, v;  // merged only when the batch has several requests
-  if (batch.size() > 1) {
-    size_t nq = 0, nk = 0, nv = 0;
-    for (Work* wp : batch) {
-      const auto& w = static_cast<const AttentionWork&>(*wp);
-      nq += w.q->data.size();
-      nk += w.k->data.size();
-      nv += w.v->data.size();
-    }
-    q.reserve(nq);
-    k.reserve(nk);
-    v.reserve(nv);
-  }
+  const int64_t row_bytes = int64_t(b.num_heads_q) * b.head_dim * DTypeSize(b.dtype);
+  // Each request's tensors stay where they are (message or shared memory) and O goes
+  // straight to its destination: the backend gathers and scatters.
   for (Work* wp : batch) {
-    const auto& w = static_cast<const AttentionWork&>(*wp);
+    auto& w = static_cast<AttentionWork&>(*wp);
     const int32_t oq = b.cu_seqlens_q.back(), ok = b.cu_seqlens_k.back();
     for (size_t i = 1; i < w.cu_q.size(); ++i) {
       b.cu_seqlens_q.push_back(oq + w.cu_q[i]);
@@ -215,42 +205,35 @@ void AttentionModel::Execute(const std::vector<Work*>& batch) {
       b.max_seqlen_q = std::max(b.max_seqlen_q, w.cu_q[i] - w.cu_q[i - 1]);
       b.max_seqlen_k = std::max(b.max_seqlen_k, w.cu_k[i] - w.cu_k[i - 1]);
     }
-    if (batch.size() > 1) {
-      q.append(w.q->data);
-      k.append(w.k->data);
-      v.append(w.v->data);
+    b.q.pieces.push_back(w.q->bytes());
+    b.k.pieces.push_back(w.k->bytes());
+    b.v.pieces.push_back(w.v->bytes());
+    const int64_t tq = w.q->shape[0];
+    w.outputs.clear();
+    if (w.want_o) {
+      w.outputs.push_back({"O", b.dtype, {tq, w.hq, w.d}, std::string()});
+      b.o.pieces.push_back(w.OutputDestination("O", &w.outputs.back().data, size_t(tq * row_bytes)));
+    } else {
+      b.o.pieces.push_back({nullptr, size_t(tq * row_bytes)});
     }
   }
-  if (batch.size() > 1) {
-    b.q = q;
-    b.k = k;
-    b.v = v;
-  } else {
-    b.q = first.q->data;
-    b.k = first.k->data;
-    b.v = first.v->data;
-  }
-  std::string o;
   std::vector<float> lse;
-  absl::Status s = executor_->Run(b, &o, &lse);
-  const int64_t row_bytes = int64_t(b.num_heads_q) * b.head_dim * DTypeSize(b.dtype);
+  const absl::Status s = executor_->Run(b, &lse);
   const int64_t total_q = b.cu_seqlens_q.back();
   int64_t q_off = 0;
   for (Work* wp : batch) {
     auto& w = static_cast<AttentionWork&>(*wp);
     const int64_t tq = w.q->shape[0];
     w.status = s;
-    if (s.ok()) {
-      if (w.want_o) {
-        w.outputs.push_back({"O", b.dtype, {tq, w.hq, w.d}, TakeSlice(o, q_off * row_bytes, tq * row_bytes)});
+    if (!s.ok()) {
+      w.outputs.clear();
+    } else if (w.want_lse) {
+      OutputTensor t{"LSE", DType::kF32, {w.hq, tq}, std::string(size_t(w.hq * tq * 4), '\0')};
+      for (int h = 0; h < w.hq; ++h) {
+        std::memcpy(t.data.data() + h * tq * 4, lse.data() + h * total_q + q_off, tq * 4);
       }
-      if (w.want_lse) {
-        OutputTensor t{"LSE", DType::kF32, {w.hq, tq}, std::string(size_t(w.hq * tq * 4), '\0')};
-        for (int h = 0; h < w.hq; ++h) {
-          std::memcpy(t.data.data() + h * tq * 4, lse.data() + h * total_q + q_off, tq * 4);
-        }
-        w.outputs.push_back(std::move(t));
-      }
+      w.status = w.Deliver(t);
+      w.outputs.push_back(std::move(t));
     }
     q_off += tq;
   }

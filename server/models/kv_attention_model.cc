@@ -175,22 +175,23 @@ void KvAttentionModel::Execute(const std::vector<Work*>& batch) {
   KvBatch b;
   b.dtype = run[0]->q->dtype;
   b.softmax_scale = float(1.0 / std::sqrt(double(geometry_.head_dim)));
-  for (const KvWork* w : run) {
-    b.items.push_back({w->exclusive_key, w->q->data, w->k->data, w->v->data, w->n,
-                       w->reservation.start_pos, &w->reservation.blocks});
+  for (KvWork* w : run) {
+    w->outputs.clear();
+    w->outputs.push_back({"O", b.dtype, {w->n, geometry_.num_heads_q, geometry_.head_dim}, std::string()});
+    const size_t bytes = size_t(w->n) * geometry_.num_heads_q * geometry_.head_dim * DTypeSize(b.dtype);
+    b.items.push_back({w->exclusive_key, w->q->bytes(), w->k->bytes(), w->v->bytes(), w->n, w->reservation.start_pos,
+                       &w->reservation.blocks, w->OutputDestination("O", &w->outputs.back().data, bytes)});
   }
-  std::vector<std::string> outs;
-  absl::Status s = executor_->Run(b, &outs);
-  for (size_t i = 0; i < run.size(); ++i) {
-    auto& w = *run[i];
-    w.status = s;
+  const absl::Status s = executor_->Run(b);
+  for (KvWork* w : run) {
+    w->status = s;
     if (s.ok()) {
-      sessions_->Commit(w.reservation);
-      w.outputs.push_back({"O", b.dtype, {w.n, geometry_.num_heads_q, geometry_.head_dim}, std::move(outs[i])});
+      sessions_->Commit(w->reservation);
     } else {
-      sessions_->Abort(w.reservation, s.ToString());
+      w->outputs.clear();
+      sessions_->Abort(w->reservation, s.ToString());
     }
-    w.reserved = false;
+    w->reserved = false;
   }
 }
 

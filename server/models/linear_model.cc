@@ -16,16 +16,6 @@ struct LinearWork : Work {
   const InputTensor* x = nullptr;
 };
 
-// Y += bias, row by row, through float (FP16/BF16 outputs round once more).
-void AddBias(DType dtype, const std::vector<float>& bias, std::string* y) {
-  std::vector<float> f;
-  AppendAsFloat(dtype, *y, &f);
-  const size_t N = bias.size();
-  for (size_t i = 0; i < f.size(); ++i) f[i] += bias[i % N];
-  y->clear();
-  AppendFromFloat(dtype, f.data(), int64_t(f.size()), y);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> LinearModel::Create(inference::ModelConfig config, const std::string& dir,
@@ -37,15 +27,16 @@ absl::StatusOr<std::unique_ptr<Model>> LinearModel::Create(inference::ModelConfi
   if (!load.ok()) return load.status();
   if (notes) notes->insert(notes->end(), load->notes.begin(), load->notes.end());
   const int K = load->weights.K, N = load->weights.N;
+  load->weights.bias = std::move(load->bias);
   auto exec = backend.CreateLinear(std::move(load->weights));
   if (!exec.ok()) return exec.status();
   return std::unique_ptr<Model>(
-      new LinearModel(std::move(config), std::move(*exec), K, N, *max_tokens, std::move(load->bias)));
+      new LinearModel(std::move(config), std::move(*exec), K, N, *max_tokens));
 }
 
 LinearModel::LinearModel(inference::ModelConfig config, std::unique_ptr<LinearExecutor> executor, int K, int N,
-                         int64_t max_tokens, std::vector<float> bias)
-    : Model(std::move(config)), executor_(std::move(executor)), K_(K), N_(N), bias_(std::move(bias)),
+                         int64_t max_tokens)
+    : Model(std::move(config)), executor_(std::move(executor)), K_(K), N_(N),
       max_tokens_(max_tokens) {}
 
 absl::StatusOr<std::unique_ptr<Work>> LinearModel::Prepare(const inference::ModelInferRequest& request,
@@ -76,25 +67,23 @@ absl::StatusOr<std::unique_ptr<Work>> LinearModel::Prepare(const inference::Mode
 
 void LinearModel::Execute(const std::vector<Work*>& batch) {
   const DType dtype = static_cast<const LinearWork&>(*batch[0]).x->dtype;
-  int M = 0;
-  std::string merged;
-  for (Work* wp : batch) {
-    const auto& w = static_cast<const LinearWork&>(*wp);
-    M += int(w.x->shape[0]);
-    if (batch.size() > 1) merged.append(w.x->data);
-  }
-  std::string_view x = batch.size() > 1 ? std::string_view(merged) : static_cast<const LinearWork&>(*batch[0]).x->data;
-  std::string y;
-  absl::Status s = executor_->Run(dtype, M, x, &y);
-  if (s.ok() && !bias_.empty()) AddBias(dtype, bias_, &y);
   const int64_t row_bytes = int64_t(N_) * DTypeSize(dtype);
-  int64_t row = 0;
+  int M = 0;
+  Gather x;
+  Scatter y;
   for (Work* wp : batch) {
     auto& w = static_cast<LinearWork&>(*wp);
     const int64_t m = w.x->shape[0];
-    w.status = s;
-    if (s.ok()) w.outputs.push_back({"Y", dtype, {m, N_}, TakeSlice(y, row * row_bytes, m * row_bytes)});
-    row += m;
+    M += int(m);
+    x.pieces.push_back(w.x->bytes());
+    w.outputs.clear();
+    w.outputs.push_back({"Y", dtype, {m, N_}, std::string()});
+    y.pieces.push_back(w.OutputDestination("Y", &w.outputs.back().data, size_t(m * row_bytes)));
+  }
+  const absl::Status s = executor_->Run(dtype, M, x, y);
+  for (Work* wp : batch) {
+    wp->status = s;
+    if (!s.ok()) wp->outputs.clear();
   }
 }
 

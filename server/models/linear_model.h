@@ -28,10 +28,9 @@ class LinearModel : public Model {
 
  private:
   LinearModel(inference::ModelConfig config, std::unique_ptr<LinearExecutor> executor, int K, int N,
-              int64_t max_tokens, std::vector<float> bias);
+              int64_t max_tokens);
   std::unique_ptr<LinearExecutor> executor_;
   const int K_, N_;
-  const std::vector<float> bias_;  // [N] or empty: added to Y after the backend's GEMM
   const int64_t max_tokens_;
 };
 

@@ -156,11 +156,11 @@ TEST_F(CudaBackendTest, KvAttentionPrefillAndDecodeMatchCpu) {
     KvBatch b;
     b.dtype = t;
     b.softmax_scale = 1.0f / std::sqrt(128.0f);
-    b.items.push_back({"seq-a", qa, ka, va, na, pos_a, &blocks_a});
-    b.items.push_back({"seq-b", qb, kb, vb, nb, pos_b, &blocks_b});
+    b.items.push_back({"seq-a", HostBytes(qa), HostBytes(ka), HostBytes(va), na, pos_a, &blocks_a, {}});
+    b.items.push_back({"seq-b", HostBytes(qb), HostBytes(kb), HostBytes(vb), nb, pos_b, &blocks_b, {}});
     std::vector<std::string> og, oc;
-    ASSERT_TRUE((*gpu)->Run(b, &og).ok());
-    ASSERT_TRUE((*cpu)->Run(b, &oc).ok());
+    ASSERT_TRUE((*gpu)->Run(b, 8, 128, &og).ok());
+    ASSERT_TRUE((*cpu)->Run(b, 8, 128, &oc).ok());
     for (int i = 0; i < 2; ++i) ExpectClose(t, og[i], oc[i], 2e-2, 2e-2);
     pos_a += na;
     pos_b += nb;

@@ -172,11 +172,11 @@ TEST_P(PlainReferenceTest, KvAttentionPrefillAndDecode) {
         s[i].v.insert(s[i].v.end(), v.begin(), v.end());
       }
       for (size_t i = 0; i < s.size(); ++i) {
-        batch.items.push_back({s[i].id, bytes[3 * i], bytes[3 * i + 1], bytes[3 * i + 2], steps[step][i], s[i].pos,
-                               &s[i].blocks});
+        batch.items.push_back({s[i].id, HostBytes(bytes[3 * i]), HostBytes(bytes[3 * i + 1]),
+                               HostBytes(bytes[3 * i + 2]), steps[step][i], s[i].pos, &s[i].blocks, {}});
       }
       std::vector<std::string> out;
-      ASSERT_TRUE((*exec)->Run(batch, &out).ok());
+      ASSERT_TRUE((*exec)->Run(batch, geo.num_heads_q, geo.head_dim, &out).ok());
       ASSERT_EQ(out.size(), s.size());
       for (size_t i = 0; i < s.size(); ++i) {
         const int n = steps[step][i];

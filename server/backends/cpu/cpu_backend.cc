@@ -15,15 +15,33 @@
 namespace flashq::server {
 namespace {
 
+// A batch's input as floats. The CPU backend has no device memory, so every piece is host
+// memory (ordinary or page-locked).
+std::vector<float> GatherAsFloat(DType t, const Gather& g) {
+  std::vector<float> out;
+  for (const ConstBytes& p : g.pieces) AppendAsFloat(t, std::string_view(p.data, p.size), &out);
+  return out;
+}
+
+// Rounds `n` floats to `t` and writes them across the destinations (null ones drop theirs).
+void ScatterFromFloat(DType t, const float* src, int64_t n, const Scatter& dst) {
+  std::string bytes;
+  AppendFromFloat(t, src, n, &bytes);
+  size_t off = 0;
+  for (const MutableBytes& p : dst.pieces) {
+    if (p.data) std::memcpy(p.data, bytes.data() + off, std::min(p.size, bytes.size() - off));
+    off += p.size;
+  }
+}
+
 class CpuAttention : public AttentionExecutor {
  public:
   explicit CpuAttention(std::shared_ptr<ThreadPool> pool) : pool_(std::move(pool)) {}
 
-  absl::Status Run(const AttentionBatch& b, std::string* o, std::vector<float>* lse) override {
-    std::vector<float> q, k, v;
-    AppendAsFloat(b.dtype, b.q, &q);
-    AppendAsFloat(b.dtype, b.k, &k);
-    AppendAsFloat(b.dtype, b.v, &v);
+  using AttentionExecutor::Run;
+  absl::Status Run(const AttentionBatch& b, std::vector<float>* lse) override {
+    const std::vector<float> q = GatherAsFloat(b.dtype, b.q), k = GatherAsFloat(b.dtype, b.k),
+                             v = GatherAsFloat(b.dtype, b.v);
     const int batch = int(b.cu_seqlens_q.size()) - 1;
     const int64_t total_q = b.cu_seqlens_q.back();
     const int64_t q_row = int64_t(b.num_heads_q) * b.head_dim, kv_row = int64_t(b.num_heads_kv) * b.head_dim;
@@ -44,8 +62,7 @@ class CpuAttention : public AttentionExecutor {
         }
       }
     });
-    o->clear();
-    AppendFromFloat(b.dtype, out.data(), int64_t(out.size()), o);
+    ScatterFromFloat(b.dtype, out.data(), int64_t(out.size()), b.o);
     return absl::OkStatus();
   }
 
@@ -60,16 +77,14 @@ class CpuKvAttention : public KvAttentionExecutor {
         page_elems_(int64_t(g.page_size) * g.num_heads_kv * g.head_dim),
         k_cache_(size_t(g.num_blocks) * page_elems_), v_cache_(size_t(g.num_blocks) * page_elems_) {}
 
-  absl::Status Run(const KvBatch& b, std::vector<std::string>* outputs) override {
-    outputs->assign(b.items.size(), std::string());
+  using KvAttentionExecutor::Run;
+  absl::Status Run(const KvBatch& b) override {
     const int64_t kv_row = int64_t(g_.num_heads_kv) * g_.head_dim, q_row = int64_t(g_.num_heads_q) * g_.head_dim;
     // Items are distinct sequences with disjoint blocks, so they run independently.
     pool_->ParallelFor(int(b.items.size()), [&](int i) {
       const KvItem& it = b.items[i];
-      std::vector<float> q, k, v;
-      AppendAsFloat(b.dtype, it.q, &q);
-      AppendAsFloat(b.dtype, it.k, &k);
-      AppendAsFloat(b.dtype, it.v, &v);
+      const std::vector<float> q = GatherAsFloat(b.dtype, Gather(it.q)), k = GatherAsFloat(b.dtype, Gather(it.k)),
+                               v = GatherAsFloat(b.dtype, Gather(it.v));
       for (int t = 0; t < it.n; ++t) {  // append the new tokens to their pages
         const int64_t pos = it.start_pos + t;
         const int64_t block = (*it.blocks)[pos / g_.page_size];
@@ -83,7 +98,7 @@ class CpuKvAttention : public KvAttentionExecutor {
       std::vector<float> o(it.n * q_row);
       attention::PagedAttentionRef<float>(q.data(), k_cache_.data(), v_cache_.data(), it.blocks->data(),
                                           int(it.blocks->size()), g_.page_size, &seqlen, cu_q, shape, o.data(), nullptr);
-      AppendFromFloat(b.dtype, o.data(), int64_t(o.size()), &(*outputs)[i]);
+      ScatterFromFloat(b.dtype, o.data(), int64_t(o.size()), Scatter{{it.o}});
     });
     return absl::OkStatus();
   }
@@ -133,7 +148,8 @@ LinearWeights SliceN(const LinearWeights& w, int n0, int n1) {
 // result is deterministic and batch-invariant.
 class CpuLinear : public LinearExecutor {
  public:
-  CpuLinear(const LinearWeights& w, std::shared_ptr<ThreadPool> pool) : K_(w.K), N_(w.N), pool_(std::move(pool)) {
+  CpuLinear(const LinearWeights& w, std::shared_ptr<ThreadPool> pool)
+      : LinearExecutor(w.N), K_(w.K), N_(w.N), bias_(w.bias), pool_(std::move(pool)) {
     const int parts = std::max(1, std::min(pool_->size(), w.N / 64));
     for (int p = 0; p < parts; ++p) {
       const int n0 = int(int64_t(w.N) * p / parts), n1 = int(int64_t(w.N) * (p + 1) / parts);
@@ -141,9 +157,9 @@ class CpuLinear : public LinearExecutor {
     }
   }
 
-  absl::Status Run(DType dtype, int M, std::string_view x_bytes, std::string* y_bytes) override {
-    std::vector<float> x;
-    AppendAsFloat(dtype, x_bytes, &x);
+  using LinearExecutor::Run;
+  absl::Status Run(DType dtype, int M, const Gather& x_in, const Scatter& y_out) override {
+    const std::vector<float> x = GatherAsFloat(dtype, x_in);
     std::vector<float> y(size_t(M) * N_);
     pool_->ParallelFor(int(slices_.size()), [&](int p) {
       const auto& [n0, w] = slices_[p];
@@ -165,13 +181,16 @@ class CpuLinear : public LinearExecutor {
         std::copy(part.begin() + size_t(m) * w.N, part.begin() + size_t(m + 1) * w.N, y.begin() + size_t(m) * N_ + n0);
       }
     });
-    y_bytes->clear();
-    AppendFromFloat(dtype, y.data(), int64_t(y.size()), y_bytes);
+    if (!bias_.empty()) {  // in Y's type: round, add through float, round again
+      for (size_t i = 0; i < y.size(); ++i) y[i] = RoundThrough(dtype, RoundThrough(dtype, y[i]) + bias_[i % N_]);
+    }
+    ScatterFromFloat(dtype, y.data(), int64_t(y.size()), y_out);
     return absl::OkStatus();
   }
 
  private:
   const int K_, N_;
+  const std::vector<float> bias_;
   std::shared_ptr<ThreadPool> pool_;
   std::vector<std::pair<int, LinearWeights>> slices_;
 };

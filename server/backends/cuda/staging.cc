@@ -1,0 +1,152 @@
+#include "server/backends/cuda/staging.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/convert.h"
+
+namespace flashq::server {
+namespace {
+
+bool Direct(MemoryKind k) { return k != MemoryKind::kHost; }  // DMA-able without staging
+
+absl::Status Full(size_t n) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("a batch needs ", n, " more bytes than the GPU staging holds (raise --gpu-staging-mb)"));
+}
+
+}  // namespace
+
+void BatchStaging::Need(std::vector<size_t>* sizes, DType request, DType kernel, size_t elems) {
+  sizes->push_back(elems * DTypeSize(kernel));
+  if (request != kernel) sizes->push_back(elems * DTypeSize(request));
+}
+
+size_t BatchStaging::Total(const std::vector<size_t>& sizes) {
+  size_t t = 0;
+  for (size_t s : sizes) t = ((t + 255) & ~size_t(255)) + s;
+  return t;
+}
+
+absl::Status BatchStaging::FlushUploads() {
+  if (up_end_ > up_begin_) {
+    FQ_CUDA_OK(cudaMemcpyAsync(slot_.device + up_begin_, slot_.host + up_begin_, up_end_ - up_begin_,
+                               cudaMemcpyHostToDevice, slot_.stream));
+  }
+  up_begin_ = up_end_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status BatchStaging::FlushDownloads() {
+  if (down_end_ > down_begin_) {
+    FQ_CUDA_OK(cudaMemcpyAsync(slot_.host + down_begin_, slot_.device + down_begin_, down_end_ - down_begin_,
+                               cudaMemcpyDeviceToHost, slot_.stream));
+  }
+  down_begin_ = down_end_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status BatchStaging::UploadHost(const void* src, size_t bytes, char* dst) {
+  if (bytes == 0) return absl::OkStatus();
+  const size_t off = Offset(dst);
+  std::memcpy(slot_.host + off, src, bytes);
+  if (up_end_ != up_begin_ && off != up_end_) {
+    if (auto s = FlushUploads(); !s.ok()) return s;
+  }
+  if (up_end_ == up_begin_) up_begin_ = off;
+  up_end_ = off + bytes;
+  return absl::OkStatus();
+}
+
+absl::Status BatchStaging::Upload(const Gather& src, size_t offset, size_t n, char* dst) {
+  size_t at = 0;  // of the piece within src
+  for (const ConstBytes& p : src.pieces) {
+    const size_t lo = std::max(offset, at), hi = std::min(offset + n, at + p.size);
+    if (lo < hi) {
+      const char* from = p.data + (lo - at);
+      char* to = dst + (lo - offset);
+      if (Direct(p.kind)) {
+        FQ_CUDA_OK(cudaMemcpyAsync(to, from, hi - lo, cudaMemcpyDefault, slot_.stream));
+      } else if (auto s = UploadHost(from, hi - lo, to); !s.ok()) {
+        return s;
+      }
+    }
+    at += p.size;
+    if (at >= offset + n) break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> BatchStaging::UploadAs(const Gather& src, DType from, size_t first, size_t elems, DType to) {
+  char* raw = Take(elems * DTypeSize(from));
+  if (!raw) return Full(elems * DTypeSize(from));
+  if (auto s = Upload(src, first * DTypeSize(from), elems * DTypeSize(from), raw); !s.ok()) return s;
+  return Convert(raw, from, to, elems);
+}
+
+absl::StatusOr<char*> BatchStaging::Convert(char* src, DType from, DType to, size_t elems) {
+  if (from == to) return src;
+  char* out = Take(elems * DTypeSize(to));
+  if (!out) return Full(elems * DTypeSize(to));
+  auto st = stream();
+  if (!st.ok()) return st.status();
+  if (auto s = FromKernel(run_convert(src, from, out, to, int64_t(elems), *st)); !s.ok()) return s;
+  return out;
+}
+
+absl::Status BatchStaging::DownloadHost(const char* src, void* dst, size_t n) {
+  if (n == 0) return absl::OkStatus();
+  const size_t off = Offset(src);
+  if (down_end_ != down_begin_ && off != down_end_) {
+    if (auto s = FlushDownloads(); !s.ok()) return s;
+  }
+  if (down_end_ == down_begin_) down_begin_ = off;
+  down_end_ = off + n;
+  host_copies_.push_back({slot_.host + off, static_cast<char*>(dst), n});
+  return absl::OkStatus();
+}
+
+absl::Status BatchStaging::Download(const char* src, const Scatter& dst, size_t offset, size_t n) {
+  if (auto s = FlushUploads(); !s.ok()) return s;  // kernels are queued already; keep order plain
+  size_t at = 0;
+  for (const MutableBytes& p : dst.pieces) {
+    const size_t lo = std::max(offset, at), hi = std::min(offset + n, at + p.size);
+    if (lo < hi && p.data) {
+      const char* from = src + (lo - offset);
+      char* to = p.data + (lo - at);
+      if (Direct(p.kind)) {
+        FQ_CUDA_OK(cudaMemcpyAsync(to, from, hi - lo, cudaMemcpyDefault, slot_.stream));
+      } else if (auto s = DownloadHost(from, to, hi - lo); !s.ok()) {
+        return s;
+      }
+    }
+    at += p.size;
+    if (at >= offset + n) break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<cudaStream_t> BatchStaging::stream() {
+  if (auto s = FlushUploads(); !s.ok()) return s;
+  return slot_.stream;
+}
+
+absl::Status BatchStaging::Finish() {
+  if (auto s = FlushUploads(); !s.ok()) return s;
+  if (auto s = FlushDownloads(); !s.ok()) return s;
+  FQ_CUDA_OK(cudaStreamSynchronize(slot_.stream));
+  for (const HostCopy& c : host_copies_) std::memcpy(c.dst, c.src, c.n);
+  host_copies_.clear();
+  carver_ = Carver(slot_.device, slot_.bytes);
+  return absl::OkStatus();
+}
+
+std::vector<prometheus::Histogram*> PerGpuHistograms(ServerMetrics& m,
+                                                     const std::vector<std::unique_ptr<DeviceContext>>& ctx,
+                                                     const std::string& kernel) {
+  std::vector<prometheus::Histogram*> h;
+  for (const auto& d : ctx) h.push_back(&m.KernelHistogram(kernel, d->device()));
+  return h;
+}
+
+}  // namespace flashq::server

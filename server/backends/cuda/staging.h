@@ -1,0 +1,98 @@
+// One batch's bytes through a stream slot (device_context.h). Inputs are gathered from the
+// requests' own memory and outputs scattered back to their destinations with at most one
+// host copy each way:
+// - ordinary host bytes are copied into the slot's pinned staging (the host mirror of the
+//   device staging, at the same offset) and cross by DMA from there; neighbouring pieces
+//   share one DMA;
+// - page-locked host bytes (system shared memory registered with the GPU) and device bytes
+//   (CUDA shared memory) cross by DMA straight to or from the device staging, with no host
+//   copy at all;
+// - dtype conversions (FP32 requests, BF16 GEMMs for FP16 requests) run on the GPU.
+// Executors launch kernels on stream(), which first issues the pending uploads, and end
+// each batch (or chunk of one) with Finish().
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/backends/backend.h"
+#include "server/backends/cuda/device_context.h"
+#include "server/metrics/metrics.h"
+
+namespace flashq::server {
+
+// Kernels take FP16/BF16; FP32 requests travel as FP16 and come back as FP32.
+inline DType KernelDType(DType t) { return t == DType::kF32 ? DType::kF16 : t; }
+
+class BatchStaging {
+ public:
+  explicit BatchStaging(StreamSlot& slot) : slot_(slot), carver_(slot.device, slot.bytes) {}
+  BatchStaging(const BatchStaging&) = delete;
+  BatchStaging& operator=(const BatchStaging&) = delete;
+
+  // Device staging bytes (256-byte aligned); null when the slot is full.
+  char* Take(size_t bytes) { return carver_.Take(bytes); }
+  // Host bytes (tables the executor built) to device staging `dst`.
+  absl::Status UploadHost(const void* src, size_t bytes, char* dst);
+  // Bytes [offset, offset + n) of `src` to device staging `dst`.
+  absl::Status Upload(const Gather& src, size_t offset, size_t n, char* dst);
+  // Elements [first, first + elems) of `src`, of type `from`, in type `to` in fresh device
+  // staging (converted on the GPU when the types differ).
+  absl::StatusOr<char*> UploadAs(const Gather& src, DType from, size_t first, size_t elems, DType to);
+  // `elems` device elements of type `from` in type `to`: `src` itself when they agree,
+  // else fresh staging.
+  absl::StatusOr<char*> Convert(char* src, DType from, DType to, size_t elems);
+  // Device staging bytes `src` to bytes [offset, offset + n) of `dst`.
+  absl::Status Download(const char* src, const Scatter& dst, size_t offset, size_t n);
+  // Device staging bytes to host memory `dst`, complete after Finish().
+  absl::Status DownloadHost(const char* src, void* dst, size_t n);
+  // The slot's stream, once the pending uploads are issued on it.
+  absl::StatusOr<cudaStream_t> stream();
+  // Waits for the stream, then copies downloaded bytes to their host destinations. The
+  // staging is empty again afterwards.
+  absl::Status Finish();
+
+  // Appends the staging a tensor of `elems` elements needs to arrive as (or leave from)
+  // `kernel` type when the request has type `request`.
+  static void Need(std::vector<size_t>* sizes, DType request, DType kernel, size_t elems);
+  static size_t Total(const std::vector<size_t>& sizes);
+
+ private:
+  size_t Offset(const char* device) const { return size_t(device - slot_.device); }
+  absl::Status FlushUploads();
+  absl::Status FlushDownloads();
+
+  StreamSlot& slot_;
+  Carver carver_;
+  size_t up_begin_ = 0, up_end_ = 0;      // pending host-to-device run, as staging offsets
+  size_t down_begin_ = 0, down_end_ = 0;  // pending device-to-host run
+  struct HostCopy {
+    const char* src;  // pinned mirror
+    char* dst;
+    size_t n;
+  };
+  std::vector<HostCopy> host_copies_;  // done by Finish
+};
+
+// flashq_kernel_seconds{kernel, gpu}, one series per GPU of the process.
+std::vector<prometheus::Histogram*> PerGpuHistograms(ServerMetrics& m,
+                                                     const std::vector<std::unique_ptr<DeviceContext>>& ctx,
+                                                     const std::string& kernel);
+
+// Times the kernels of one batch on its stream and feeds flashq_kernel_seconds.
+class KernelTimer {
+ public:
+  KernelTimer(StreamSlot& s, prometheus::Histogram& h) : s_(s), h_(h) { cudaEventRecord(s.start, s.stream); }
+  void Stop() { cudaEventRecord(s_.stop, s_.stream); }
+  void Observe() {  // after the stream has synchronized
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, s_.start, s_.stop) == cudaSuccess) h_.Observe(double(ms) * 1e-3);
+  }
+
+ private:
+  StreamSlot& s_;
+  prometheus::Histogram& h_;
+};
+
+}  // namespace flashq::server
