@@ -88,7 +88,8 @@ server_steps() {
     rm -rf "$SITE" && mkdir -p "$SITE"
     if python3 -m pip --version >/dev/null 2>&1; then
       python3 -m pip install -q --no-index --no-deps --find-links "$ROOT/.whl" --target "$SITE" \
-        tritonclient python-rapidjson protobuf urllib3 packaging > "$LOGS/wheels.log" 2>&1
+        tritonclient python-rapidjson protobuf urllib3 packaging cuda-python cuda-bindings cuda-pathfinder \
+        > "$LOGS/wheels.log" 2>&1
     else  # no pip: a wheel is a zip; take the ones this python3 can import
       python3 - "$ROOT/.whl" "$SITE" > "$LOGS/wheels.log" 2>&1 <<'EOF'
 import glob, os, shutil, sys, zipfile

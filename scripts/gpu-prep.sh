@@ -21,6 +21,8 @@ echo ".deps ready: $(du -sh .deps | cut -f1)"
 # extension: one wheel per CPython version, since the host's python3 version is not fixed),
 # numpy (present) and packaging; urllib3 comes along for tritonclient.utils' http side. safetensors
 # (one abi3 wheel) lets tools/ write Hugging Face checkpoints there (the load-time measurement).
+# cuda-python 12.9 (cuda.cudart, which tritonclient.utils.cuda_shared_memory imports; 13.x dropped
+# that module) runs on the host's CUDA 13 driver for the CUDA shared-memory test.
 if [ "${FLASHQ_SKIP_WHEELS:-0}" != 1 ]; then
   mkdir -p .whl
   PLAT=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
@@ -30,7 +32,8 @@ if [ "${FLASHQ_SKIP_WHEELS:-0}" != 1 ]; then
       "${PLAT[@]}" -d .whl python-rapidjson==1.20
   done
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 312 --implementation cp "${PLAT[@]}" \
-    -d .whl tritonclient==2.50.0 protobuf==4.25.9 urllib3==2.2.3 packaging==24.2 safetensors==0.8.0
+    -d .whl tritonclient==2.50.0 protobuf==4.25.9 urllib3==2.2.3 packaging==24.2 safetensors==0.8.0 \
+    cuda-python==12.9.10 cuda-bindings==12.9.10 cuda-pathfinder==1.9.1
   # tritonclient's wheel carries 14 MB of data files (perf_analyzer and its libraries) that the
   # Python client does not use; the trimmed wheel keeps the carried tree small.
   python3 - .whl/tritonclient-2.50.0-*.whl <<'EOF'

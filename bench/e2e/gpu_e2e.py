@@ -11,7 +11,7 @@ Writes e2e JSON + a markdown table to --out-dir.
 import argparse, json, os, re, subprocess, sys, time, urllib.request
 
 SCENARIOS = {
-    "a_kv_decode": ["--model=kv_attention", "--prefill-len=fixed:2048", "--decode-steps=fixed:64",
+    "a_kv_decode": ["--model=kv_attention", "--prefill-len=fixed:2048", "--decode-steps=fixed:256",
                     "--heads-q=32", "--heads-kv=8", "--head-dim=128"],
     "b_attention_ragged": ["--model=attention", "--seq-len=uniform:64:2048", "--seqs-per-request=fixed:1",
                            "--heads-q=32", "--heads-kv=8", "--head-dim=128", "--dtype=bf16"],

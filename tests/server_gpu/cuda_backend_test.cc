@@ -1,6 +1,7 @@
 // The CUDA backend against the CPU backend, executor by executor, on random data:
 // same shapes, tolerances set by the 16-bit storage, and batch invariance
 // (a request's bits do not depend on what shares its batch).
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -204,6 +205,118 @@ TEST_F(CudaBackendTest, LinearLayersMatchCpuAndAreBatchInvariant) {
   }
 }
 
+// Requests whose tensors sit in page-locked host memory (system shared memory) or device memory
+// (CUDA shared memory) go by DMA with no staging copy; they must give the bits of the same
+// requests in ordinary host memory. FP32 activations exercise the GPU's dtype conversion, a bias
+// the GPU's epilogue, and a null destination a dropped output.
+class MemoryKinds {
+ public:
+  ~MemoryKinds() {
+    for (void* p : pinned_) cudaFreeHost(p);
+    for (void* p : device_) cudaFree(p);
+  }
+  // A copy of `bytes` in memory of kind i % 3 (host, pinned, device); host copies live in `keep`.
+  ConstBytes In(int i, const std::string& bytes) {
+    MutableBytes m = Out(i, bytes.size());
+    cudaMemcpy(m.data, bytes.data(), bytes.size(), cudaMemcpyDefault);
+    return {m.data, m.size, m.kind, m.device};
+  }
+  MutableBytes Out(int i, size_t n) {
+    void* p = nullptr;
+    switch (i % 3) {
+      case 0: keep_.push_back(std::make_unique<std::string>(n, '\0')); return {keep_.back()->data(), n};
+      case 1: cudaMallocHost(&p, n); pinned_.push_back(p); return {static_cast<char*>(p), n, MemoryKind::kPinned};
+      default: cudaMalloc(&p, n); device_.push_back(p); return {static_cast<char*>(p), n, MemoryKind::kDevice, 0};
+    }
+  }
+  static std::string Read(const MutableBytes& m) {
+    std::string s(m.size, '\0');
+    cudaMemcpy(s.data(), m.data, m.size, cudaMemcpyDefault);
+    return s;
+  }
+
+ private:
+  std::vector<std::unique_ptr<std::string>> keep_;
+  std::vector<void*> pinned_, device_;
+};
+
+TEST_F(CudaBackendTest, TensorsInPinnedOrDeviceMemoryGiveTheSameBits) {
+  const int K = 256, N = 160;
+  LinearWeights w;
+  w.format = WeightFormat::kBf16;
+  w.K = K;
+  w.N = N;
+  std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(float(K)));
+  for (int i = 0; i < N * K; ++i) w.bf16.push_back(FloatToBf16(nd(rng_)));
+  for (int i = 0; i < N; ++i) w.bias.push_back(nd(rng_));
+  auto gpu = cuda_->CreateLinear(w);
+  auto cpu = cpu_->CreateLinear(w);
+  ASSERT_TRUE(gpu.ok() && cpu.ok());
+  for (DType t : {DType::kF32, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(t));
+    const std::vector<int> rows = {2, 5, 1, 3};
+    const int M = 11;
+    const std::string x = Random(t, int64_t(M) * K);
+    std::string want, ref;
+    ASSERT_TRUE((*gpu)->Run(t, M, x, &want).ok());
+    ASSERT_TRUE((*cpu)->Run(t, M, x, &ref).ok());
+    ExpectClose(t, want, ref, 3e-2, 3e-2);
+    MemoryKinds mem;
+    Gather g;
+    Scatter y;
+    size_t off = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const size_t xb = size_t(rows[i]) * K * DTypeSize(t), yb = size_t(rows[i]) * N * DTypeSize(t);
+      g.pieces.push_back(mem.In(int(i), x.substr(off * K * DTypeSize(t), xb)));
+      y.pieces.push_back(mem.Out(int(i) + 1, yb));
+      off += rows[i];
+    }
+    ASSERT_TRUE((*gpu)->Run(t, M, g, y).ok());
+    std::string got;
+    for (const MutableBytes& p : y.pieces) got += MemoryKinds::Read(p);
+    EXPECT_EQ(got, want);
+  }
+  // Attention: each sequence's Q, K, V in another kind of memory; sequence 1 drops its O.
+  auto attn = cuda_->CreateAttention();
+  ASSERT_TRUE(attn.ok());
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(t));
+    AttentionData data;
+    AttentionBatch b = RandomAttention(t, true, {0, 17, 90, 211}, {0, 30, 103, 224}, &data);
+    b.want_lse = true;
+    std::string want;
+    std::vector<float> lse;
+    ASSERT_TRUE((*attn)->Run(b, &want, &lse).ok());
+    MemoryKinds mem;
+    const size_t q_row = size_t(b.num_heads_q) * b.head_dim * DTypeSize(t), kv_row = size_t(b.num_heads_kv) * b.head_dim * DTypeSize(t);
+    AttentionBatch c = b;
+    c.q = Gather();
+    c.k = Gather();
+    c.v = Gather();
+    for (int s = 0; s < 3; ++s) {
+      const size_t q0 = b.cu_seqlens_q[s], q1 = b.cu_seqlens_q[s + 1], k0 = b.cu_seqlens_k[s], k1 = b.cu_seqlens_k[s + 1];
+      auto piece = [&](const Gather& from, size_t a, size_t n) {
+        std::string bytes;
+        for (const ConstBytes& p : from.pieces) bytes.append(p.data, p.size);
+        return mem.In(s, bytes.substr(a, n));
+      };
+      c.q.pieces.push_back(piece(b.q, q0 * q_row, (q1 - q0) * q_row));
+      c.k.pieces.push_back(piece(b.k, k0 * kv_row, (k1 - k0) * kv_row));
+      c.v.pieces.push_back(piece(b.v, k0 * kv_row, (k1 - k0) * kv_row));
+      c.o.pieces.push_back(s == 1 ? MutableBytes{nullptr, (q1 - q0) * q_row} : mem.Out(s + 2, (q1 - q0) * q_row));
+    }
+    std::vector<float> lse2;
+    ASSERT_TRUE((*attn)->Run(static_cast<const AttentionBatch&>(c), &lse2).ok());
+    size_t off = 0;
+    for (int s = 0; s < 3; ++s) {
+      const MutableBytes& p = c.o.pieces[s];
+      if (p.data) EXPECT_EQ(MemoryKinds::Read(p), want.substr(off, p.size)) << "sequence " << s;
+      off += p.size;
+    }
+    EXPECT_EQ(lse2, lse);
+  }
+}
+
 // Every visible GPU gets a worker: stateless batches alternate between GPUs (same bits on
 // each), and a kv_attention session stays on the GPU its sequence id hashes to, where
 // its pages live (a decode step on another GPU would read someone else's cache).
@@ -275,12 +388,12 @@ TEST_F(CudaBackendTest, SeveralGpusShareStatelessWorkAndPinSessions) {
       data.push_back(Random(t, n * 2 * 128));
     }
     for (int s = 0; s < kSessions; ++s) {
-      batch.items.push_back({ids[s], data[3 * s], data[3 * s + 1], data[3 * s + 2], n,
-                             step == 0 ? 0 : 8 + step, &blocks[s]});
+      batch.items.push_back({ids[s], HostBytes(data[3 * s]), HostBytes(data[3 * s + 1]), HostBytes(data[3 * s + 2]),
+                             n, step == 0 ? 0 : 8 + step, &blocks[s], {}});
     }
     std::vector<std::string> og, oc;
-    ASSERT_TRUE((*kv)->Run(batch, &og).ok());
-    ASSERT_TRUE((*cpu)->Run(batch, &oc).ok());
+    ASSERT_TRUE((*kv)->Run(batch, 8, 128, &og).ok());
+    ASSERT_TRUE((*cpu)->Run(batch, 8, 128, &oc).ok());
     for (int s = 0; s < kSessions; ++s) {
       SCOPED_TRACE(::testing::Message() << "session " << s << ", step " << step);
       ExpectClose(t, og[s], oc[s], 2e-2, 2e-2);

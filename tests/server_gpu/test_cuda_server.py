@@ -435,6 +435,181 @@ class Checks:
                                  atol=tol * np.sqrt(np.mean(ref ** 2)), rtol=tol)
 
 
+    # ---- shared memory ----------------------------------------------------------------------
+
+    def _regions(self, cuda):
+        """(create(name, nbytes) -> handle, write(handle, array), read(handle, np dtype, shape),
+        register(name, handle, nbytes), unregister(name), destroy(handle))"""
+        if cuda:
+            import tritonclient.utils.cuda_shared_memory as cshm
+            return (lambda name, n: cshm.create_shared_memory_region(name, n, 0),
+                    lambda h, a: cshm.set_shared_memory_region(h, [a]),
+                    lambda h, dt, shape: cshm.get_contents_as_numpy(h, dt, shape),
+                    lambda name, h, n: self.c.register_cuda_shared_memory(name, cshm.get_raw_handle(h), 0, n),
+                    self.c.unregister_cuda_shared_memory, cshm.destroy_shared_memory_region)
+        import tritonclient.utils.shared_memory as sshm
+        keys = {}
+
+        def create(name, n):
+            keys[name] = f"/fq-conf-{os.getpid()}-{name}"
+            return sshm.create_shared_memory_region(name, keys[name], n)
+        return (create, lambda h, a: sshm.set_shared_memory_region(h, [a]),
+                lambda h, dt, shape: sshm.get_contents_as_numpy(h, dt, shape),
+                lambda name, h, n: self.c.register_system_shared_memory(name, keys[name], n),
+                self.c.unregister_system_shared_memory, sshm.destroy_shared_memory_region)
+
+    def via_regions(self, cuda, model, inputs, outputs, params=None, tag=""):
+        """One request whose inputs ({name: (array, datatype)}) and outputs ({name: (np dtype,
+        shape)}) each live in a region of their own; returns {output: array}."""
+        create, write, read, register, unregister, destroy = self._regions(cuda)
+        kind = "cuda" if cuda else "sys"
+        made, ins, outs = [], [], []
+        try:
+            for name, (arr, dt) in inputs.items():
+                rn = f"{kind}-{model}-{tag}-in-{name}"
+                h = create(rn, arr.nbytes)
+                made.append((rn, h))
+                write(h, arr)
+                register(rn, h, arr.nbytes)
+                i = self.g.InferInput(name, list(arr.shape), dt)
+                i.set_shared_memory(rn, arr.nbytes)
+                ins.append(i)
+            handles = {}
+            for name, (npdt, shape) in outputs.items():
+                rn = f"{kind}-{model}-{tag}-out-{name}"
+                nbytes = int(np.prod(shape)) * np.dtype(npdt).itemsize
+                h = create(rn, nbytes)
+                made.append((rn, h))
+                register(rn, h, nbytes)
+                o = self.g.InferRequestedOutput(name)
+                o.set_shared_memory(rn, nbytes)
+                outs.append(o)
+                handles[name] = h
+            res = self.c.infer(model, ins, outputs=outs, parameters=params or {})
+            resp = res.get_response()  # a region output comes back as its name, type and shape only
+            for i, o in enumerate(resp.outputs):
+                raw = resp.raw_output_contents[i] if i < len(resp.raw_output_contents) else b""
+                assert o.name in outputs and not raw, f"{model}: output {o.name} came in the message too"
+            # Copies: a system region's array is a view of memory that `destroy` unmaps.
+            return {name: np.array(read(handles[name], npdt, shape)) for name, (npdt, shape) in outputs.items()}
+        finally:
+            for rn, h in made:
+                unregister(rn)
+                destroy(h)
+
+    def shared_memory(self, cuda):
+        """Attention (FP16, ragged, causal, with LSE) and linear layers (FP32 activations, which
+        the GPU converts) with every tensor in system (cuda=False) or CUDA shared memory: the
+        outputs must be bitwise those of the same request over plain gRPC."""
+        (q, k, v, cu_q, cu_k), inputs, params = self.attention_request("FP16", [1, 70, 263], [9, 70, 700],
+                                                                       8, 2, 128, True)
+        plain = self.c.infer("attention", inputs, parameters=params,
+                             outputs=[self.g.InferRequestedOutput("O"), self.g.InferRequestedOutput("LSE")])
+        got = self.via_regions(cuda, "attention",
+                               {"Q": (q.astype(np.float16), "FP16"), "K": (k.astype(np.float16), "FP16"),
+                                "V": (v.astype(np.float16), "FP16"), "CU_SEQLENS_Q": (cu_q, "INT32"),
+                                "CU_SEQLENS_K": (cu_k, "INT32")},
+                               {"O": (np.float16, q.shape), "LSE": (np.float32, (q.shape[1], q.shape[0]))}, params)
+        for name in ("O", "LSE"):
+            want = plain.as_numpy(name)
+            assert got[name].tobytes() == want.tobytes(), f"attention {name}: shared memory differs from gRPC"
+        for model in self.models:
+            x = self.rng.standard_normal((5, K)).astype(np.float32)
+            want = self.c.infer(model, [self.inp32("X", x)]).as_numpy("Y")
+            y = self.via_regions(cuda, model, {"X": (x, "FP32")}, {"Y": (np.float32, (5, N))})["Y"]
+            assert y.tobytes() == want.tobytes(), f"{model} FP32: shared memory differs from gRPC"
+
+    def inp32(self, name, arr):
+        i = self.g.InferInput(name, list(arr.shape), "FP32")
+        i.set_data_from_numpy(np.ascontiguousarray(arr, np.float32))
+        return i
+
+    def cuda_shared_memory_errors(self):
+        """Each bad CUDA region gets a clear error, and the server keeps serving."""
+        import base64
+        import tritonclient.utils.cuda_shared_memory as cshm
+        from tritonclient.utils import InferenceServerException
+
+        def refused(fn, *needles):
+            try:
+                fn()
+            except InferenceServerException as e:
+                msg = str(e)
+                assert all(n in msg for n in needles), f"expected {needles} in: {msg}"
+                return
+            raise AssertionError(f"expected an error with {needles}")
+
+        x = self.rng.standard_normal((3, K)).astype(np.float32)
+        want = self.c.infer("lin_bf16", [self.inp32("X", x)]).as_numpy("Y")
+        h = cshm.create_shared_memory_region("err-x", x.nbytes, 0)
+        out = cshm.create_shared_memory_region("err-y", 3 * N * 4, 0)
+        try:
+            cshm.set_shared_memory_region(h, [x])
+            raw = cshm.get_raw_handle(h)
+            # a key that cannot be opened, and one of the wrong length
+            refused(lambda: self.c.register_cuda_shared_memory("bad", base64.b64encode(os.urandom(64)), 0, 64),
+                    "cannot open the CUDA IPC handle")
+            refused(lambda: self.c.register_cuda_shared_memory("bad", base64.b64encode(b"short"), 0, 64),
+                    "raw_handle is 5 bytes")
+            # a device this server does not have
+            refused(lambda: self.c.register_cuda_shared_memory("bad", raw, 4096, x.nbytes), "device_id 4096")
+            # a size past the allocation's end
+            refused(lambda: self.c.register_cuda_shared_memory("bad", raw, 0, 1 << 34), "past the end")
+            self.c.register_cuda_shared_memory("err-x", raw, 0, x.nbytes)
+            # a duplicate name
+            refused(lambda: self.c.register_cuda_shared_memory("err-x", raw, 0, x.nbytes), "already registered")
+            status = self.c.get_cuda_shared_memory_status(as_json=True)
+            assert "err-x" in status.get("regions", {}), status
+
+            def infer(region, nbytes, offset=0, out_region=None, out_bytes=0):
+                i = self.g.InferInput("X", [3, K], "FP32")
+                i.set_shared_memory(region, nbytes, offset)
+                outs = None
+                if out_region:
+                    o = self.g.InferRequestedOutput("Y")
+                    o.set_shared_memory(out_region, out_bytes)
+                    outs = [o]
+                return self.c.infer("lin_bf16", [i], outputs=outs)
+
+            # a region that does not exist; an offset plus size past the region's end
+            refused(lambda: infer("nowhere", x.nbytes), "not registered")
+            refused(lambda: infer("err-x", x.nbytes, offset=4), "past the end")
+            # a region too small for the output
+            self.c.register_cuda_shared_memory("err-y", cshm.get_raw_handle(out), 0, 3 * N * 4 - 2)
+            refused(lambda: infer("err-x", x.nbytes, out_region="err-y", out_bytes=3 * N * 4 - 2),
+                    "shared_memory_byte_size")
+            self.c.unregister_cuda_shared_memory("err-y")
+            # unregistering a region while requests use it: each answers (right) or fails cleanly
+            errors, stop = [], threading.Event()
+
+            def user():
+                while not stop.is_set():
+                    try:
+                        y = infer("err-x", x.nbytes).as_numpy("Y")
+                        if y.tobytes() != want.tobytes():
+                            errors.append("wrong result while the region was unregistered")
+                    except InferenceServerException as e:
+                        if "not registered" not in str(e):
+                            errors.append(str(e))
+            threads = [threading.Thread(target=user) for _ in range(3)]
+            for t in threads:
+                t.start()
+            time.sleep(0.3)
+            self.c.unregister_cuda_shared_memory("err-x")
+            time.sleep(0.2)
+            stop.set()
+            for t in threads:
+                t.join()
+            assert not errors, errors[:3]
+            assert "err-x" not in self.c.get_cuda_shared_memory_status(as_json=True).get("regions", {})
+            # still serving
+            assert self.c.infer("lin_bf16", [self.inp32("X", x)]).as_numpy("Y").tobytes() == want.tobytes()
+        finally:
+            self.c.unregister_cuda_shared_memory()
+            cshm.destroy_shared_memory_region(h)
+            cshm.destroy_shared_memory_region(out)
+
+
 RACE_S = 0.5
 
 
@@ -588,7 +763,11 @@ def main():
     results = []
     steps = [("metadata", checks.metadata), ("attention ragged/causal/GQA", checks.attention),
              ("kv_attention prefill + decode", checks.kv), ("linear, every format", checks.linear),
-             ("SIGTERM with work in flight", lambda: sigterm_in_flight(server, checks, models))]
+             ("system shared memory, bitwise as gRPC", lambda: checks.shared_memory(cuda=False))]
+    if a.backend == "cuda":
+        steps += [("CUDA shared memory, bitwise as gRPC", lambda: checks.shared_memory(cuda=True)),
+                  ("CUDA shared memory, bad regions", checks.cuda_shared_memory_errors)]
+    steps += [("SIGTERM with work in flight", lambda: sigterm_in_flight(server, checks, models))]
     for name, fn in steps:
         t = time.monotonic()
         try:
