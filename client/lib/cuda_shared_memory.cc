@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 
 namespace flashq::client {
@@ -45,7 +47,8 @@ absl::StatusOr<std::shared_ptr<CudaRuntime>> CudaRuntime::Load(int device) {
   if (!Resolve(lib, "cudaGetDeviceCount", &a.GetDeviceCount) || !Resolve(lib, "cudaSetDevice", &a.SetDevice) ||
       !Resolve(lib, "cudaMalloc", &a.Malloc) || !Resolve(lib, "cudaFree", &a.Free) ||
       !Resolve(lib, "cudaMemcpy", &a.Memcpy) || !Resolve(lib, "cudaIpcGetMemHandle", &a.IpcGetMemHandle) ||
-      !Resolve(lib, "cudaGetErrorString", &a.GetErrorString)) {
+      !Resolve(lib, "cudaGetErrorString", &a.GetErrorString) || !Resolve(lib, "cudaMallocHost", &a.MallocHost) ||
+      !Resolve(lib, "cudaFreeHost", &a.FreeHost) || !Resolve(lib, "cudaStreamSynchronize", &a.StreamSynchronize)) {
     return absl::FailedPreconditionError(absl::StrCat(name, " lacks a CUDA runtime entry point: ", dlerror()));
   }
   int count = 0;
@@ -84,12 +87,16 @@ absl::StatusOr<std::unique_ptr<CudaSharedMemory>> CudaSharedMemory::Create(std::
     a.Free(ptr);
     return s;
   }
-  return std::unique_ptr<CudaSharedMemory>(new CudaSharedMemory(std::move(cuda), ptr, byte_size, std::move(handle)));
+  void* host = nullptr;
+  if (a.MallocHost(&host, byte_size) != 0) host = nullptr;  // then copies go from pageable memory
+  return std::unique_ptr<CudaSharedMemory>(
+      new CudaSharedMemory(std::move(cuda), ptr, host, byte_size, std::move(handle)));
 }
 
 CudaSharedMemory::~CudaSharedMemory() {
   cuda_->api().SetDevice(cuda_->device());
   cuda_->api().Free(ptr_);
+  if (host_) cuda_->api().FreeHost(host_);
 }
 
 absl::Status CudaSharedMemory::InRange(size_t offset, size_t n) const {
@@ -102,14 +109,28 @@ absl::Status CudaSharedMemory::Write(size_t offset, const void* src, size_t n) {
   if (absl::Status s = InRange(offset, n); !s.ok()) return s;
   const auto& a = cuda_->api();
   if (absl::Status s = cuda_->Check(a.SetDevice(cuda_->device()), "cudaSetDevice"); !s.ok()) return s;
-  return cuda_->Check(a.Memcpy(static_cast<char*>(ptr_) + offset, src, n, kMemcpyHostToDevice), "cudaMemcpy");
+  char* dst = static_cast<char*>(ptr_) + offset;
+  if (host_) {  // from page-locked memory cudaMemcpy returns when the copy is done
+    std::memcpy(host_ + offset, src, n);
+    return cuda_->Check(a.Memcpy(dst, host_ + offset, n, kMemcpyHostToDevice), "cudaMemcpy");
+  }
+  // From pageable memory it may return before the DMA lands: wait for it, so that a server
+  // that reads (or overwrites) these bytes after the next RPC sees them.
+  if (absl::Status s = cuda_->Check(a.Memcpy(dst, src, n, kMemcpyHostToDevice), "cudaMemcpy"); !s.ok()) return s;
+  return cuda_->Check(a.StreamSynchronize(nullptr), "cudaStreamSynchronize");
 }
 
 absl::Status CudaSharedMemory::Read(size_t offset, void* dst, size_t n) {
   if (absl::Status s = InRange(offset, n); !s.ok()) return s;
   const auto& a = cuda_->api();
   if (absl::Status s = cuda_->Check(a.SetDevice(cuda_->device()), "cudaSetDevice"); !s.ok()) return s;
-  return cuda_->Check(a.Memcpy(dst, static_cast<char*>(ptr_) + offset, n, kMemcpyDeviceToHost), "cudaMemcpy");
+  const char* src = static_cast<char*>(ptr_) + offset;
+  if (!host_) return cuda_->Check(a.Memcpy(dst, src, n, kMemcpyDeviceToHost), "cudaMemcpy");
+  if (absl::Status s = cuda_->Check(a.Memcpy(host_ + offset, src, n, kMemcpyDeviceToHost), "cudaMemcpy"); !s.ok()) {
+    return s;
+  }
+  std::memcpy(dst, host_ + offset, n);
+  return absl::OkStatus();
 }
 
 }  // namespace flashq::client

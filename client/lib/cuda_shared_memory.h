@@ -36,6 +36,9 @@ class CudaRuntime {
     int (*Free)(void*) = nullptr;
     int (*Memcpy)(void*, const void*, size_t, int) = nullptr;
     int (*IpcGetMemHandle)(void*, void*) = nullptr;
+    int (*MallocHost)(void**, size_t) = nullptr;
+    int (*FreeHost)(void*) = nullptr;
+    int (*StreamSynchronize)(void*) = nullptr;
     const char* (*GetErrorString)(int) = nullptr;
   };
   const Api& api() const { return api_; }
@@ -59,16 +62,19 @@ class CudaSharedMemory {
   const std::string& ipc_handle() const { return handle_; }  // the cudaIpcMemHandle_t's 64 bytes
   int device() const { return cuda_->device(); }
   size_t size() const { return size_; }
-  // Synchronous copies between host memory and [offset, offset + n) of this memory.
+  // Synchronous copies between host memory and [offset, offset + n) of this memory: complete
+  // on the GPU when they return. They go through a page-locked mirror of the memory when one
+  // could be allocated (DMA at full speed), else from pageable memory.
   absl::Status Write(size_t offset, const void* src, size_t n);
   absl::Status Read(size_t offset, void* dst, size_t n);
 
  private:
-  CudaSharedMemory(std::shared_ptr<CudaRuntime> cuda, void* ptr, size_t size, std::string handle)
-      : cuda_(std::move(cuda)), ptr_(ptr), size_(size), handle_(std::move(handle)) {}
+  CudaSharedMemory(std::shared_ptr<CudaRuntime> cuda, void* ptr, void* host, size_t size, std::string handle)
+      : cuda_(std::move(cuda)), ptr_(ptr), host_(static_cast<char*>(host)), size_(size), handle_(std::move(handle)) {}
   absl::Status InRange(size_t offset, size_t n) const;
   std::shared_ptr<CudaRuntime> cuda_;
   void* ptr_;
+  char* host_;  // page-locked mirror, or null
   size_t size_;
   std::string handle_;
 };
