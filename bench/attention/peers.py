@@ -9,7 +9,7 @@ causal, counting the diagonal as attention_bench does); decode GB/s = K+V bytes 
 the device-to-device copy ceiling attention_bench measured in the same run.
 
 Usage: peers.py --ours attention_ours.json --out-dir DIR [--commit HASH]
-Writes DIR/attention-<device>-<date>.json and .md.
+Writes DIR/attention-<device>.json and .md (a new run replaces them; they name the device, date and commit).
 """
 import argparse
 import datetime
@@ -191,7 +191,7 @@ def main():
     if notes:
         md += ["", "Peer notes:", ""] + [f"- {n}" for n in notes]
     os.makedirs(args.out_dir, exist_ok=True)
-    base = os.path.join(args.out_dir, f"attention-{slug}-{date}")
+    base = os.path.join(args.out_dir, f"attention-{slug}")
     json.dump(result, open(base + ".json", "w"), indent=1)
     open(base + ".md", "w").write("\n".join(md) + "\n")
     print("wrote", base + ".json", base + ".md")
