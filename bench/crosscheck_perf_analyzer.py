@@ -11,7 +11,7 @@ throughput and p50 latency (perf_analyzer --percentile=50, flashq-bench
 medians over --rounds are compared.
 
   bench/crosscheck_perf_analyzer.py                    # results under build/crosscheck/
-  bench/crosscheck_perf_analyzer.py --record           # also bench/results/perf_analyzer_crosscheck-cpu-<date>.{json,md}
+  bench/crosscheck_perf_analyzer.py --record           # also bench/results/perf_analyzer_crosscheck-cpu-<N>core.{json,md}
 
 Exit status: 0 agree, 1 disagree or a tool failed, 77 (ctest: skipped) when perf_analyzer or a
 binary is missing, or perf_analyzer finds no stable measurement (a machine too busy to judge).
@@ -164,7 +164,7 @@ def main():
     ap.add_argument("--server-timeout", type=float, default=300)
     ap.add_argument("--out-dir", default=None, help="default: <build-dir>/crosscheck")
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse of the checkout)")
-    ap.add_argument("--record", action="store_true", help="write bench/results/perf_analyzer_crosscheck-cpu-<date>.{json,md}")
+    ap.add_argument("--record", action="store_true", help="write bench/results/perf_analyzer_crosscheck-cpu-<N>core.{json,md} (N: this host's CPUs; replaces the record)")
     args = ap.parse_args()
 
     for b in ("flashq-server", "flashq-bench"):
@@ -271,10 +271,9 @@ def main():
     lines += ["", "Overall: **%s**." % ("pass" if ok else "FAIL"), "",
               "Reproduce: `bench/crosscheck_perf_analyzer.py --record` (ctest: `ctest -L integration -R perf_analyzer`)."]
     md = "\n".join(lines) + "\n"
-    stamp = date.strftime("%Y-%m-%d")
     paths = [os.path.join(outdir, "crosscheck.json"), os.path.join(outdir, "crosscheck.md")]
     if args.record:
-        base = os.path.join(ROOT, "bench", "results", "perf_analyzer_crosscheck-cpu-" + stamp)
+        base = os.path.join(ROOT, "bench", "results", f"perf_analyzer_crosscheck-cpu-{os.cpu_count()}core")
         paths += [base + ".json", base + ".md"]
     for path in paths:
         with open(path, "w") as f:

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Plots of the recorded kernel results (bench/results/*.json) for the README.
 
-  .venv/bin/python bench/plot_results.py   # redraws the attention and gemm plots the README shows
+  .venv/bin/python bench/plot_results.py   # redraws every attention-<device>.png and gemm-<device>.png
+  .venv/bin/python bench/plot_results.py gemm SRC.json DST.png   # one plot, names relative to bench/results
 """
-import json, os, sys
+import glob, json, os, sys
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -66,10 +67,13 @@ def gemm(src, dst):
 
 
 if __name__ == "__main__":
-    # usage: plot_results.py [attention|gemm SRC.json DST.png]; no arguments: the records the README shows
     if len(sys.argv) == 4:
         {"attention": attention, "gemm": gemm}[sys.argv[1]](sys.argv[2], sys.argv[3])
     else:
-        attention("attention-h200-2026-11-23.json", "attention-h200-2026-11-23.png")
-        gemm("gemm-nvidia-h200-2026-11-27.json", "gemm-nvidia-h200-2026-11-27.png")
+        # One current record per suite and device (attention-<device>.json, gemm-<device>.json); each plot
+        # takes the record's name.
+        for suite, draw in (("attention", attention), ("gemm", gemm)):
+            for src in sorted(glob.glob(os.path.join(R, suite + "-*.json"))):
+                name = os.path.basename(src)
+                draw(name, name[:-len(".json")] + ".png")
     print("wrote", R)

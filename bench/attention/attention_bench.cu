@@ -371,7 +371,7 @@ std::string RunDecode(Timer& timer, const DecodeCfg& cfg, int reps) {
   const double gbps = ms > 0 ? bytes / (ms * 1e-3) / 1e9 : 0.0;
   std::printf("decode  B=%-3d L=%-6d page=%-3d split=%-4d %8.4f ms  %7.1f GB/s  check max err/(rms+|ref|) %.3g (rms %.3g) %s\n",
               b, L, page, cfg.split, ms, gbps, chk.max_rel, chk.rms, ok ? "ok" : "FAIL");
-  // Variants: the one-CTA-per-item kernel with every tile loaded by cp.async (the r2 dispatch; r3
+  // Variants: the one-CTA-per-item kernel with every tile loaded by cp.async (the shipped kernel
   // loads whole tiles by TMA on sm_90), and the persistent warp-specialised streamed kernel
   // (bench/attention/decode_stream_variant.cuh, 4 producer warps, 5 or 6 stages).
   std::string variant;

@@ -21,7 +21,7 @@
 // decides who computes it): deterministic and independent of the batch.
 // Limits: sm_90 only; D in {64, 128}.
 // Bench-only (not dispatched): on H200 it did not beat the one-CTA-per-item kernel of
-// paged_decode_kernel.cuh (bench/results/attention-h200-2026-11-22-r2*; bench/attention/NOTES.md
+// paged_decode_kernel.cuh (bench/results/attention-nvidia-h200.md, the "streamed" columns; docs/perf/experiments.md
 // has the versions: one bulk copy per row, one producer warp, four producer warps).
 #pragma once
 

@@ -1,5 +1,5 @@
-// Bench-only decode variants: the one-CTA-per-item kernel with cp.async loads only (the r2
-// dispatch), and the persistent warp-specialised kernel of
+// Bench-only decode variants: the one-CTA-per-item kernel with cp.async loads only (what
+// the shipped kernel does off sm_90), and the persistent warp-specialised kernel of
 // decode_stream_variant.cuh with four producer warps and 5 or 6 stages.
 #include "bench/attention/decode_stream_variant.cuh"
 

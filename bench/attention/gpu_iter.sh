@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One short GPU-machine iteration (a subset of gpu_run.sh): build kernels-only, run the GPU tests
+# One short iteration on a GPU host (a subset of gpu_run.sh): build kernels-only, run the GPU tests
 # matching $TESTS, the benchmark configurations matching $BENCH (attention_bench --filter; peers
 # for those rows only), then compute-sanitizer on $SAN tests. Everything lands in $OUT/iter.tgz.
 # usage: TESTS='*Paged*' BENCH=decode_ SAN='*PagedGpuTest*bf16_hd128*page16_q3*' bench/attention/gpu_iter.sh

@@ -9,7 +9,7 @@ causal, counting the diagonal as attention_bench does); decode GB/s = K+V bytes 
 the device-to-device copy ceiling attention_bench measured in the same run.
 
 Usage: peers.py --ours attention_ours.json --out-dir DIR [--commit HASH]
-Writes DIR/attention-<device>-<date>.json and .md.
+Writes DIR/attention-<device>.json and .md (a new run replaces them; they name the device, date and commit).
 """
 import argparse
 import datetime
@@ -167,7 +167,7 @@ def main():
                   f"{fmt(ratios.get('sdpa_cudnn'), '.2f')} | {fmt(ratios.get('varlen_attn'), '.2f')} |")
         print(md[-1], flush=True)
     md += ["", "## Decode (Hq 32, Hkv 8, hd 128, 1 new token), GB/s of K+V read", "",
-           "| B | L | page | split | ours GB/s | % of copy | ours, cp.async loads (r2 kernel) | ours streamed, 5 stages | ours streamed, 6 stages | SDPA flash | SDPA cuDNN | ours/flash | ours/cuDNN |",
+           "| B | L | page | split | ours GB/s | % of copy | ours, cp.async loads | ours streamed, 5 stages | ours streamed, 6 stages | SDPA flash | SDPA cuDNN | ours/flash | ours/cuDNN |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     peer_cache = {}
     for row in ours["decode"]:
@@ -191,7 +191,7 @@ def main():
     if notes:
         md += ["", "Peer notes:", ""] + [f"- {n}" for n in notes]
     os.makedirs(args.out_dir, exist_ok=True)
-    base = os.path.join(args.out_dir, f"attention-{slug}-{date}")
+    base = os.path.join(args.out_dir, f"attention-{slug}")
     json.dump(result, open(base + ".json", "w"), indent=1)
     open(base + ".md", "w").write("\n".join(md) + "\n")
     print("wrote", base + ".json", base + ".md")

@@ -17,7 +17,7 @@
 // no warp specialisation or inter-warpgroup ping-pong: all 256 threads load, then compute.
 // Bench-only since c92bcc0 (instantiated in prefill_variants.cu, timed as "plain wgmma"); the
 // consumer math is kernels/attention/wgmma_consumer.cuh's, shared with the shipped
-// warp-specialised kernels. Measured on H200 (bench/results/attention-h200-2026-11-23.md,
+// warp-specialised kernels. Measured on H200 (bench/results/attention-nvidia-h200.md,
 // BF16, 32 heads): hd128 371-437 TFLOP/s non-causal, 289-432 causal; hd64 312 / 292, against
 // 414-647 for the TMA kernel in the same run.
 #pragma once

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nsight Compute on one launch of the Hopper prefill kernel and one of the decode kernel (GPU machine).
+# Nsight Compute on one launch of the Hopper prefill kernel and one of the decode kernel (on a host with a GPU).
 # usage: bench/attention/profile.sh [BUILD_DIR] [OUT_DIR]; clocks are left alone (--clock-control none).
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Attention benchmark, ours and PyTorch peers in one run (on a host with a GPU).
 # usage: bench/attention/run.sh [BUILD_DIR] [OUT_DIR]   (FLASHQ_COMMIT names the commit in the results)
-# Writes OUT_DIR/attention_ours.json and OUT_DIR/attention-<device>-<date>.{json,md}.
+# Writes OUT_DIR/attention_ours.json and OUT_DIR/attention-<device>.{json,md} (bench/results/attention-nvidia-h200.*
+# is the current record of an H200; a new run replaces it).
 # Exits non-zero when a correctness check of attention_bench failed (after the peers still ran,
 # so the record shows the failed check beside the timings) or when the peers failed.
 set -euo pipefail

@@ -66,7 +66,7 @@ cudaStream_t g_stream = nullptr;
 
 // Idle time before each measurement's timed replays (as in torch_peers.py): every measurement then starts from a
 // cool, unthrottled GPU whatever ran before it. Without it, large compute-bound GEMMs measured after long
-// heavy ones read up to 20% slower (power-limited clocks): bench/results/gemm-nvidia-h200-2026-11-24-cooldown.md.
+// heavy ones read up to 20% slower (power-limited clocks; docs/perf/experiments.md).
 constexpr int kCooldownMs = 200;
 
 // Median over 7 replays of a CUDA graph holding `iters` back-to-back calls (host launch
@@ -394,7 +394,7 @@ int main(int argc, char** argv) {
     if (a == "--quick") quick = true;
     if (a == "--no-w8a8") g_w8a8 = false;  // A/B calls on the int4 / fp8-weight kernels only
     if (a == "--f16") g_act = ActType::kF16;  // A/B calls: W4A16 and W8A16 timed with fp16 activations
-    if (a == "--bars") bars = true;  // all four shapes at M = 1, 4, 16, 32, 64, 128 (the issue's bars and the wgmma tiles)
+    if (a == "--bars") bars = true;  // all four shapes at M = 1, 4, 16, 32, 64, 128 (the bars of docs/perf/gemm.md and the wgmma tiles)
     if (a == "--ms" && i + 1 < argc) ms_arg = argv[++i];  // comma-separated M values (A/B calls), e.g. --ms 64,128
     if (a == "--shapes" && i + 1 < argc) shapes_arg = argv[++i];  // comma-separated KxN (A/B calls), e.g. 4096x4096
     if (a == "--profile") {

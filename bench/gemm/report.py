@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Merges gemm_bench JSON and torch_peers JSON into bench/results/gemm-<device>-<date>.{json,md}:
+"""Merges gemm_bench JSON and torch_peers JSON into bench/results/gemm-<device>.{json,md} (one current record per
+device: a new run replaces it; the files name the device, date and commit inside):
 times, TFLOP/s, effective weight GB/s vs the copy ceiling measured in the same run, ratios
 against cuBLASLt BF16 (our wrapper, heuristic algorithm = its fastest mode), and the bars.
 Every bar on a mode-dependent kernel is stated per mode: "inv" is the batch-invariant mode, the
 server's default, "fast" the mode with invariance off.
 
   report.py --ours gemm_ours.json --torch gemm_torch.json --outdir DIR --commit C [--date D]
-  report.py --from-record bench/results/gemm-...json --outdir DIR [--name BASE] [--note TEXT]
+  report.py --from-record bench/results/gemm-<device>.json --outdir DIR [--name BASE] [--note TEXT]
 The second form rebuilds the markdown and the bars from a merged record this script wrote."""
 import argparse, datetime, json, os, re, subprocess
 
@@ -17,7 +18,7 @@ def main():
     ap.add_argument("--torch")
     ap.add_argument("--from-record", help="a merged record written by this script (replaces --ours/--torch)")
     ap.add_argument("--outdir", required=True)
-    ap.add_argument("--name", help="output base name (default gemm-<device>-<date>)")
+    ap.add_argument("--name", help="output base name (default gemm-<device>)")
     ap.add_argument("--note", default="", help="a line quoted above the title")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--date", default=None)
@@ -57,7 +58,7 @@ def main():
 
     device = ours["device"]
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
-    base = os.path.join(a.outdir, a.name or f"gemm-{slug}-{a.date}")
+    base = os.path.join(a.outdir, a.name or f"gemm-{slug}")
     shapes = sorted({(r["K"], r["N"]) for r in ours["records"]}, key=lambda s: (s[0] * s[1], s))
     Ms = sorted({r["M"] for r in ours["records"]})
     bars = []

@@ -100,7 +100,7 @@ struct PagedDecodeParams {
   DType dtype = DType::kBF16;
 };
 
-constexpr int kDefaultSplitTokens = 1024;  // measured best single value on H200 (bench/results)
+constexpr int kDefaultSplitTokens = 1024;  // measured best single value on H200 (docs/perf/attention.md)
 
 // Bytes of workspace run_paged_decode needs for these bounds (fp32 partial O and LSE per
 // (token, head, split)).

@@ -19,11 +19,11 @@
 // function of the sequence's own length only (batch invariant, deterministic); TMA and cp.async
 // fill the same layout, so the path taken does not change a bit of the result. Many new tokens
 // per sequence work but re-read K/V once per 16 packed rows (the prefill kernel is the fast path).
-// Measured on H200 (bench/results/attention-h200-2026-11-23.md, commit c92bcc0; Hq 32, Hkv 8, hd128,
+// Measured on H200 (bench/results/attention-nvidia-h200.md, commit c92bcc0; Hq 32, Hkv 8, hd128,
 // BF16, split 1024): B=64 L=8k 3.98-4.06 TB/s (94-96% of the 4.24 TB/s copy ceiling; 1.52-1.56x SDPA
 // flash, 0.89-0.91x cuDNN), B=32 L=4k 3.53-3.65 TB/s (0.87-0.90x cuDNN), B=1 L=32k 2.70-2.78 TB/s
 // (1.01-1.04x cuDNN); the cp.async-only kernel in the same run: 3.58, 3.32, 2.68 TB/s. A persistent
-// warp-specialised variant (bench/attention/decode_stream_variant.cuh) was slower; NOTES.md says why.
+// warp-specialised variant (bench/attention/decode_stream_variant.cuh) was slower; docs/perf/attention.md says why.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -472,8 +472,8 @@ Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cuda
   return Status::Ok();
 }
 
-// On sm_90 the combine kernel is a programmatic dependent launch (r2: -0.4% to +0.7% at B >= 32, +2-3%
-// at B=1 L=32k, over a plain launch; its CTAs fill the decode grid's last wave and wait for it).
+// On sm_90 the combine kernel is a programmatic dependent launch (-0.4% to +0.7% at B >= 32, +2-3%
+// at B=1 L=32k on an H200, over a plain launch; its CTAs fill the decode grid's last wave and wait for it).
 template <typename T, int D>
 Status LaunchPagedDecode(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream) {
   int dev = 0, major = 0;

@@ -11,8 +11,8 @@
 // (Swz). Output staged through shared memory for 16-byte coalesced stores. LSE fp32 [Hq, total_q].
 // Limits: D in {64, 128, 256}; 16-byte aligned rows. Tiles are a function of D only, so results
 // are batch invariant and deterministic.
-// Used on sm_80/sm_89, and on Hopper for D = 256. Measured on H200 (bench/results, 2026-11-22,
-// BF16, 32 heads): hd128 264-284 TFLOP/s non-causal (0.78-0.81x SDPA flash), hd64 265.
+// Used on sm_80/sm_89, and on Hopper for D = 256. Measured on H200 (bench/results/attention-nvidia-h200.md,
+// the "mma.sync" column, BF16, 32 heads): hd128 264-285 TFLOP/s non-causal, hd64 267.
 #pragma once
 
 #include <cuda_runtime.h>

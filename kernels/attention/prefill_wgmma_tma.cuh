@@ -13,7 +13,7 @@
 // on the device), so a TMA box must never cross a sequence end. Registers: producer 40, consumers 232 (setmaxnreg;
 // hd128 consumers use ~200 with no spills).
 // Layouts, masking and LSE: wgmma_consumer.cuh. D in {64, 128}; sm_90a only.
-// Dispatched on Hopper for D = 64 and 128. Measured on H200 (bench/results/attention-h200-2026-11-23.md,
+// Dispatched on Hopper for D = 64 and 128. Measured on H200 (bench/results/attention-nvidia-h200.md,
 // commit c92bcc0, BF16, 32 heads): hd128 non-causal 528-647 TFLOP/s (1.55-1.87x SDPA flash,
 // 0.92-1.07x cuDNN), causal 383-631, hd64 414 / 366 causal (0.88-0.91x cuDNN), ragged 480 / 408.
 #pragma once

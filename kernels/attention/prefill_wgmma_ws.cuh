@@ -10,7 +10,7 @@
 // Consumers never touch the load path and never wait for each other at a CTA-wide barrier.
 // Layouts (64-column SWIZZLE_128B panels), masking and LSE: wgmma_consumer.cuh. D in {64, 128}; sm_90a only.
 // Dispatched on Hopper only as the fallback of prefill_wgmma_tma.cuh (the driver rejects its tensor
-// maps). Measured on H200 (bench/results/attention-h200-2026-11-23.md, BF16, 32 heads): hd128
+// maps). Measured on H200 (bench/results/attention-nvidia-h200.md, BF16, 32 heads): hd128
 // 418-471 TFLOP/s non-causal, 324-478 causal; hd64 360 / 329 (the TMA kernel: 414-647).
 #pragma once
 

@@ -3,7 +3,7 @@
 // A model's first large request runs on gRPC and scheduler threads that have not held a tensor
 // yet. With glibc's allocator each such thread has its own arena, whose pages fault in on first
 // touch: on the H200 a 512-token attention request's first call spent ~7 ms in the server against
-// ~2.8 ms later (bench/results/server-e2e-h200-2026-11-22-r2.md), and one arena for all threads
+// ~2.8 ms later (docs/perf/experiments.md, "Serving path"), and one arena for all threads
 // (MALLOC_ARENA_MAX=1) closed that gap but cost 20-35% of throughput at concurrency 64-256.
 // These programs therefore link tcmalloc where the build finds it (FLASHQ_TCMALLOC, the default):
 // blocks above 256 KB come from one page heap shared by all threads, so pages touched once serve

@@ -1,6 +1,6 @@
 // Errors are values. Kernels and their launchers return a Status; the server maps
 // it onto a gRPC status. Kept free of Abseil so the kernels build alone (for
-// instance on the GPU machine, which has no Abseil).
+// instance a kernels-only build on a host without Abseil).
 #pragma once
 
 #include <string>

@@ -51,7 +51,7 @@ constexpr int kRounds = 5;         // interleaved timing rounds of one cold-L2 r
 // only if this much faster in the timing: with 3% the choice sometimes kept an algorithm 5-10% slower than the
 // heuristic's first in the streaming benchmark (the timing's
 // conditions rank close candidates differently); the wins that matter (the unscaled GEMM + epilogue form at
-// small M) are 30% and more (bench/results/gemm-nvidia-h200-2026-11-24-cooldown.md).
+// small M) are 30% and more (docs/perf/experiments.md).
 constexpr float kMinGain = 0.10f;
 // Only GEMMs of at most this many rows are timed: at larger M (compute-bound, long kernels) the ranking of a
 // short timing burst did not hold in sustained runs on the H200 (power-limited clocks), the heuristic's did.
@@ -269,7 +269,7 @@ struct BlasLt::Impl {
   // timed run the stream's workspace (64 MB in the server, more than the H200's L2) is read through, so the run
   // reads its weights from DRAM as a server streaming many layers does: timed on warm L2, the choice flipped
   // between calls between algorithms 15% apart when streaming; after a memset of the workspace (dirty L2) it
-  // kept a 10% slower one (bench/results/gemm-nvidia-h200-2026-11-24-cooldown.md).
+  // kept a 10% slower one (H200).
   // The faster of the heuristic's first picks (with and without workspace) stays unless another candidate is
   // kMinGain faster. 0 when timing fails.
   int Fastest(const Key& k, const std::vector<Candidate>& cands, const Operands& o, void* ws, cudaStream_t stream) {
@@ -320,7 +320,7 @@ struct BlasLt::Impl {
     // itself) and its first kNoWsCandidates without workspace (for k, the first of these competes with the
     // heuristic's first as an equal: Fastest). At small M and long K the heuristic offers only
     // split-K algorithms (a second, reduction kernel) when it may use a workspace, and the workspace-free ones
-    // can be faster (14336 x 4096 FP8 M = 32: 17.4 against 19.4 µs; bench/results/gemm-nvidia-h200-2026-11-24-cooldown.md).
+    // can be faster (14336 x 4096 FP8 M = 32: 17.4 against 19.4 µs on the H200).
     auto add = [&](const Key& kk, Plan* pl, bool with_ws) {
       if (with_ws && Candidates(kk, res, kCandidates, &got, ws_bytes).ok())
         for (int i = 0; i < got; ++i) cands.push_back({pl, res[i].algo});

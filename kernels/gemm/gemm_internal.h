@@ -65,7 +65,7 @@ inline int KnobInt(const char* name, int fallback) {
 
 // The staged small-M kernel (qlinear_staged.cuh) takes launches of at most kStagedMaxRows rows: one 8-token tile. With
 // two it ran 0.5-0.7 µs slower than QLinearDirectKernel at 4096² M = 12-16 (H200,
-// bench/results/gemm-nvidia-h200-2026-11-27-s22.md). staged_max_rows lowers that (bench knob FLASHQ_GEMM_STAGED_MAX_M;
+// docs/perf/experiments.md). staged_max_rows lowers that (bench knob FLASHQ_GEMM_STAGED_MAX_M;
 // tests set 0 to compare with QLinearDirectKernel); staged_launches counts its launches (tests check that it ran).
 constexpr int kStagedMaxRows = 8;
 inline std::atomic<int> staged_max_rows{KnobInt("FLASHQ_GEMM_STAGED_MAX_M", kStagedMaxRows)};

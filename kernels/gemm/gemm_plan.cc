@@ -17,7 +17,7 @@ SplitPlan PlanFor(int K, int N) {
   // them as the warps of one block). Aim for ~kTargetWarps warps in all, at most kMaxSplits
   // splits, and each warp at least 2 stages of kSubSteps k32 steps. kTargetWarps is one wave of
   // the small-M kernel (16 warps per SM): on the H200 a second, partial wave cost 15-20% at M = 1
-  // (8192^2: 13.8 us with 4224 target warps, 11.5 us with 2112; bench/gemm/NOTES.md).
+  // (8192^2: 13.8 us with 4224 target warps, 11.5 us with 2112; docs/perf/experiments.md).
   // Benchmark knob FLASHQ_GEMM_TARGET_WARPS (read when weights are created; never per call).
   static const int target = [] {
     const char* e = std::getenv("FLASHQ_GEMM_TARGET_WARPS");

@@ -40,7 +40,7 @@
 //            with their bits placed for the two registers (Fp8Word).
 //   fp8  fscales fp32 [strips][g][s].
 // Limits: K % 8 == 0; group_size % 32 == 0 or channelwise; M per launch <= 128.
-// Measured: bench/results/gemm-nvidia-h200-2026-11-23-r2.md (numbers in bench/gemm/NOTES.md).
+// Measured: bench/results/gemm-nvidia-h200.md (design and bounds in docs/perf/gemm.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -104,7 +104,7 @@ __device__ __forceinline__ uint32_t DequantPair(uint32_t w, int p, uint32_t neg_
 // byte's sign and exponent need different shifts). fp16: value * 2^-8 exactly (the 2^8 folds into the fp32 channel
 // scale), 9 instructions a word (7 from bytes). H200, against bytes sign-extended by prmt (d250681): W8A16 bf16 4096²
 // M = 8 5.73 -> 5.66 µs, M = 16 6.96 -> 6.88; fp16 M = 16 7.12 -> 7.30, 14336 x 4096 M = 1 14.85 -> 15.35
-// (bench/results/gemm-nvidia-h200-2026-11-27-s25.md, calls 3-4). bf16 is the dtype of the issue's bars.
+// (docs/perf/experiments.md). The layout is chosen for bf16, the dtype of the benchmark's bars.
 template <typename T>
 __device__ __forceinline__ void Fp8Word(uint32_t w, uint32_t& b0, uint32_t& b1) {
   if constexpr (std::is_same_v<T, __half>) {
@@ -345,7 +345,7 @@ __device__ __forceinline__ void StoreAcc(float* red, int w, int lane, const floa
 
 // The fp32 split partials v[0] + v[1] + ... + v[n - 1] in that order (n <= kN), as the wgmma kernel adds them.
 // QLinearKernel's two copies of this sum stay inline: with this helper its SASS changed and 4096² M = 32-64 ran about
-// 1% slower (bench/results/gemm-nvidia-h200-2026-11-25-wgmma-tma.md, call 21).
+// 1% slower on the H200.
 template <int kN>
 __device__ __forceinline__ float4 SumSplits(const float4 (&v)[kN], int n) {
   float4 sum = v[0];
@@ -417,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
   using C = Cfg<kFp8, NT, kStageFlush, kMulti>;
   constexpr int kXPer = C::kXPer;
   // 1024-byte aligned pipeline buffer: with the default alignment (16 bytes past the static s_last) the kernel
-  // was 25-45% slower at M = 32-128, int4 and fp8 alike, on the H200 (bench/results/gemm-nvidia-h200-2026-11-24-smem-align.md).
+  // was 25-45% slower at M = 32-128, int4 and fp8 alike, on the H200 (docs/perf/experiments.md).
   extern __shared__ __align__(1024) uint4 smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kw = warp / kWarpsN, nw = warp % kWarpsN;
@@ -588,7 +588,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
   // of its own (the pipeline keeps streaming the next pair), in two halves of the token tiles, and the
   // pair's partial stored; both warps then start the next pair from zero. The final reduction below repeats
   // this exchange in one round, and the cluster path repeats the tail's in-order split sum: shared helpers for
-  // both made QLinearKernel 1-7% slower (bench/results/gemm-nvidia-h200-2026-11-24-splits-ab.md, call 46).
+  // both made QLinearKernel 1-7% slower (docs/perf/experiments.md).
   float* red2 = reinterpret_cast<float*>(smem + size_t(C::kStages) * C::kStage);
   auto pair_done = [&](int q) {
     constexpr int kH = C::kRedNT;
@@ -816,7 +816,7 @@ inline bool KnobSet(const char* name) {
 
 // Split-K through a cluster needs sm_90. Only 2-split plans use it: on the H200 clusters of 2
 // beat the workspace + ticket reduction at M = 1, 16 and 64, clusters of 4 and 8 lost to it
-// (bench/gemm/NOTES.md; again at M = 32 and 64 with PDL: bench/results/gemm-nvidia-h200-2026-11-24-pdl.md).
+// (docs/perf/experiments.md; again at M = 32 and 64 with PDL).
 // Bench knob FLASHQ_GEMM_NOCLUSTER=1 turns it off.
 inline bool UseCluster(int splits) {
   static const bool off = KnobSet("FLASHQ_GEMM_NOCLUSTER");
@@ -846,9 +846,8 @@ inline void AddPdl(cudaLaunchConfig_t* cfg) {
 // while the grid holds more than one wave (min_blocks per SM) and a block would still stream at most 8
 // pipeline stages: short warp ranges then stop paying a block's fill and drain per split. H200: 4096² (8
 // splits of 2 stages) M = 64 -12%, M = 128 -10%; the shapes with 7-8 stages per split gained nothing at P = 2
-// (bench/results/gemm-nvidia-h200-2026-11-24-m64-ab.md, call 38; again in ...-splits-ab.md, call 41). Blocks
-// that add their splits' sums themselves, in an order that allows it, were slower (...-splits-ab.md, calls 41
-// and 44). Cluster plans keep P = 1.
+// (docs/perf/experiments.md). Blocks that add their splits' sums themselves, in an order that allows it, were slower.
+// Cluster plans keep P = 1.
 inline int PairsPerBlock(const QLinearParams& p, int mtiles, int stage_steps, int min_blocks) {
   constexpr int kMaxStagesPerBlock = 8;
   if (UseCluster(p.splits)) return 1;
@@ -1036,11 +1035,11 @@ struct DirectCfg {
 // pairs of warp ranges, (w0 + w1) + (w2 + w3) + ..., and hands that over to rank 1 (st.async into its shared memory),
 // which adds its own pairs to it in order and stores both strips: the sum and its order are BlockSum's. The blocks
 // arrive at the cluster barrier at once and wait after the prologue's loads, where the warps wait for data anyway.
-// H200, 14336 x 4096: M = 16 13.12 -> 11.94 µs, M = 13 12.17 -> 11.80, M = 9 unchanged (call 3), M = 4 10.18 -> 9.83,
+// H200, 14336 x 4096: M = 16 13.12 -> 11.94 µs, M = 13 12.17 -> 11.80, M = 9 unchanged, M = 4 10.18 -> 9.83,
 // M = 8 10.69 -> 10.34; 4096² (where the staged kernel takes M <= 8) M = 16 5.43 -> 5.18, M = 12 5.17 -> 5.07, but M = 9
-// 4.91 -> 5.02 (call 5). In a first form (the hand-over behind a cluster barrier after the main loop) the 2- and 4-split
+// 4.91 -> 5.02. In a first form (the hand-over behind a cluster barrier after the main loop) the 2- and 4-split
 // plans (4096 x 14336, 8192²) lost 0.6-1.3 µs; they keep one-strip blocks
-// (bench/results/gemm-nvidia-h200-2026-11-27-s26.md).
+// (docs/perf/experiments.md).
 template <typename T, int NT, bool kFp8, bool kStageFlush, int kPre, bool kPair = false>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(const QLinearParams p) {
   static_assert(!(kPair && kFp8), "strip pairs are built for int4");
@@ -1148,7 +1147,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 
   // int4 lets the next kernel launch at once, as QLinearKernel does (H200: int4 M = 1 4-8% faster than
   // with the trigger after the main loop). fp8 triggers after its main loop: with the early trigger W8A16
-  // at 4096 x 14336, M = 1 took 18.8 instead of 16.8 µs, past its 1.6x bar (bench/gemm/NOTES.md).
+  // at 4096 x 14336, M = 1 took 18.8 instead of 16.8 µs, past its 1.6x bar (docs/perf/experiments.md).
   constexpr bool kEarlyTrigger = !kFp8;
   if constexpr (kEarlyTrigger) LaunchDependents();
   // kPair: rank 1's hand-over mbarrier (after the accumulators and rank 0's sums in shared memory), published to rank 0
@@ -1168,7 +1167,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // a programmatic launch they stream in while it finishes; X only after the wait. An SM's requests return roughly in
   // the order it made them, so the weight steps requested before X also land before it: with short warp ranges only
   // kPre of them, the rest after X (H200, 4096² M = 16: W4A16 5.51 -> 5.34 µs, W8A16 7.32 -> 7.04; with 28-32 steps per
-  // warp the whole ring first is 0.3-1.3 µs faster; bench/results/gemm-nvidia-h200-2026-11-27-s23.md, call 9). ----
+  // warp the whole ring first is 0.3-1.3 µs faster; docs/perf/experiments.md). ----
 #pragma unroll
   for (int r = 0; r < kD; ++r)
     if (r < spw && r < kPre) load_w(r, r, std::false_type{});
@@ -1220,9 +1219,9 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
     }
     next_pass();
   };
-  // Steady passes first, where they paid on the H200 (bench/gemm/NOTES.md v6.3, v7.4): int4 with stage flush, two token
+  // Steady passes first, where they paid on the H200 (docs/perf/experiments.md): int4 with stage flush, two token
   // tiles on every plan (8 splits: 14336 x 4096 M = 16 12.02 -> 11.28 µs, M = 12 11.83 -> 11.04, 4096² M = 16 5.18 ->
-  // 5.12; bench/results/gemm-nvidia-h200-2026-11-27-s28.md, calls 5-6), one tile on plans of fewer than kMaxSplits
+  // 5.12), one tile on plans of fewer than kMaxSplits
   // splits (4096 x 14336 and 8192² M = 1-8 2.5-5% faster; on 8-split plans, one 512-thread block per SM, 1-4% slower at
   // 14336 x 4096). fp8 lost 0-3% in both forms, and the step-flush instances spilled registers.
   int i = 0;

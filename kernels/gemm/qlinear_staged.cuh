@@ -6,19 +6,19 @@
 // idle. Every step's dequantization, about two thirds of a step's instructions, depends only on the weights, which
 // stream in before griddepcontrol.wait; X only after it. QLinearDirectKernel keeps both in one register ring, so its
 // warps dequantize only once X is there, and the whole issue-bound compute sits after X on the call's critical path
-// (a timing probe of the 4096² call: 0.8 µs launch, wait and exit, 1.7 µs of compute alone,
-// bench/results/gemm-nvidia-h200-2026-11-25-s21.md). Here each warp's lane 0 requests the warp's own weights by bulk
+// (a timing probe of the 4096² call: 0.8 µs launch, wait and exit, 1.7 µs of compute alone;
+// docs/perf/gemm.md). Here each warp's lane 0 requests the warp's own weights by bulk
 // copies, a stage per mbarrier, and after the wait the warp's lanes copy its columns of X (16 bytes per copy); the
 // warp dequantizes stage 0 into registers, then waits for X. No thread issues another warp's copies, and no block
 // barrier comes before the sum: the first form of this kernel, with thread 0 issuing all of the block's copies, ran
-// 1.9 µs slower than the direct kernel (s21 record, call 8). This form took 4096² M = 4 from 4.87 to 4.62 µs and M = 8
-// from 5.14 to 4.85 against the direct kernel (bench/results/gemm-nvidia-h200-2026-11-27-s22.md, call 1).
+// 1.9 µs slower than the direct kernel. This form took 4096² M = 4 from 4.87 to 4.62 µs and M = 8
+// from 5.14 to 4.85 against the direct kernel (docs/perf/experiments.md).
 //
 // Only stage 0's weights are requested before griddepcontrol.wait; lane 0 requests the other stages after the warp's
 // X copies. An SM's requests come back roughly in the order it made them, so X, requested last, had landed only with
 // the last weights (1.5-1.8 µs after the wait at 4096² M = 4, a %globaltimer probe) and held up all of the compute
-// that needs it. 4096²: M = 1 4.20 -> 4.02 µs, M = 4 4.63 -> 4.08, M = 8 4.89 -> 4.47 (H200,
-// bench/results/gemm-nvidia-h200-2026-11-27-s23.md, calls 4 and 8).
+// that needs it. 4096²: M = 1 4.20 -> 4.02 µs, M = 4 4.63 -> 4.08, M = 8 4.89 -> 4.47 (H200).
+// Measured: docs/perf/experiments.md (the staged kernel's lines).
 // Launches of at most staged_dequant_first_rows rows dequantize before griddepcontrol.wait (see the kernel).
 //
 // Bits: the same DequantPair values, the same mma chains per flush unit from zero (Mma0), Flush's fma, and the same
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   // the wait, and the dequantization goes before the wait, overlapping the previous kernel's last blocks; with more,
   // X takes longer from L2 (every block reads all of it), and the wait and copies go first, so that the
   // dequantization overlaps X's arrival (H200, 4096²: dequantization first 4.09 -> 4.02 µs at M = 1, but
-  // 4.03 -> 4.18 at M = 2; bench/results/gemm-nvidia-h200-2026-11-27-s23.md, call 8).
+  // 4.03 -> 4.18 at M = 2).
   if (!l.dequant_first) wait_and_copy_x();
 
   float acc[NT][2][4], c[NT][2][4];
@@ -251,9 +251,9 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 // stage 1 after the warp has requested its X. X goes straight into registers, all 8 steps at once (the weights no
 // longer take the register ring), so no request of the call waits for a ring slot to be consumed, as the later steps
 // of QLinearDirectKernel's 4-step fp8 ring do. H200, 4096²: M = 1 5.94 -> 5.42 µs, M = 4 6.01 -> 5.57, M = 8 6.12 ->
-// 5.93 (call 4). Two token tiles (X in 64 registers) ran 0.1-0.25 µs slower than QLinearDirectKernel at M = 12-16
-// (calls 3 and 6), and 2-step copies, no copy before the wait, or X requested a stage or two ahead of its use were
-// slower at every M (calls 1-3; bench/results/gemm-nvidia-h200-2026-11-27-s24.md).
+// 5.93. Two token tiles (X in 64 registers) ran 0.1-0.25 µs slower than QLinearDirectKernel at M = 12-16, and
+// 2-step copies, no copy before the wait, or X requested a stage or two ahead of its use were slower at every M
+// (docs/perf/experiments.md).
 // Bits: StepMma over the range's steps in order, from zero accumulators, with zero X past K, then BlockSum:
 // QLinearDirectKernel's arithmetic, so row i of Y is bitwise the small-M kernel's for any M (GPU test
 // W8A16StagedKernelKeepsTheBits).

@@ -1,11 +1,10 @@
 // W4A16 for M > 32 on sm_90a with plans of at most 4 splits, or of 8 splits at one token tile: QLinearKernel's
 // arithmetic (plan warp ranges, k32 steps, g128 flush units, fixed-order split sums) with the k16 chunks on wgmma
-// m64n64k16 instead of mma.sync m16n8k16. H200 (bench/results/gemm-nvidia-h200-2026-11-25-wgmma-tma.md and
-// -spread.md): at M = 64 24% faster than QLinearKernel on 4096x14336, 8192² and 14336x4096; slower at M = 32, and
+// m64n64k16 instead of mma.sync m16n8k16. H200 (docs/perf/gemm.md): at M = 64 24% faster than QLinearKernel on 4096x14336, 8192² and 14336x4096; slower at M = 32, and
 // with 8-split plans above one token tile, which keep QLinearKernel.
 //
 // Bits: wgmma with A from registers in the m16n8k16 A-fragment layout gives the very bits of chained mma.sync over
-// the same k16 chunks, in any k order inside a chunk (bench/results/gemm-probe-h200-2026-11-24.md). So each warp builds
+// the same k16 chunks, in any k order inside a chunk (checked by bench/gemm/mma_probe.cu). So each warp builds
 // StepMma's A fragments (DequantPair of the same packed words and zero points) for its 16-column half u of a strip, a
 // flush unit (one 4-step stage) starts from zero (scale-d = 0) and is folded into the fp32 sum with Flush's fma, the
 // split's two warp ranges are added as w0 + w1, and the splits in order 0..S-1: row i of Y is bitwise the small-M
@@ -26,7 +25,7 @@
 // Split sums: 2-split plans through a 2-block cluster (distributed shared memory), larger plans through the
 // workspace: each block sums a slice of the tile where the grid is resident, else the last block of the tile (acq_rel
 // ticket) sums it; clusters of 4 and 8 full-SM blocks do not fit one wave.
-// Where the time goes at M = 64 (bench/results/gemm-nvidia-h200-2026-11-25-wgmma-costs.md): without memory waits a
+// Where the time goes at M = 64 (docs/perf/gemm.md, "What bounds it"): without memory waits a
 // stage takes about the probe's 0.7 µs; the packing of X, the split sum and the memory waits each cost several µs.
 // Limits: sm_90a, int4 with groups of a multiple of 4 k32 steps (kStageFlush), M per launch <= kMaxRowsPerLaunch.
 #pragma once
@@ -294,7 +293,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     // and, where a group starts, scale blocks, into a 4-slot ring with full / empty mbarriers, each slot refilled once
     // the math warps are done with it, so no math warp issues copies or waits for the others (H200 M = 64:
     // 4096 x 14336 28.1 -> 24.2 µs, 8192² 29.9 -> 26.0, 14336 x 4096 27.6 -> 25.1; with the stage flags below 23.9,
-    // 25.5, 23.9; bench/results/gemm-nvidia-h200-2026-11-25-s20.md). The other threads leave at once, so the math
+    // 25.5, 23.9; docs/perf/experiments.md). The other threads leave at once, so the math
     // warpgroups synchronise among themselves (math_sync; a block barrier there hung under racecheck). ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
     if (tid != C::kThreads) return;
@@ -334,8 +333,8 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   // The math warpgroups' block barrier (the producer warpgroup has left).
   auto math_sync = [] { asm volatile("bar.sync 2, %0;\n" ::"n"(C::kThreads) : "memory"); };
   // The packing of X (above), an item a thread: one L2 round trip (the producer's 128 threads, with 32 registers, took
-  // two: H200 M = 40-64 0.4-0.8 µs faster on all four shapes; bench/results/gemm-nvidia-h200-2026-11-27-s27.md, call 6),
-  // and the first stage in the block's own slot waits for no other block (a further 0.2-0.6 µs, call 7).
+  // two: H200 M = 40-64 0.4-0.8 µs faster on all four shapes),
+  // and the first stage in the block's own slot waits for no other block (a further 0.2-0.6 µs; docs/perf/experiments.md).
   if (p.xready) {
     static_assert(C::kRows * kSubSteps == C::kThreads / 2, "a stage is an item for each of half the math threads");
     if (tid < C::kThreads / 2) {
@@ -409,7 +408,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     // The stage's X is read and its weights and scale block are in registers. Every thread arrives for its own
     // shared-memory reads: with one arrival per warp after __syncwarp, compute-sanitizer racecheck reports the next
     // refill's bulk copy as racing with the other lanes' reads (H200: every thread arriving costs 0.5-0.8 µs at
-    // M = 40-64 on the three large shapes; bench/results/gemm-nvidia-h200-2026-11-25-s18.md, calls 4-6).
+    // M = 40-64 on the three large shapes).
     MbarArrive(empty_bar(slot));
     keep_a(0);
     keep_a(1);
