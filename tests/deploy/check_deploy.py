@@ -11,7 +11,7 @@ prometheus  promtool check config / check rules / test rules; the adapter's metr
             with its template filled in, parses as PromQL (promtool).
 grafana     dashboard JSON: unique ids, every query parses as PromQL (promtool, with the
             Grafana variables filled in) and names only flashq families the server exports;
-            the views the issue asks for are present; provisioning points at it.
+            the views the dashboard promises are present; provisioning points at it.
 compose     `docker compose config` or `docker-compose config` (schema check without an
             engine), plus the files the stack mounts exist.
 dockerfile  a small linter (hadolint is not packaged for Debian): both Dockerfiles run
@@ -51,7 +51,7 @@ def run(cmd, **kw):
     return p.returncode, (p.stdout + p.stderr).strip()
 
 
-# Families the server exports (server/metrics/metrics.cc, docs in DESIGN.md), plus the
+# Families the server exports (server/metrics/metrics.cc, README "Metrics"), plus the
 # suffixes Prometheus derives for histograms and counters.
 FAMILIES = {"flashq_request_duration_seconds", "flashq_batch_requests", "flashq_batch_tokens",
             "flashq_requests_total", "flashq_inflight_requests", "flashq_queue_depth",

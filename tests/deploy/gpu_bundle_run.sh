@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs a CUDA bundle on the GPU machine (issue 5 item 7, issue 7 "same artefact"):
+# Runs a CUDA bundle on a host with a GPU (the same artefact as the CPU deployment):
 # unpacks it, prints what the launcher found (the host's cuBLASLt), starts the server
 # with --backend=cuda, waits for gRPC SERVING with the bundled flashq-health, drives
 # the bundled flashq-bench for a few seconds, checks /metrics (GPU families included),

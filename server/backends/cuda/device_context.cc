@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<DeviceContext>> DeviceContext::Create(int device,
   d->arena_ = std::move(*arena);
   // 64 MB per stream as in the gemm benchmark: the algorithms cuBLASLt picks (and the batch-invariant pin) depend on the
   // workspace limit; with 32 MB the pinned FP8 tensor-wise GEMM was up to 20% slower at M = 4096 on the H200
-  // (bench/results/gemm-nvidia-h200-2026-11-24-timing-variants.md).
+  // (docs/perf/gemm.md).
   if (auto s = FromKernel(gemm::BlasLt::Create(size_t(64) << 20, &d->blas_)); !s.ok()) return s;
   d->slots_.resize(streams);
   for (int i = 0; i < streams; ++i) {
