@@ -18,6 +18,7 @@
 #include "server/core/inference_server.h"
 #include "server/core/shared_memory.h"
 #include "server/frontend/auth.h"
+#include "server/frontend/grpc_keepalive.h"
 #include "server/frontend/grpc_service.h"
 #include "server/metrics/http_exposer.h"
 #include "server/repository/demo_repository.h"
@@ -47,6 +48,7 @@ struct Options {
   int64_t max_shared_memory_regions = SharedMemoryRegistry::kDefaultMaxRegions;
   std::string tls_cert, tls_key, tls_ca, auth_token, auth_token_file;
   bool auth_inference = true;
+  GrpcKeepaliveOptions keepalive;
 };
 
 void AddFlags(FlagSet& f, Options& o) {
@@ -69,6 +71,7 @@ void AddFlags(FlagSet& f, Options& o) {
         "Largest gRPC message accepted or sent; a larger request gets RESOURCE_EXHAUSTED, and so does a request whose "
         "response would be larger, before it is computed.",
         4096, INT32_MAX);
+  AddGrpcKeepaliveFlags(f, o.keepalive);
   f.Add("stream-max-unanswered", &o.stream_max_unanswered,
         "ModelStreamInfer: most requests of one stream read but not yet answered on the wire (queued, computing or "
         "unsent); the server stops reading that stream's requests until answers are written.",
@@ -217,6 +220,9 @@ int Run(const Options& o) {
   // Tensors are megabytes: start each stream with a large HTTP/2 window instead of
   // letting the first big request crawl through 64 KB windows while BDP probing grows it.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+  ApplyGrpcKeepalive(o.keepalive, builder);
+  std::vector<std::pair<std::string, std::string>> channel_args;  // as gRPC core receives them
+  RecordChannelArgs(builder, &channel_args);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (!grpc_server || bound_port == 0) {
@@ -232,6 +238,7 @@ int Run(const Options& o) {
             << (o.tls_cert.empty() ? "" : o.tls_ca.empty() ? " (TLS)" : " (mutual TLS)")
             << ((*auth)->enabled() ? " (bearer token)" : "") << ", metrics on :"
             << (metrics_http ? metrics_http->port() : 0) << "\n";
+  std::cerr << "flashq-server: gRPC channel arguments: " << DescribeChannelArgs(channel_args) << "\n";
 
   std::string repo = o.model_repository;
   if (repo.empty()) {
