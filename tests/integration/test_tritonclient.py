@@ -89,6 +89,51 @@ def test_unknown_model_not_ready(client):
     assert not ready
 
 
+def small_attention_inputs(seed=21):
+    rng = np.random.default_rng(seed)
+    q = round_to(rng.standard_normal((3, 32, 128)), "FP16")
+    kv = round_to(rng.standard_normal((3, 8, 128)), "FP16")
+    return [make_input("Q", q, "FP16"), make_input("K", kv, "FP16"), make_input("V", kv, "FP16")]
+
+
+def assert_not_found(call, version):
+    with pytest.raises(InferenceServerException) as e:
+        call()
+    assert e.value.status() == "StatusCode.NOT_FOUND", (e.value.status(), e.value.message())
+    assert f"'{version}'" in e.value.message(), e.value.message()
+
+
+@pytest.mark.parametrize("version", ["2", "0", "latest"])
+def test_model_version_that_does_not_exist_is_not_found(client, server, version):
+    """Each model serves version 1 (and "" means the latest, 1); any other version is NOT_FOUND
+    on every RPC that takes one, inference included, instead of being answered as version 1."""
+    ins = small_attention_inputs()
+    assert_not_found(lambda: client.infer("attention", ins, model_version=version), version)
+    assert not client.is_model_ready("attention", model_version=version)
+    assert_not_found(lambda: client.get_model_metadata("attention", model_version=version), version)
+    assert_not_found(lambda: client.get_model_config("attention", model_version=version), version)
+    assert_not_found(lambda: client.get_inference_statistics("attention", model_version=version), version)
+    # The versions that exist are answered, under their number.
+    for v in ("1", ""):
+        res = client.infer("attention", ins, model_version=v)
+        assert res.get_response().model_version == "1", res.get_response()
+        assert client.is_model_ready("attention", model_version=v)
+        assert client.get_model_metadata("attention", model_version=v, as_json=True)["versions"] == ["1"]
+    # Streaming: the error answers that request; the stream goes on.
+    c = grpcclient.InferenceServerClient(server.url)
+    results = queue.Queue()
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    c.async_stream_infer("attention", ins, model_version=version, request_id="bad")
+    result, error = results.get(timeout=60)
+    # (A stream's error travels as ModelStreamInferResponse.error_message, which has no status code.)
+    assert error is not None and f"has no version '{version}'" in error.message(), error
+    c.async_stream_infer("attention", ins, model_version="1", request_id="good")
+    result, error = results.get(timeout=60)
+    assert error is None and result.get_response().id == "good", error
+    c.stop_stream()
+    c.close()
+
+
 def test_statistics_count_inferences(client):
     rng = np.random.default_rng(1)
     before = client.get_inference_statistics("attention", as_json=True)
