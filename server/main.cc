@@ -20,7 +20,9 @@
 #include "server/frontend/auth.h"
 #include "server/frontend/grpc_keepalive.h"
 #include "server/frontend/grpc_service.h"
+#include "server/metrics/gpu_metrics.h"
 #include "server/metrics/http_exposer.h"
+#include "server/metrics/triton_metrics.h"
 #include "server/repository/demo_repository.h"
 #include "server/repository/model_repository.h"
 #ifdef FLASHQ_CUDA_BACKEND
@@ -35,6 +37,7 @@ struct Options {
   std::string host = "0.0.0.0";
   int64_t grpc_port = 8001, metrics_port = 8002;
   std::string model_repository, demo_cache_dir, backend = "auto";
+  std::string metrics_compat = "none";
   int64_t max_queue_delay_us = -1, max_queue_size = -1, max_batch_tokens = -1;
   // gRPC's own ceiling, as in Triton: the token budget and --max-tensor-bytes bound a request, so
   // any request within a model's token budget fits (docs/security.md, "Request limits").
@@ -55,6 +58,9 @@ void AddFlags(FlagSet& f, Options& o) {
   f.Add("host", &o.host, "Address to listen on (gRPC and metrics).");
   f.Add("grpc-port", &o.grpc_port, "gRPC port (KServe v2 inference protocol, health, reflection).", 0, 65535);
   f.Add("metrics-port", &o.metrics_port, "HTTP port serving Prometheus metrics at /metrics; 0 disables.", 0, 65535);
+  f.Add("metrics-compat", &o.metrics_compat,
+        "none, or triton: /metrics also exports Triton's per-model names (nv_inference_request_success, "
+        "nv_inference_count, nv_inference_queue_duration_us, ...) for tools written against Triton.");
   f.Add("model-repository", &o.model_repository,
         "Model repository: one folder per model with config.pbtxt (and model.safetensors for linear layers). "
         "Empty: generate the embedded Llama-3-8B-shaped demo repository.");
@@ -161,6 +167,10 @@ int Run(const Options& o) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
 
+  if (o.metrics_compat != "none" && o.metrics_compat != "triton") {
+    std::cerr << "flashq-server: --metrics-compat=" << o.metrics_compat << ": expected none or triton\n";
+    return 2;
+  }
   auto registry = std::make_shared<prometheus::Registry>();
   ServerMetrics metrics(registry);
 
@@ -187,6 +197,21 @@ int Run(const Options& o) {
       return 1;
     }
     metrics_http = std::move(*m);
+  }
+  // Computed when /metrics is scraped: Triton's per-model names (from the ModelStatistics
+  // counters, once the models are loaded) and the GPUs' gauges.
+  auto triton_metrics = std::make_shared<TritonCompatMetrics>();
+  std::shared_ptr<GpuMetrics> gpu_metrics;
+  if (metrics_http) {
+    if (o.metrics_compat == "triton") metrics_http->AddCollectable(triton_metrics);
+    auto sampler = CreateNvmlSampler();
+    if (sampler.ok()) {
+      gpu_metrics = std::make_shared<GpuMetrics>(std::move(*sampler));
+      metrics_http->AddCollectable(gpu_metrics);
+    }
+    std::cerr << "flashq-server: GPU metrics (nv_gpu_*): "
+              << (sampler.ok() ? std::string("from NVML") : absl::StrCat("none: ", sampler.status().message()))
+              << "\n";
   }
 
   auto credentials = MakeServerCredentials({o.tls_cert, o.tls_key, o.tls_ca});
@@ -291,6 +316,10 @@ int Run(const Options& o) {
     return 1;
   }
   service.SetServer(server->get());
+  InferenceServer* served = server->get();
+  triton_metrics->SetSources(
+      [served](inference::ModelStatisticsResponse* out) { served->FillStatistics("", out); },
+      [&metrics](const std::string& model) { return metrics.ForModel(model).queue_depth->Value(); });
   service.SetReady(true);
   health->SetServingStatus(true);
   for (const auto& [name, seconds] : (*server)->load_seconds()) {
@@ -310,6 +339,7 @@ int Run(const Options& o) {
   (*server)->Drain();
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   grpc_server->Wait();
+  triton_metrics->SetSources({}, {});  // waits for a scrape that reads the server
   server->reset();
   std::cerr << "flashq-server: stopped" << std::endl;
   return 0;
