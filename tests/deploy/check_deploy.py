@@ -55,7 +55,7 @@ def run(cmd, **kw):
 # suffixes Prometheus derives for histograms and counters.
 FAMILIES = {"flashq_request_duration_seconds", "flashq_batch_requests", "flashq_batch_tokens",
             "flashq_requests_total", "flashq_inflight_requests", "flashq_queue_depth",
-            "flashq_kv_cache_blocks_in_use", "flashq_kv_cache_blocks_total",
+            "flashq_kv_cache_blocks_in_use", "flashq_kv_cache_blocks_total", "flashq_kv_cache_usage_ratio",
             "flashq_gpu_memory_used_bytes", "flashq_kernel_seconds"}
 
 
