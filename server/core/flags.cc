@@ -108,7 +108,8 @@ std::string FlagSet::Help() const {
     if (f.lo != INT64_MIN || f.hi != INT64_MAX) range = ", " + std::to_string(f.lo) + ".." + std::to_string(f.hi);
     std::string also;
     for (const auto& a : f.aliases) also += (also.empty() ? " Also spelled --" : ", --") + a;
-    out += "  --" + f.name + " (default " + f.def + range + ")\n      " + f.help + (also.empty() ? "" : also + ".") + "\n";
+    if (!also.empty()) also += ".";
+    out += "  --" + f.name + " (default " + f.def + range + ")\n      " + f.help + also + "\n";
   }
   return out;
 }

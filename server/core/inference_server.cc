@@ -164,7 +164,9 @@ void InferenceServer::UpdateKvGauges(Served& s) {
   if (auto kv = s.model->KvBlocks()) {
     s.metrics->kv_blocks_in_use->Set(double(kv->in_use));
     s.metrics->kv_blocks_total->Set(double(kv->total));
-    if (s.metrics->kv_usage_ratio) s.metrics->kv_usage_ratio->Set(kv->total > 0 ? double(kv->in_use) / double(kv->total) : 0.0);
+    if (s.metrics->kv_usage_ratio) {
+      s.metrics->kv_usage_ratio->Set(kv->total > 0 ? double(kv->in_use) / double(kv->total) : 0.0);
+    }
   }
 }
 
