@@ -16,10 +16,15 @@ BUILD_DIR="${BUILD_DIR:-build}"
 start=$(date +%s)
 
 scripts/setup.sh
+# The newest tritonclient, in a second venv, for integration.tritonclient_latest.
+scripts/setup-tritonclient-latest.sh
 scripts/build.sh
-# Reconfigure once more if the venv appeared after the first configure (the
-# integration tests are registered only when .venv/bin/python exists).
-if [ -x .venv/bin/python ] && ! grep -q '^FLASHQ_INTEGRATION_TESTS:INTERNAL=ON' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null; then
+# Reconfigure once more if a venv appeared after the first configure (the integration
+# tests are registered only when .venv/bin/python, and .venv-tritonclient-latest/bin/python
+# for integration.tritonclient_latest, exist).
+if { [ -x .venv/bin/python ] && ! grep -q '^FLASHQ_INTEGRATION_TESTS:INTERNAL=ON' "$BUILD_DIR/CMakeCache.txt"; } ||
+   { [ -x .venv-tritonclient-latest/bin/python ] &&
+     ! grep -q '^FLASHQ_TRITONCLIENT_LATEST_TEST:INTERNAL=ON' "$BUILD_DIR/CMakeCache.txt"; } 2>/dev/null; then
   cmake "$BUILD_DIR" >/dev/null
 fi
 

@@ -18,8 +18,11 @@
 #include "server/core/inference_server.h"
 #include "server/core/shared_memory.h"
 #include "server/frontend/auth.h"
+#include "server/frontend/grpc_keepalive.h"
 #include "server/frontend/grpc_service.h"
+#include "server/metrics/gpu_metrics.h"
 #include "server/metrics/http_exposer.h"
+#include "server/metrics/triton_metrics.h"
 #include "server/repository/demo_repository.h"
 #include "server/repository/model_repository.h"
 #ifdef FLASHQ_CUDA_BACKEND
@@ -34,6 +37,7 @@ struct Options {
   std::string host = "0.0.0.0";
   int64_t grpc_port = 8001, metrics_port = 8002;
   std::string model_repository, demo_cache_dir, backend = "auto";
+  std::string metrics_compat = "none";
   int64_t max_queue_delay_us = -1, max_queue_size = -1, max_batch_tokens = -1;
   // gRPC's own ceiling, as in Triton: the token budget and --max-tensor-bytes bound a request, so
   // any request within a model's token budget fits (docs/security.md, "Request limits").
@@ -47,12 +51,16 @@ struct Options {
   int64_t max_shared_memory_regions = SharedMemoryRegistry::kDefaultMaxRegions;
   std::string tls_cert, tls_key, tls_ca, auth_token, auth_token_file;
   bool auth_inference = true;
+  GrpcKeepaliveOptions keepalive;
 };
 
 void AddFlags(FlagSet& f, Options& o) {
   f.Add("host", &o.host, "Address to listen on (gRPC and metrics).");
   f.Add("grpc-port", &o.grpc_port, "gRPC port (KServe v2 inference protocol, health, reflection).", 0, 65535);
   f.Add("metrics-port", &o.metrics_port, "HTTP port serving Prometheus metrics at /metrics; 0 disables.", 0, 65535);
+  f.Add("metrics-compat", &o.metrics_compat,
+        "none, or triton: /metrics also exports Triton's per-model names (nv_inference_request_success, "
+        "nv_inference_count, nv_inference_queue_duration_us, ...) for tools written against Triton.");
   f.Add("model-repository", &o.model_repository,
         "Model repository: one folder per model with config.pbtxt (and model.safetensors for linear layers). "
         "Empty: generate the embedded Llama-3-8B-shaped demo repository.");
@@ -69,6 +77,7 @@ void AddFlags(FlagSet& f, Options& o) {
         "Largest gRPC message accepted or sent; a larger request gets RESOURCE_EXHAUSTED, and so does a request whose "
         "response would be larger, before it is computed.",
         4096, INT32_MAX);
+  AddGrpcKeepaliveFlags(f, o.keepalive);
   f.Add("stream-max-unanswered", &o.stream_max_unanswered,
         "ModelStreamInfer: most requests of one stream read but not yet answered on the wire (queued, computing or "
         "unsent); the server stops reading that stream's requests until answers are written.",
@@ -158,6 +167,10 @@ int Run(const Options& o) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
 
+  if (o.metrics_compat != "none" && o.metrics_compat != "triton") {
+    std::cerr << "flashq-server: --metrics-compat=" << o.metrics_compat << ": expected none or triton\n";
+    return 2;
+  }
   auto registry = std::make_shared<prometheus::Registry>();
   ServerMetrics metrics(registry);
 
@@ -184,6 +197,21 @@ int Run(const Options& o) {
       return 1;
     }
     metrics_http = std::move(*m);
+  }
+  // Computed when /metrics is scraped: Triton's per-model names (from the ModelStatistics
+  // counters, once the models are loaded) and the GPUs' gauges.
+  auto triton_metrics = std::make_shared<TritonCompatMetrics>();
+  std::shared_ptr<GpuMetrics> gpu_metrics;
+  if (metrics_http) {
+    if (o.metrics_compat == "triton") metrics_http->AddCollectable(triton_metrics);
+    auto sampler = CreateNvmlSampler();
+    if (sampler.ok()) {
+      gpu_metrics = std::make_shared<GpuMetrics>(std::move(*sampler));
+      metrics_http->AddCollectable(gpu_metrics);
+    }
+    std::cerr << "flashq-server: GPU metrics (nv_gpu_*): "
+              << (sampler.ok() ? std::string("from NVML") : absl::StrCat("none: ", sampler.status().message()))
+              << "\n";
   }
 
   auto credentials = MakeServerCredentials({o.tls_cert, o.tls_key, o.tls_ca});
@@ -217,6 +245,9 @@ int Run(const Options& o) {
   // Tensors are megabytes: start each stream with a large HTTP/2 window instead of
   // letting the first big request crawl through 64 KB windows while BDP probing grows it.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+  ApplyGrpcKeepalive(o.keepalive, builder);
+  std::vector<std::pair<std::string, std::string>> channel_args;  // as gRPC core receives them
+  RecordChannelArgs(builder, &channel_args);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (!grpc_server || bound_port == 0) {
@@ -232,6 +263,7 @@ int Run(const Options& o) {
             << (o.tls_cert.empty() ? "" : o.tls_ca.empty() ? " (TLS)" : " (mutual TLS)")
             << ((*auth)->enabled() ? " (bearer token)" : "") << ", metrics on :"
             << (metrics_http ? metrics_http->port() : 0) << "\n";
+  std::cerr << "flashq-server: gRPC channel arguments: " << DescribeChannelArgs(channel_args) << "\n";
 
   std::string repo = o.model_repository;
   if (repo.empty()) {
@@ -285,6 +317,10 @@ int Run(const Options& o) {
     return 1;
   }
   service.SetServer(server->get());
+  InferenceServer* served = server->get();
+  triton_metrics->SetSources(
+      [served](inference::ModelStatisticsResponse* out) { served->FillStatistics("", out); },
+      [&metrics](const std::string& model) { return metrics.ForModel(model).queue_depth->Value(); });
   service.SetReady(true);
   health->SetServingStatus(true);
   for (const auto& [name, seconds] : (*server)->load_seconds()) {
@@ -304,6 +340,7 @@ int Run(const Options& o) {
   (*server)->Drain();
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   grpc_server->Wait();
+  triton_metrics->SetSources({}, {});  // waits for a scrape that reads the server
   server->reset();
   // Regions page-locked or opened by the backend are released while it still runs.
   if (shared_memory) {

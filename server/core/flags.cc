@@ -1,5 +1,6 @@
 #include "server/core/flags.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 
@@ -13,6 +14,12 @@ void FlagSet::Add(std::string name, int64_t* target, std::string help, int64_t l
 }
 void FlagSet::Add(std::string name, bool* target, std::string help) {
   flags_.push_back({std::move(name), std::move(help), *target ? "true" : "false", target});
+}
+
+void FlagSet::Alias(std::string alias, const std::string& name) {
+  for (auto& f : flags_) {
+    if (f.name == name) f.aliases.push_back(std::move(alias));
+  }
 }
 
 bool FlagSet::Set(Flag& f, const std::string& value, std::string* error) {
@@ -67,7 +74,9 @@ bool FlagSet::Parse(int argc, char** argv, bool* help, std::string* error) {
     }
     for (char& c : name) c = c == '_' ? '-' : c;  // --grpc_port works too
     Flag* flag = nullptr;
-    for (auto& f : flags_) flag = f.name == name ? &f : flag;
+    for (auto& f : flags_) {
+      if (f.name == name || std::find(f.aliases.begin(), f.aliases.end(), name) != f.aliases.end()) flag = &f;
+    }
     if (!flag) {
       *error = "unknown flag --" + name + " (see --help)";
       return false;
@@ -97,7 +106,10 @@ std::string FlagSet::Help() const {
   for (const auto& f : flags_) {
     std::string range;
     if (f.lo != INT64_MIN || f.hi != INT64_MAX) range = ", " + std::to_string(f.lo) + ".." + std::to_string(f.hi);
-    out += "  --" + f.name + " (default " + f.def + range + ")\n      " + f.help + "\n";
+    std::string also;
+    for (const auto& a : f.aliases) also += (also.empty() ? " Also spelled --" : ", --") + a;
+    if (!also.empty()) also += ".";
+    out += "  --" + f.name + " (default " + f.def + range + ")\n      " + f.help + also + "\n";
   }
   return out;
 }

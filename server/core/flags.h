@@ -16,6 +16,8 @@ class FlagSet {
   // An integer flag is refused outside [lo, hi], before anything sizes itself with it.
   void Add(std::string name, int64_t* target, std::string help, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX);
   void Add(std::string name, bool* target, std::string help);
+  // A second spelling of an added flag: it sets the same target, and WasSet(name) sees it.
+  void Alias(std::string alias, const std::string& name);
   // Returns false and fills `error` on a bad flag; sets `help` on --help.
   bool Parse(int argc, char** argv, bool* help, std::string* error);
   std::string Help() const;
@@ -28,6 +30,7 @@ class FlagSet {
     std::variant<std::string*, int64_t*, bool*> target;
     int64_t lo = INT64_MIN, hi = INT64_MAX;
     bool set = false;
+    std::vector<std::string> aliases = {};
   };
   bool Set(Flag& f, const std::string& value, std::string* error);
   std::string usage_;

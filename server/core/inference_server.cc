@@ -115,6 +115,8 @@ absl::StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Create(const s
     s.model = std::move(**models[i]);
     s.stats = std::make_unique<ModelStats>();
     s.metrics = &metrics.ForModel(e.config.name());
+    if (s.model->KvBlocks()) metrics.KvCacheUsageRatio(e.config.name());
+    UpdateKvGauges(s);
     s.scheduler = std::make_unique<Scheduler>(*s.model, sched[i], *s.metrics, *s.stats);
     server->models_.emplace(e.config.name(), std::move(s));
   }
@@ -144,6 +146,9 @@ void InferenceServer::UpdateKvGauges(Served& s) {
   if (auto kv = s.model->KvBlocks()) {
     s.metrics->kv_blocks_in_use->Set(double(kv->in_use));
     s.metrics->kv_blocks_total->Set(double(kv->total));
+    if (s.metrics->kv_usage_ratio) {
+      s.metrics->kv_usage_ratio->Set(kv->total > 0 ? double(kv->in_use) / double(kv->total) : 0.0);
+    }
   }
 }
 

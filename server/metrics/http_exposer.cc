@@ -183,11 +183,25 @@ std::string MetricsHttpServer::Answer(const std::string& in) const {
   const bool head = method == "HEAD";
   if (method != "GET" && !head) return Response(405, "Method Not Allowed", "text/plain", "only GET\n", false);
   if (target == "/metrics") {
-    std::string body = prometheus::TextSerializer().Serialize(registry_->Collect());
+    std::vector<prometheus::MetricFamily> families = registry_->Collect();
+    {
+      std::lock_guard<std::mutex> l(collectables_mu_);
+      for (const auto& weak : collectables_) {
+        if (auto c = weak.lock()) {
+          for (auto& f : c->Collect()) families.push_back(std::move(f));
+        }
+      }
+    }
+    std::string body = prometheus::TextSerializer().Serialize(families);
     return Response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", body, head);
   }
   if (target == "/healthz") return Response(200, "OK", "text/plain", "ok", head);
   return Response(404, "Not Found", "text/plain", "not found; try /metrics\n", head);
+}
+
+void MetricsHttpServer::AddCollectable(std::weak_ptr<prometheus::Collectable> collectable) {
+  std::lock_guard<std::mutex> l(collectables_mu_);
+  collectables_.push_back(std::move(collectable));
 }
 
 void MetricsHttpServer::Loop() {

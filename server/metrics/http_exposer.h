@@ -20,10 +20,13 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include <prometheus/collectable.h>
 #include <prometheus/registry.h>
 
 namespace flashq::server {
@@ -44,12 +47,17 @@ class MetricsHttpServer {
                                                                    const MetricsHttpOptions& options = {});
   ~MetricsHttpServer();  // stops the thread and closes every socket
   int port() const { return port_; }
+  // Metrics computed at scrape time (derived from other state, or sampled from hardware), served
+  // after the registry's. Held weakly: one that is gone is skipped.
+  void AddCollectable(std::weak_ptr<prometheus::Collectable> collectable);
 
  private:
   MetricsHttpServer() = default;
   void Loop();
   std::string Answer(const std::string& head) const;
   std::shared_ptr<prometheus::Registry> registry_;
+  mutable std::mutex collectables_mu_;
+  std::vector<std::weak_ptr<prometheus::Collectable>> collectables_;
   MetricsHttpOptions options_;
   int listen_fd_ = -1;
   int wake_fd_[2] = {-1, -1};

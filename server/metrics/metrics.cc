@@ -58,6 +58,10 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
                     .Name("flashq_kv_cache_blocks_total")
                     .Help("Paged KV cache blocks in the pool")
                     .Register(*registry_)),
+      kv_usage_(prometheus::BuildGauge()
+                    .Name("flashq_kv_cache_usage_ratio")
+                    .Help("Fraction of the paged KV cache's blocks held by sequences, 0-1 (kv_attention models)")
+                    .Register(*registry_)),
       queue_depth_(prometheus::BuildGauge()
                        .Name("flashq_queue_depth")
                        .Help("Requests waiting in the model's queue")
@@ -87,6 +91,13 @@ ServerMetrics::Model& ServerMetrics::ForModel(const std::string& model) {
   requests_.Add({{"model", model}, {"code", "OK"}});  // present from the start, so rate() sees its first increase
   // std::map never moves its nodes, so the reference stays valid.
   return models_.emplace(model, m).first->second;
+}
+
+prometheus::Gauge& ServerMetrics::KvCacheUsageRatio(const std::string& model) {
+  Model& m = ForModel(model);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!m.kv_usage_ratio) m.kv_usage_ratio = &kv_usage_.Add({{"model", model}});
+  return *m.kv_usage_ratio;
 }
 
 void ServerMetrics::CountRequest(const std::string& model, const std::string& code) {

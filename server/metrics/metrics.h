@@ -29,9 +29,15 @@ class ServerMetrics {
     prometheus::Gauge* kv_blocks_in_use;      // kv_attention only (0 otherwise)
     prometheus::Gauge* kv_blocks_total;
     prometheus::Gauge* queue_depth;
+    // flashq_kv_cache_usage_ratio: blocks in use / blocks in the pool, 0-1; set only for models
+    // with a KV cache (KvCacheUsageRatio), null for the others.
+    prometheus::Gauge* kv_usage_ratio = nullptr;
   };
   // Creates the model's series on first use; the returned reference stays valid.
   Model& ForModel(const std::string& model);
+  // Creates the model's flashq_kv_cache_usage_ratio series (a model with a KV cache) and
+  // records it in ForModel(model).kv_usage_ratio. Call before requests reach the model.
+  prometheus::Gauge& KvCacheUsageRatio(const std::string& model);
   // flashq_requests_total{model, code}; code is the gRPC code name, e.g. "OK", "INVALID_ARGUMENT".
   void CountRequest(const std::string& model, const std::string& code);
   // Backend-level gauges (GPU memory etc.): name must start with flashq_.
@@ -50,6 +56,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>& inflight_;
   prometheus::Family<prometheus::Gauge>& kv_in_use_;
   prometheus::Family<prometheus::Gauge>& kv_total_;
+  prometheus::Family<prometheus::Gauge>& kv_usage_;
   prometheus::Family<prometheus::Gauge>& queue_depth_;
   prometheus::Family<prometheus::Histogram>& kernel_;
   std::mutex mu_;

@@ -55,7 +55,7 @@ def run(cmd, **kw):
 # suffixes Prometheus derives for histograms and counters.
 FAMILIES = {"flashq_request_duration_seconds", "flashq_batch_requests", "flashq_batch_tokens",
             "flashq_requests_total", "flashq_inflight_requests", "flashq_queue_depth",
-            "flashq_kv_cache_blocks_in_use", "flashq_kv_cache_blocks_total",
+            "flashq_kv_cache_blocks_in_use", "flashq_kv_cache_blocks_total", "flashq_kv_cache_usage_ratio",
             "flashq_gpu_memory_used_bytes", "flashq_kernel_seconds"}
 
 
@@ -119,6 +119,12 @@ def check_k8s(src):
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         ok(c.get(probe, {}).get("grpc", {}).get("port") == 8001, f"{probe} is a gRPC health probe on 8001")
     ok(pod["spec"]["securityContext"].get("runAsNonRoot") is True, "pod runs as non-root")
+    # Without a maximum connection age, clients stay on the replicas they first reached and
+    # replicas added by the HPA get no traffic.
+    age = [a.split("=", 1)[1] for a in c.get("args", []) if a.startswith("--grpc-max-connection-age=")]
+    known = "\"grpc-max-connection-age\"" in open(os.path.join(src, "server", "frontend", "grpc_keepalive.cc")).read()
+    ok(known and len(age) == 1 and age[0].isdigit() and int(age[0]) > 0,
+       f"Deployment sets a positive --grpc-max-connection-age (a server flag): {age}")
     labels = pod["metadata"]["labels"]
     for name in ("flashq", "flashq-headless"):
         svc = docs.get(("Service", name))

@@ -27,6 +27,7 @@ EXPECTED = {
     "flashq_queue_depth": "gauge",
     "flashq_kv_cache_blocks_in_use": "gauge",
     "flashq_kv_cache_blocks_total": "gauge",
+    "flashq_kv_cache_usage_ratio": "gauge",
 }
 
 

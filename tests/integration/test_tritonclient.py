@@ -6,10 +6,12 @@ import os
 import queue
 import threading
 
+from importlib.metadata import version as package_version
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from conftest import DEMO_CACHE
 from helpers import assert_close, attention_ref, config_param, linear_weight_bf16, linear_weight_dequant, round_to
@@ -20,7 +22,18 @@ LINEAR = {  # model -> (K, N)
     "up_proj_fp8": (4096, 14336), "down_proj_fp8": (14336, 4096),
 }
 DEMO_MODELS = ["attention", "kv_attention", *LINEAR]
-NP_IN = {"FP16": np.float16, "BF16": np.float32, "FP32": np.float32}  # tritonclient takes BF16 as float32
+# The numpy dtype this tritonclient takes for each datatype: for BF16, float32 (truncated to BF16)
+# up to 2.69, ml_dtypes.bfloat16 from 2.70 on (docs/protocol.md, "BF16 through tritonclient").
+tritonclient_version = package_version("tritonclient")
+NP_IN = {dt: triton_to_np_dtype(dt) for dt in ("FP16", "BF16", "FP32")}
+BF16_NATIVE = NP_IN["BF16"] is not np.float32
+print(f"tritonclient {tritonclient_version}: BF16 inputs as {np.dtype(NP_IN['BF16']).name}")
+
+
+def as_f32(a):
+    """An output as float32 for the comparisons: tritonclient from 2.70 returns BF16 outputs as
+    ml_dtypes.bfloat16 arrays, older ones as float32."""
+    return a.astype(np.float32) if a.dtype.name == "bfloat16" else a
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +102,51 @@ def test_unknown_model_not_ready(client):
     assert not ready
 
 
+def small_attention_inputs(seed=21):
+    rng = np.random.default_rng(seed)
+    q = round_to(rng.standard_normal((3, 32, 128)), "FP16")
+    kv = round_to(rng.standard_normal((3, 8, 128)), "FP16")
+    return [make_input("Q", q, "FP16"), make_input("K", kv, "FP16"), make_input("V", kv, "FP16")]
+
+
+def assert_not_found(call, version):
+    with pytest.raises(InferenceServerException) as e:
+        call()
+    assert e.value.status() == "StatusCode.NOT_FOUND", (e.value.status(), e.value.message())
+    assert f"'{version}'" in e.value.message(), e.value.message()
+
+
+@pytest.mark.parametrize("version", ["2", "0", "latest"])
+def test_model_version_that_does_not_exist_is_not_found(client, server, version):
+    """Each model serves version 1 (and "" means the latest, 1); any other version is NOT_FOUND
+    on every RPC that takes one, inference included, instead of being answered as version 1."""
+    ins = small_attention_inputs()
+    assert_not_found(lambda: client.infer("attention", ins, model_version=version), version)
+    assert not client.is_model_ready("attention", model_version=version)
+    assert_not_found(lambda: client.get_model_metadata("attention", model_version=version), version)
+    assert_not_found(lambda: client.get_model_config("attention", model_version=version), version)
+    assert_not_found(lambda: client.get_inference_statistics("attention", model_version=version), version)
+    # The versions that exist are answered, under their number.
+    for v in ("1", ""):
+        res = client.infer("attention", ins, model_version=v)
+        assert res.get_response().model_version == "1", res.get_response()
+        assert client.is_model_ready("attention", model_version=v)
+        assert client.get_model_metadata("attention", model_version=v, as_json=True)["versions"] == ["1"]
+    # Streaming: the error answers that request; the stream goes on.
+    c = grpcclient.InferenceServerClient(server.url)
+    results = queue.Queue()
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    c.async_stream_infer("attention", ins, model_version=version, request_id="bad")
+    result, error = results.get(timeout=60)
+    # (A stream's error travels as ModelStreamInferResponse.error_message, which has no status code.)
+    assert error is not None and f"has no version '{version}'" in error.message(), error
+    c.async_stream_infer("attention", ins, model_version="1", request_id="good")
+    result, error = results.get(timeout=60)
+    assert error is None and result.get_response().id == "good", error
+    c.stop_stream()
+    c.close()
+
+
 def test_statistics_count_inferences(client):
     rng = np.random.default_rng(1)
     before = client.get_inference_statistics("attention", as_json=True)
@@ -115,7 +173,7 @@ def test_attention_matches_float64(client, dtype, causal):
     lens_q = [1, 17, 64, 33]
     lens_k = lens_q if causal else [9, 17, 80, 33]
     res, (o_ref, lse_ref) = attention_call(client, rng, dtype, lens_q, lens_k, causal=causal)
-    o = res.as_numpy("O")
+    o = as_f32(res.as_numpy("O"))
     out_dtype = res.get_output("O").datatype
     assert out_dtype == dtype, f"O datatype {out_dtype}, expected {dtype} (same as Q)"
     assert_close(o.reshape(o_ref.shape), o_ref, dtype, f"attention O {dtype} causal={causal}")
@@ -127,7 +185,7 @@ def test_attention_matches_float64(client, dtype, causal):
 def test_attention_gqa_and_softmax_scale(client):
     rng = np.random.default_rng(8)
     res, (o_ref, lse_ref) = attention_call(client, rng, "FP16", [20, 3], causal=True, scale=0.05, hq=8, hkv=2, d=64)
-    assert_close(res.as_numpy("O").reshape(o_ref.shape), o_ref, "FP16", "attention GQA 8/2 D=64 scale=0.05")
+    assert_close(as_f32(res.as_numpy("O")).reshape(o_ref.shape), o_ref, "FP16", "attention GQA 8/2 D=64 scale=0.05")
     assert_close(res.as_numpy("LSE").reshape(lse_ref.shape), lse_ref, "FP32", "LSE", atol=1e-3, rtol=1e-4)
 
 
@@ -139,7 +197,43 @@ def test_attention_without_cu_seqlens_is_one_sequence(client):
     res = client.infer("attention", [make_input("Q", q, "FP16"), make_input("K", k, "FP16"),
                                      make_input("V", v, "FP16")], parameters={"causal": True})
     o_ref, _ = attention_ref(q, k, v, causal=True)
-    assert_close(res.as_numpy("O").reshape(o_ref.shape), o_ref, "FP16", "attention, no CU_SEQLENS")
+    assert_close(as_f32(res.as_numpy("O")).reshape(o_ref.shape), o_ref, "FP16", "attention, no CU_SEQLENS")
+
+
+def one_key_attention(client, v_value, np_dtype):
+    """Attention over a single key returns V itself (its softmax weight is exactly 1): O shows the
+    BF16 value the server received for V, whatever the client did to it on the way."""
+    ins = []
+    for name, shape, value in (("Q", (1, 32, 128), 0.0), ("K", (1, 8, 128), 0.0), ("V", (1, 8, 128), v_value)):
+        i = grpcclient.InferInput(name, list(shape), "BF16")
+        i.set_data_from_numpy(np.full(shape, value, np_dtype))
+        ins.append(i)
+    res = client.infer("attention", ins)
+    assert res.get_output("O").datatype == "BF16"
+    return res.as_numpy("O")
+
+
+def test_bf16_through_this_tritonclient(client):
+    """What docs/protocol.md tells tritonclient users about BF16, checked on the client installed:
+    which numpy dtype it takes, what it does to a float32 value between two BF16 values, and what
+    BF16 outputs come back as."""
+    x = 1 + 3 * 2.0 ** -9                  # float32; the BF16 values around it: 1 and 1 + 2**-7 (nearer)
+    nearest, truncated = 1 + 2.0 ** -7, 1.0
+    if BF16_NATIVE:                         # tritonclient >= 2.70
+        import ml_dtypes
+        with pytest.raises(InferenceServerException, match="ml_dtypes.bfloat16"):
+            grpcclient.InferInput("V", [1], "BF16").set_data_from_numpy(np.array([x], np.float32))
+        o = one_key_attention(client, x, ml_dtypes.bfloat16)
+        assert o.dtype == ml_dtypes.bfloat16, o.dtype
+        assert set(o.astype(np.float32).ravel()) == {nearest}, "ml_dtypes rounds to nearest"
+    else:                                   # tritonclient <= 2.69
+        with pytest.raises(InferenceServerException, match="float32"):
+            grpcclient.InferInput("V", [1], "BF16").set_data_from_numpy(np.array([x], np.float16))
+        o = one_key_attention(client, x, np.float32)
+        assert o.dtype == np.float32, o.dtype
+        assert set(o.ravel()) == {truncated}, "tritonclient truncates float32 to BF16"
+        # Rounded first (helpers.round_bf16), the value survives.
+        assert set(one_key_attention(client, round_to(np.float32(x), "BF16"), np.float32).ravel()) == {nearest}
 
 
 # ---- linear layers ---------------------------------------------------------------------------
@@ -152,7 +246,7 @@ def model_dir(model):
 
 def linear(client, model, x, dtype):
     res = client.infer(model, [make_input("X", x, dtype)])
-    y = res.as_numpy("Y")
+    y = as_f32(res.as_numpy("Y"))
     assert res.get_output("Y").datatype == dtype, f"{model}: Y datatype {res.get_output('Y').datatype}, X {dtype}"
     return y
 
@@ -228,7 +322,7 @@ def test_stream_infer_matches_unary(server):
     for _ in range(3):
         result, error = results.get(timeout=60)
         assert error is None, error
-        got[result.get_response().id] = result.as_numpy("O")
+        got[result.get_response().id] = as_f32(result.as_numpy("O"))
     # An error inside the stream comes back as that request's error; the stream goes on.
     c.async_stream_infer("no_such_model", inputs(0), request_id="bad")
     result, error = results.get(timeout=60)
@@ -269,11 +363,11 @@ def test_kv_attention_sequence(client, dtype, seq_id):
         res = client.infer("kv_attention", [make_input("Q", q, dtype), make_input("K", k, dtype),
                                             make_input("V", v, dtype)],
                            sequence_id=seq_id, sequence_start=(i == 0), sequence_end=(i == len(steps) - 1))
-        o = res.as_numpy("O")
+        o = as_f32(res.as_numpy("O"))
         o_ref, _ = attention_ref(q, np.concatenate(ks), np.concatenate(vs), causal=True)
         assert_close(o.reshape(o_ref.shape), o_ref, dtype, f"kv_attention step {i} ({n} tokens)")
     # Ended: the id can be started again.
     res = client.infer("kv_attention", [make_input("Q", q, dtype), make_input("K", k, dtype), make_input("V", v, dtype)],
                        sequence_id=seq_id, sequence_start=True, sequence_end=True)
     o_ref, _ = attention_ref(q, k, v, causal=True)
-    assert_close(res.as_numpy("O").reshape(o_ref.shape), o_ref, dtype, "kv_attention restarted sequence")
+    assert_close(as_f32(res.as_numpy("O")).reshape(o_ref.shape), o_ref, dtype, "kv_attention restarted sequence")
