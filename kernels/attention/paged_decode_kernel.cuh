@@ -417,10 +417,12 @@ __global__ void __launch_bounds__(128) CombineKernel(const PagedDecodeParams p, 
 // Launches CombineKernel; with pdl, as a programmatic dependent launch (sm_90: it is scheduled
 // while the decode grid runs and waits for it in griddepcontrol.wait).
 template <typename T, int D>
-Status LaunchCombine(const PagedDecodeParams& p, int split_tokens, int max_splits, bool pdl, cudaStream_t stream) {
+Status LaunchCombine(const PagedDecodeParams& p, int split_tokens, int max_splits, int smem_limit, bool pdl,
+                     cudaStream_t stream) {
   const int combine_smem = max_splits * 4;
+  if (combine_smem > smem_limit) return InvalidArgument("run_paged_decode: too many splits (raise split_tokens)");
   auto combine = CombineKernel<T, D>;
-  FQ_CUDA_RETURN(cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize, combine_smem));
+  FQ_CUDA_RETURN(cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.batch, p.num_heads_q);
   cfg.blockDim = dim3(128);
@@ -450,7 +452,13 @@ Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cuda
   // Pages one split can touch: split_tokens / page_size + 1 (a split may start mid-page).
   const int table_slots = split_tokens / p.page_size + 2;
   const int smem = Tr::kSmemBytes + Tr::kStages * 8 + table_slots * 4 + 1024;  // + barriers, alignment slack
-  if (smem > 227 * 1024) return InvalidArgument("run_paged_decode: page_size too small for split_tokens");
+  // The kernels' shared-memory limit is set to the device's opt-in maximum, the same value on every launch: a
+  // per-launch value (smem varies with page_size, the combine's with the context length) raced with launches
+  // from other threads, which then failed with cudaErrorInvalidValue.
+  int dev = 0, smem_limit = 0;
+  FQ_CUDA_RETURN(cudaGetDevice(&dev));
+  FQ_CUDA_RETURN(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (smem > smem_limit) return InvalidArgument("run_paged_decode: page_size too small for split_tokens");
   const int ps = p.page_size;
   DecodeMaps maps{};
   tma = tma && (ps % 64 == 0 || ps == 8 || ps == 16 || ps == 32) && p.kv_block_stride == int64_t(ps) * p.kv_row_stride;
@@ -461,13 +469,12 @@ Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cuda
           EncodeRowsMap(&maps.v, p.v_cache, kBf16, D, p.num_heads_kv, p.kv_row_stride, p.kv_head_stride, rows).ok();
   }
   auto kernel = tma ? PagedDecodeKernel<T, D, true> : PagedDecodeKernel<T, D, false>;
-  FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit));
   const dim3 grid(max_splits, p.num_heads_kv * m_tiles, p.batch);
   kernel<<<grid, Tr::kThreads, smem, stream>>>(p, maps, split_tokens, max_splits, m_tiles, table_slots);
   FQ_CUDA_RETURN_LAUNCH();
   if (max_splits > 1) {
-    if (max_splits > 40 * 1024) return InvalidArgument("run_paged_decode: too many splits (raise split_tokens)");
-    FQ_RETURN_IF_ERROR((LaunchCombine<T, D>(p, split_tokens, max_splits, pdl, stream)));
+    FQ_RETURN_IF_ERROR((LaunchCombine<T, D>(p, split_tokens, max_splits, smem_limit, pdl, stream)));
   }
   return Status::Ok();
 }

@@ -30,6 +30,7 @@ size_t BatchStaging::Total(const std::vector<size_t>& sizes) {
 
 absl::Status BatchStaging::FlushUploads() {
   if (up_end_ > up_begin_) {
+    queued_ = true;
     FQ_CUDA_OK(cudaMemcpyAsync(slot_.device + up_begin_, slot_.host + up_begin_, up_end_ - up_begin_,
                                cudaMemcpyHostToDevice, slot_.stream));
   }
@@ -39,6 +40,7 @@ absl::Status BatchStaging::FlushUploads() {
 
 absl::Status BatchStaging::FlushDownloads() {
   if (down_end_ > down_begin_) {
+    queued_ = true;
     FQ_CUDA_OK(cudaMemcpyAsync(slot_.host + down_begin_, slot_.device + down_begin_, down_end_ - down_begin_,
                                cudaMemcpyDeviceToHost, slot_.stream));
   }
@@ -66,6 +68,7 @@ absl::Status BatchStaging::Upload(const Gather& src, size_t offset, size_t n, ch
       const char* from = p.data + (lo - at);
       char* to = dst + (lo - offset);
       if (Direct(p.kind)) {
+        queued_ = true;
         FQ_CUDA_OK(cudaMemcpyAsync(to, from, hi - lo, cudaMemcpyDefault, slot_.stream));
       } else if (auto s = UploadHost(from, hi - lo, to); !s.ok()) {
         return s;
@@ -115,6 +118,7 @@ absl::Status BatchStaging::Download(const char* src, const Scatter& dst, size_t 
       const char* from = src + (lo - offset);
       char* to = p.data + (lo - at);
       if (Direct(p.kind)) {
+        queued_ = true;
         FQ_CUDA_OK(cudaMemcpyAsync(to, from, hi - lo, cudaMemcpyDefault, slot_.stream));
       } else if (auto s = DownloadHost(from, to, hi - lo); !s.ok()) {
         return s;
@@ -128,12 +132,14 @@ absl::Status BatchStaging::Download(const char* src, const Scatter& dst, size_t 
 
 absl::StatusOr<cudaStream_t> BatchStaging::stream() {
   if (auto s = FlushUploads(); !s.ok()) return s;
+  queued_ = true;  // the caller launches on it
   return slot_.stream;
 }
 
 absl::Status BatchStaging::Finish() {
   if (auto s = FlushUploads(); !s.ok()) return s;
   if (auto s = FlushDownloads(); !s.ok()) return s;
+  queued_ = false;
   FQ_CUDA_OK(cudaStreamSynchronize(slot_.stream));
   for (const HostCopy& c : host_copies_) std::memcpy(c.dst, c.src, c.n);
   host_copies_.clear();

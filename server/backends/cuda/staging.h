@@ -28,6 +28,12 @@ inline DType KernelDType(DType t) { return t == DType::kF32 ? DType::kF16 : t; }
 class BatchStaging {
  public:
   explicit BatchStaging(StreamSlot& slot) : slot_(slot), carver_(slot.device, slot.bytes) {}
+  // A batch that stops on an error after queueing work waits for that work here, so that
+  // nothing of it still runs when the slot's next batch reuses the staging (or the KV pages
+  // of a sequence that the error ends are handed to another).
+  ~BatchStaging() {
+    if (queued_) cudaStreamSynchronize(slot_.stream);
+  }
   BatchStaging(const BatchStaging&) = delete;
   BatchStaging& operator=(const BatchStaging&) = delete;
 
@@ -47,7 +53,8 @@ class BatchStaging {
   absl::Status Download(const char* src, const Scatter& dst, size_t offset, size_t n);
   // Device staging bytes to host memory `dst`, complete after Finish().
   absl::Status DownloadHost(const char* src, void* dst, size_t n);
-  // The slot's stream, once the pending uploads are issued on it.
+  // The slot's stream, once the pending uploads are issued on it. Everything the caller
+  // launches on it must go through this.
   absl::StatusOr<cudaStream_t> stream();
   // Waits for the stream, then copies downloaded bytes to their host destinations. The
   // staging is empty again afterwards.
@@ -73,6 +80,7 @@ class BatchStaging {
     size_t n;
   };
   std::vector<HostCopy> host_copies_;  // done by Finish
+  bool queued_ = false;                 // work queued on the stream since the last Finish
 };
 
 // flashq_kernel_seconds{kernel, gpu}, one series per GPU of the process.

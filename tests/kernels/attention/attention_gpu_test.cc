@@ -17,10 +17,12 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/attention/attention.h"
@@ -482,6 +484,74 @@ std::vector<PagedCase> PagedCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PagedGpuTest, ::testing::ValuesIn(PagedCases()), PagedName);
+
+// Decode launches from several threads at once, with contexts of different lengths (so different split
+// counts and combine shared memory) and different page sizes: every launch must succeed and give the bits of
+// the same launch alone. A per-launch shared-memory limit raced here (cudaErrorInvalidValue).
+TEST(PagedGpu, ConcurrentLaunchesOfDifferentShapesAllSucceed) {
+  struct Lane {
+    PagedSetup s;
+    std::vector<std::unique_ptr<DevBuf>> b;
+    DevBuf& buf(int i) { return *b[size_t(i)]; }
+    PagedDecodeParams p;
+    cudaStream_t stream = nullptr;
+    std::vector<uint16_t> want;
+  };
+  const std::vector<std::pair<PagedCase, std::vector<int>>> shapes = {
+      {{DType::kBF16, 128, 32, 8, 16, 1, 0}, {3000, 17, 2500}},
+      {{DType::kBF16, 128, 32, 8, 16, 1, 0}, {700}},
+      {{DType::kBF16, 128, 32, 8, 64, 2, 0}, {9000, 40}},
+      {{DType::kF16, 128, 32, 8, 32, 1, 128}, {1500, 1500}}};
+  std::vector<Lane> lanes(shapes.size());
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    Lane& l = lanes[i];
+    MakePaged(l.s, shapes[i].first, shapes[i].second, 90 + uint32_t(i));
+    const PagedCase& c = l.s.c;
+    const int tq = l.s.cuq.back();
+    const int max_k = *std::max_element(l.s.lk.begin(), l.s.lk.end());
+    const size_t ws_bytes = paged_decode_workspace_size(tq, c.hq, c.d, max_k, c.split);
+    for (size_t bytes : {l.s.qb.size() * 2, l.s.kcache.size() * 2, l.s.vcache.size() * 2, l.s.table.size() * 4,
+                         l.s.seqlens.size() * 4, l.s.cuq.size() * 4, size_t(tq) * c.hq * c.d * 2, ws_bytes + 16})
+      l.b.push_back(std::make_unique<DevBuf>(bytes));
+    Upload(l.buf(0), l.s.qb); Upload(l.buf(1), l.s.kcache); Upload(l.buf(2), l.s.vcache);
+    Upload(l.buf(3), l.s.table); Upload(l.buf(4), l.s.seqlens); Upload(l.buf(5), l.s.cuq);
+    PagedDecodeParams& p = l.p;
+    p.q = l.buf(0).p; p.k_cache = l.buf(1).p; p.v_cache = l.buf(2).p; p.o = l.buf(6).p;
+    p.block_table = l.buf(3).as<int32_t>(); p.seqlens_k = l.buf(4).as<int32_t>(); p.cu_seqlens_q = l.buf(5).as<int32_t>();
+    p.workspace = l.buf(7).p; p.workspace_bytes = ws_bytes;
+    p.q_row_stride = p.o_row_stride = int64_t(c.hq) * c.d; p.q_head_stride = p.o_head_stride = c.d;
+    p.kv_row_stride = int64_t(c.hkv) * c.d; p.kv_block_stride = int64_t(c.page) * p.kv_row_stride; p.kv_head_stride = c.d;
+    p.total_q = tq; p.batch = int(l.s.lk.size()); p.max_blocks_per_seq = l.s.max_blocks; p.page_size = c.page;
+    p.max_seqlen_q = *std::max_element(l.s.lq.begin(), l.s.lq.end()); p.max_seqlen_k = max_k;
+    p.num_heads_q = c.hq; p.num_heads_kv = c.hkv; p.head_dim = c.d;
+    p.softmax_scale = 1.0f / std::sqrt(float(c.d)); p.causal = true; p.dtype = c.dtype; p.split_tokens = c.split;
+    CK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+    OKS(run_paged_decode(p, l.stream));
+    CK(cudaStreamSynchronize(l.stream));
+    l.want.resize(size_t(tq) * c.hq * c.d);
+    Download(l.want, l.buf(6));
+  }
+  std::vector<std::string> failures(lanes.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    threads.emplace_back([&, i] {
+      Lane& l = lanes[i];
+      for (int it = 0; it < 300 && failures[i].empty(); ++it) {
+        const Status st = run_paged_decode(l.p, l.stream);
+        if (!st.ok()) failures[i] = "launch " + std::to_string(it) + ": " + st.message();
+      }
+      if (cudaStreamSynchronize(l.stream) != cudaSuccess && failures[i].empty()) failures[i] = "stream failed";
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    EXPECT_EQ(failures[i], "") << "lane " << i;
+    std::vector<uint16_t> got(lanes[i].want.size());
+    Download(got, lanes[i].buf(6));
+    EXPECT_EQ(0, std::memcmp(got.data(), lanes[i].want.data(), got.size() * 2)) << "lane " << i;
+    cudaStreamDestroy(lanes[i].stream);
+  }
+}
 
 TEST(PagedGpu, RejectsMissingWorkspace) {
   PagedDecodeParams p;
