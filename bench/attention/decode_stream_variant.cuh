@@ -415,11 +415,7 @@ Status LaunchPagedDecodeStream(const PagedDecodeParams& p, int split_tokens, cud
   const int grid = std::max(1, std::min(n_items, sms * std::max(per_sm, 1)));
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, split_tokens, max_splits, m_tiles, n_items);
   FQ_CUDA_RETURN_LAUNCH();
-  int smem_limit = 0;
-  FQ_CUDA_RETURN(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (max_splits > 1) {
-    FQ_RETURN_IF_ERROR((LaunchCombine<T, D>(p, split_tokens, max_splits, smem_limit, /*pdl=*/true, stream)));
-  }
+  if (max_splits > 1) FQ_RETURN_IF_ERROR((LaunchCombine<T, D>(p, split_tokens, max_splits, /*pdl=*/true, stream)));
   return Status::Ok();
 }
 

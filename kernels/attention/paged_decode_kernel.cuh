@@ -414,15 +414,31 @@ __global__ void __launch_bounds__(128) CombineKernel(const PagedDecodeParams p, 
   }
 }
 
+// Raises `kernel`'s dynamic shared-memory limit to the most it can have on the current device (the opt-in maximum
+// less its static shared memory), and returns that limit. The value is the same on every call: a per-launch value
+// (the decode kernel's varies with page_size, the combine's with the context length) raced with launches from other
+// threads, which then failed with cudaErrorInvalidValue.
+template <typename Kernel>
+Status RaiseSmemLimit(Kernel kernel, int* limit) {
+  int dev = 0, optin = 0;
+  FQ_CUDA_RETURN(cudaGetDevice(&dev));
+  FQ_CUDA_RETURN(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  cudaFuncAttributes attr;
+  FQ_CUDA_RETURN(cudaFuncGetAttributes(&attr, kernel));
+  *limit = optin - int(attr.sharedSizeBytes);
+  FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, *limit));
+  return Status::Ok();
+}
+
 // Launches CombineKernel; with pdl, as a programmatic dependent launch (sm_90: it is scheduled
 // while the decode grid runs and waits for it in griddepcontrol.wait).
 template <typename T, int D>
-Status LaunchCombine(const PagedDecodeParams& p, int split_tokens, int max_splits, int smem_limit, bool pdl,
-                     cudaStream_t stream) {
+Status LaunchCombine(const PagedDecodeParams& p, int split_tokens, int max_splits, bool pdl, cudaStream_t stream) {
   const int combine_smem = max_splits * 4;
-  if (combine_smem > smem_limit) return InvalidArgument("run_paged_decode: too many splits (raise split_tokens)");
   auto combine = CombineKernel<T, D>;
-  FQ_CUDA_RETURN(cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit));
+  int smem_limit = 0;
+  FQ_RETURN_IF_ERROR(RaiseSmemLimit(combine, &smem_limit));
+  if (combine_smem > smem_limit) return InvalidArgument("run_paged_decode: too many splits (raise split_tokens)");
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.batch, p.num_heads_q);
   cfg.blockDim = dim3(128);
@@ -452,13 +468,7 @@ Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cuda
   // Pages one split can touch: split_tokens / page_size + 1 (a split may start mid-page).
   const int table_slots = split_tokens / p.page_size + 2;
   const int smem = Tr::kSmemBytes + Tr::kStages * 8 + table_slots * 4 + 1024;  // + barriers, alignment slack
-  // The kernels' shared-memory limit is set to the device's opt-in maximum, the same value on every launch: a
-  // per-launch value (smem varies with page_size, the combine's with the context length) raced with launches
-  // from other threads, which then failed with cudaErrorInvalidValue.
-  int dev = 0, smem_limit = 0;
-  FQ_CUDA_RETURN(cudaGetDevice(&dev));
-  FQ_CUDA_RETURN(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (smem > smem_limit) return InvalidArgument("run_paged_decode: page_size too small for split_tokens");
+
   const int ps = p.page_size;
   DecodeMaps maps{};
   tma = tma && (ps % 64 == 0 || ps == 8 || ps == 16 || ps == 32) && p.kv_block_stride == int64_t(ps) * p.kv_row_stride;
@@ -469,12 +479,14 @@ Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cuda
           EncodeRowsMap(&maps.v, p.v_cache, kBf16, D, p.num_heads_kv, p.kv_row_stride, p.kv_head_stride, rows).ok();
   }
   auto kernel = tma ? PagedDecodeKernel<T, D, true> : PagedDecodeKernel<T, D, false>;
-  FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit));
+  int smem_limit = 0;
+  FQ_RETURN_IF_ERROR(RaiseSmemLimit(kernel, &smem_limit));
+  if (smem > smem_limit) return InvalidArgument("run_paged_decode: page_size too small for split_tokens");
   const dim3 grid(max_splits, p.num_heads_kv * m_tiles, p.batch);
   kernel<<<grid, Tr::kThreads, smem, stream>>>(p, maps, split_tokens, max_splits, m_tiles, table_slots);
   FQ_CUDA_RETURN_LAUNCH();
   if (max_splits > 1) {
-    FQ_RETURN_IF_ERROR((LaunchCombine<T, D>(p, split_tokens, max_splits, smem_limit, pdl, stream)));
+    FQ_RETURN_IF_ERROR((LaunchCombine<T, D>(p, split_tokens, max_splits, pdl, stream)));
   }
   return Status::Ok();
 }
