@@ -535,6 +535,7 @@ TEST(PagedGpu, ConcurrentLaunchesOfDifferentShapesAllSucceed) {
   std::vector<std::thread> threads;
   for (size_t i = 0; i < lanes.size(); ++i) {
     threads.emplace_back([&, i] {
+      if (cudaSetDevice(0) != cudaSuccess) failures[i] = "cudaSetDevice";  // a CUDA thread's first call
       Lane& l = lanes[i];
       for (int it = 0; it < 300 && failures[i].empty(); ++it) {
         const Status st = run_paged_decode(l.p, l.stream);
