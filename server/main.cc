@@ -43,8 +43,8 @@ struct Options {
   // any request within a model's token budget fits (docs/security.md, "Request limits").
   int64_t grpc_max_message_bytes = INT32_MAX;
   int64_t stream_max_unanswered = StreamLimits().max_answers, stream_max_unsent_bytes = StreamLimits().max_bytes;
-  int64_t kv_cache_blocks = 0, workers_per_model = 0, cpu_threads = 0;
-  int64_t gpu_streams = 4, gpu_staging_mb = 128, gpu_arena_mb = 2048;
+  int64_t kv_cache_blocks = 0, workers_per_model = 2, cpu_threads = 0;
+  int64_t gpu_streams = 2, gpu_staging_mb = 128, gpu_arena_mb = 2048;
   int64_t heap_reserve_mb = int64_t(kHeapPrefaultBytes >> 20);
   bool batch_invariant = true;
   int64_t max_tensor_bytes = 0, max_sequences_per_request = 0;
@@ -117,10 +117,7 @@ void AddFlags(FlagSet& f, Options& o) {
         "Free host heap kept mapped for the next tensors, in MiB; free heap above it that stays unused for about "
         "2 s goes back to the OS. -1: keep all freed memory.",
         -1, int64_t(1) << 30);
-  f.Add("workers-per-model", &o.workers_per_model,
-        "Batches executed concurrently per model (0: 4 on the CUDA backend, whose batches mostly wait on the GPU, "
-        "2 on the CPU backend, whose batches share its threads).",
-        0, 64);
+  f.Add("workers-per-model", &o.workers_per_model, "Batches executed concurrently per model.", 1, 64);
   f.Add("cpu-threads", &o.cpu_threads, "Threads of the CPU backend (0: all cores).", 0, 1024);
   f.Add("gpu-streams", &o.gpu_streams,
         "CUDA backend: streams per GPU, each with its own pinned and device staging; batches overlap across them.", 1, 64);
@@ -305,9 +302,7 @@ int Run(const Options& o) {
   opts.max_queue_size = Override(o.max_queue_size);
   opts.max_queue_delay_us = Override(o.max_queue_delay_us);
   opts.max_batch_tokens = Override(o.max_batch_tokens);
-  // On the GPU a batch spends most of its time waiting for copies and kernels, so more of them in flight keep
-  // the GPU busier (measured in docs/perf/server.md); on the CPU they would only share the same threads.
-  opts.workers_per_model = int(o.workers_per_model > 0 ? o.workers_per_model : (*backend)->uses_gpu() ? 4 : 2);
+  opts.workers_per_model = int(o.workers_per_model);
   opts.max_response_bytes = o.grpc_max_message_bytes;
   opts.shared_memory = shared_memory.get();
   opts.load.kv_cache_blocks = o.kv_cache_blocks;

@@ -167,7 +167,7 @@ struct BackendOptions {
   int cpu_threads = 0;                 // 0: hardware concurrency
   // cuda: streams (each with its own pinned staging and device buffers) per GPU;
   // consecutive batches overlap their copies and kernels across them.
-  int streams_per_device = 4;
+  int streams_per_device = 2;
   int64_t staging_bytes = int64_t(128) << 20;  // per stream, host (pinned) and device each
   int64_t arena_bytes = int64_t(2) << 30;      // per GPU, allocated once at start-up
 };
@@ -182,7 +182,6 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<LinearExecutor>> CreateLinear(LinearWeights weights) = 0;
   // Page-locking and CUDA IPC for shared-memory regions; null for a backend without GPUs.
   virtual DeviceMemoryAccess* device_memory() { return nullptr; }
-  bool uses_gpu() { return device_memory() != nullptr; }
 };
 
 }  // namespace flashq::server
