@@ -164,8 +164,8 @@ if [ $BUILD_RC = 0 ]; then
   }
   san san-attn-memcheck memcheck attention_gpu_test "$ATTN_SAN" & P3=$!
   # Racecheck exits 9 on the multi-threaded launch test with no hazard reported; memcheck covers it, and
-  # racecheck the same kernels in the single-thread cases.
-  san san-attn-racecheck racecheck attention_gpu_test "$ATTN_SAN:PagedGpu.Concurrent*"  # after -Long*: excluded & P4=$!
+  # racecheck the same kernels in the single-thread cases. (Appended after -Long*, so it is excluded.)
+  san san-attn-racecheck racecheck attention_gpu_test "$ATTN_SAN:PagedGpu.Concurrent*" & P4=$!
   san san-gemm-memcheck memcheck gemm_gpu_test "$GEMM_MEM" & P5=$!
   san san-gemm-racecheck racecheck gemm_gpu_test "$GEMM_RACE" & P6=$!
   wait $P1 $P2 $P3 $P4 $P5 $P6
