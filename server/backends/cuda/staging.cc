@@ -28,23 +28,23 @@ size_t BatchStaging::Total(const std::vector<size_t>& sizes) {
   return t;
 }
 
-absl::Status BatchStaging::FlushUploads() {
-  if (up_end_ > up_begin_) {
+absl::Status BatchStaging::Flush(Run& run) {
+  if (run.end > run.begin) {
     queued_ = true;
-    FQ_CUDA_OK(cudaMemcpyAsync(slot_.device + up_begin_, slot_.host + up_begin_, up_end_ - up_begin_,
-                               cudaMemcpyHostToDevice, slot_.stream));
+    char *h = slot_.host + run.begin, *d = slot_.device + run.begin;
+    FQ_CUDA_OK(cudaMemcpyAsync(run.to_device ? d : h, run.to_device ? h : d, run.end - run.begin,
+                               run.to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, slot_.stream));
   }
-  up_begin_ = up_end_ = 0;
+  run.begin = run.end = 0;
   return absl::OkStatus();
 }
 
-absl::Status BatchStaging::FlushDownloads() {
-  if (down_end_ > down_begin_) {
-    queued_ = true;
-    FQ_CUDA_OK(cudaMemcpyAsync(slot_.host + down_begin_, slot_.device + down_begin_, down_end_ - down_begin_,
-                               cudaMemcpyDeviceToHost, slot_.stream));
+absl::Status BatchStaging::Extend(Run& run, size_t offset, size_t n) {
+  if (run.end != run.begin && offset != run.end) {
+    if (auto s = Flush(run); !s.ok()) return s;
   }
-  down_begin_ = down_end_ = 0;
+  if (run.end == run.begin) run.begin = offset;
+  run.end = offset + n;
   return absl::OkStatus();
 }
 
@@ -52,12 +52,7 @@ absl::Status BatchStaging::UploadHost(const void* src, size_t bytes, char* dst) 
   if (bytes == 0) return absl::OkStatus();
   const size_t off = Offset(dst);
   std::memcpy(slot_.host + off, src, bytes);
-  if (up_end_ != up_begin_ && off != up_end_) {
-    if (auto s = FlushUploads(); !s.ok()) return s;
-  }
-  if (up_end_ == up_begin_) up_begin_ = off;
-  up_end_ = off + bytes;
-  return absl::OkStatus();
+  return Extend(up_, off, bytes);
 }
 
 absl::Status BatchStaging::Upload(const Gather& src, size_t offset, size_t n, char* dst) {
@@ -100,17 +95,12 @@ absl::StatusOr<char*> BatchStaging::Convert(char* src, DType from, DType to, siz
 absl::Status BatchStaging::DownloadHost(const char* src, void* dst, size_t n) {
   if (n == 0) return absl::OkStatus();
   const size_t off = Offset(src);
-  if (down_end_ != down_begin_ && off != down_end_) {
-    if (auto s = FlushDownloads(); !s.ok()) return s;
-  }
-  if (down_end_ == down_begin_) down_begin_ = off;
-  down_end_ = off + n;
   host_copies_.push_back({slot_.host + off, static_cast<char*>(dst), n});
-  return absl::OkStatus();
+  return Extend(down_, off, n);
 }
 
 absl::Status BatchStaging::Download(const char* src, const Scatter& dst, size_t offset, size_t n) {
-  if (auto s = FlushUploads(); !s.ok()) return s;  // kernels are queued already; keep order plain
+  if (auto s = Flush(up_); !s.ok()) return s;  // kernels are queued already; keep order plain
   size_t at = 0;
   for (const MutableBytes& p : dst.pieces) {
     const size_t lo = std::max(offset, at), hi = std::min(offset + n, at + p.size);
@@ -131,14 +121,14 @@ absl::Status BatchStaging::Download(const char* src, const Scatter& dst, size_t 
 }
 
 absl::StatusOr<cudaStream_t> BatchStaging::stream() {
-  if (auto s = FlushUploads(); !s.ok()) return s;
+  if (auto s = Flush(up_); !s.ok()) return s;
   queued_ = true;  // the caller launches on it
   return slot_.stream;
 }
 
 absl::Status BatchStaging::Finish() {
-  if (auto s = FlushUploads(); !s.ok()) return s;
-  if (auto s = FlushDownloads(); !s.ok()) return s;
+  if (auto s = Flush(up_); !s.ok()) return s;
+  if (auto s = Flush(down_); !s.ok()) return s;
   queued_ = false;
   FQ_CUDA_OK(cudaStreamSynchronize(slot_.stream));
   for (const HostCopy& c : host_copies_) std::memcpy(c.dst, c.src, c.n);

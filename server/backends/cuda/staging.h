@@ -67,13 +67,18 @@ class BatchStaging {
 
  private:
   size_t Offset(const char* device) const { return size_t(device - slot_.device); }
-  absl::Status FlushUploads();
-  absl::Status FlushDownloads();
+  // A pending copy of staging bytes [begin, end) between the pinned mirror and the device;
+  // neighbouring pieces extend it, so that they share one DMA.
+  struct Run {
+    bool to_device;
+    size_t begin = 0, end = 0;
+  };
+  absl::Status Flush(Run& run);
+  absl::Status Extend(Run& run, size_t offset, size_t n);  // flushes first when not adjacent
 
   StreamSlot& slot_;
   Carver carver_;
-  size_t up_begin_ = 0, up_end_ = 0;      // pending host-to-device run, as staging offsets
-  size_t down_begin_ = 0, down_end_ = 0;  // pending device-to-host run
+  Run up_{true}, down_{false};
   struct HostCopy {
     const char* src;  // pinned mirror
     char* dst;
