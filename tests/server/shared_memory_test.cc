@@ -220,6 +220,86 @@ inference::ModelInferRequest MixedRequest() {
   return r;
 }
 
+// The registry's CUDA side with a stand-in for the backend (no GPU here): a "handle" names a host
+// buffer, opening counts, closing counts, and the page-lock is recorded. The CUDA backend's own
+// OpenIpc/PinHost run on a GPU in tests/server_gpu/test_cuda_server.py.
+class FakeDevice : public DeviceMemoryAccess {
+ public:
+  std::shared_ptr<void> PinHost(void* data, size_t size) override {
+    ++pinned;
+    return std::shared_ptr<void>(data, [this](void*) { ++unpinned; });
+  }
+  absl::StatusOr<OpenedIpc> OpenIpc(const std::string& raw_handle, int device, uint64_t byte_size) override {
+    if (raw_handle != "good") return absl::InvalidArgumentError("cannot open the CUDA IPC handle");
+    if (byte_size > memory.size()) return absl::InvalidArgumentError("past the end of the allocation");
+    ++opened;
+    return OpenedIpc{memory.data(), std::shared_ptr<void>(memory.data(), [this](void*) { ++closed; })};
+  }
+  absl::Status Copy(void* dst, const void* src, size_t n) override {
+    std::memcpy(dst, src, n);
+    return absl::OkStatus();
+  }
+  std::string memory = std::string(4096, 'x');
+  int pinned = 0, unpinned = 0, opened = 0, closed = 0;
+};
+
+TEST(SharedMemoryRegistryTest, CudaRegionsShareNamesButNotStatusOrUnregister) {
+  FakeDevice dev;
+  SharedMemoryRegistry reg(8);
+  // Before the backend is up: UNAVAILABLE; without a GPU backend: UNIMPLEMENTED.
+  EXPECT_EQ(reg.RegisterCuda("c", "good", 0, 64).code(), absl::StatusCode::kUnavailable);
+  reg.SetDeviceAccess(nullptr);
+  EXPECT_EQ(reg.RegisterCuda("c", "good", 0, 64).code(), absl::StatusCode::kUnimplemented);
+  reg.SetDeviceAccess(&dev);
+  EXPECT_TRUE(reg.cuda_capable());
+  ShmObject obj(8192);
+  ASSERT_TRUE(reg.Register("sys", obj.key(), 0, 8192).ok());
+  EXPECT_EQ(dev.pinned, 1);  // a system region is page-locked once the backend can
+  ASSERT_TRUE(reg.RegisterCuda("c", "good", 0, 1024).ok());
+  // One namespace: neither kind may take the other's name.
+  EXPECT_EQ(reg.RegisterCuda("sys", "good", 0, 64).code(), absl::StatusCode::kAlreadyExists);
+  absl::Status dup = reg.Register("c", obj.key(), 0, 64);
+  EXPECT_EQ(dup.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(Contains(dup, "CUDA, device 0")) << dup;
+  // The backend's refusals keep their code and gain the region's name.
+  absl::Status bad = reg.RegisterCuda("bad", "junk", 0, 64);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(bad, "'bad'")) << bad;
+  EXPECT_EQ(reg.RegisterCuda("big", "good", 0, 1 << 20).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.RegisterCuda("zero", "good", 0, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.RegisterCuda("neg", "good", -1, 64).code(), absl::StatusCode::kInvalidArgument);
+  // Status and Unregister see only their own kind.
+  auto sys = reg.Status("");
+  auto cuda = reg.Status("", /*cuda=*/true);
+  ASSERT_TRUE(sys.ok() && cuda.ok());
+  ASSERT_EQ(sys->size(), 1u);
+  EXPECT_EQ((*sys)[0].name, "sys");
+  ASSERT_EQ(cuda->size(), 1u);
+  EXPECT_EQ((*cuda)[0].name, "c");
+  EXPECT_EQ((*cuda)[0].byte_size, 1024u);
+  EXPECT_EQ(reg.Status("c").status().code(), absl::StatusCode::kNotFound);
+  reg.Unregister("c");  // a system unregister leaves a CUDA region alone
+  EXPECT_TRUE(reg.Status("c", true).ok());
+  // A CUDA buffer reads and writes through the backend, and stays open while a request holds it.
+  auto buf = reg.Find("c", 16, 4);
+  ASSERT_TRUE(buf.ok());
+  EXPECT_EQ(buf->kind, MemoryKind::kDevice);
+  EXPECT_EQ(buf->device, 0);
+  ASSERT_TRUE(buf->Write(0, "abcd", 4).ok());
+  char back[4];
+  ASSERT_TRUE(buf->Read(0, back, 4).ok());
+  EXPECT_EQ(std::string(back, 4), "abcd");
+  EXPECT_EQ(reg.Find("c", 1020, 8).status().code(), absl::StatusCode::kInvalidArgument);
+  reg.UnregisterAll(/*cuda=*/true);
+  EXPECT_EQ(reg.Find("c", 0, 4).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(dev.closed, 0);  // still held
+  *buf = SharedMemoryBuffer();
+  EXPECT_EQ(dev.closed, 1);
+  EXPECT_TRUE(reg.Status("sys").ok());
+  reg.UnregisterAll();
+  EXPECT_EQ(dev.unpinned, 1);
+}
+
 TEST(SharedMemoryDecodeTest, InputsAreReadInPlace) {
   ShmObject obj(4096);
   SharedMemoryRegistry reg;
