@@ -35,7 +35,7 @@
 #include <google/protobuf/stubs/logging.h>
 
 #include "server/backends/cpu/cpu_backend.h"
-#include "server/core/inference_server.h"
+#include "server/inference_server.h"
 #include "server/frontend/grpc_service.h"
 #include "server/models/model_factory.h"
 #include "server/repository/model_repository.h"

@@ -15,7 +15,7 @@
 #include "kernels/common/heap.h"
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/core/flags.h"
-#include "server/core/inference_server.h"
+#include "server/inference_server.h"
 #include "server/core/shared_memory.h"
 #include "server/frontend/auth.h"
 #include "server/frontend/grpc_keepalive.h"

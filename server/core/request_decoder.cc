@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/core/client_text.h"
-#include "server/repository/model_repository.h"
+#include "server/core/config_params.h"
 
 namespace flashq::server {
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "grpc_service.grpc.pb.h"
-#include "server/core/inference_server.h"
+#include "server/inference_server.h"
 #include "server/core/shared_memory.h"
 #include "server/frontend/auth.h"
 

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/core/request_decoder.h"
 #include "server/repository/model_repository.h"
-#include "server/models/linear_loader.h"
+#include "server/repository/linear_loader.h"
 
 namespace flashq::server {
 namespace {

@@ -15,7 +15,7 @@ namespace flashq::server {
 
 class LinearModel : public Model {
  public:
-  // Weights come through `checkpoints` (see linear_loader.h); what loading detected or
+  // Weights come through `checkpoints` (see server/repository/linear_loader.h); what loading detected or
   // overrode is appended to `notes`.
   static absl::StatusOr<std::unique_ptr<Model>> Create(inference::ModelConfig config, const std::string& dir,
                                                        Backend& backend, CheckpointCache& checkpoints,

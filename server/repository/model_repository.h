@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "model_config.pb.h"
+#include "server/core/config_params.h"
 
 namespace flashq::server {
 
@@ -24,11 +25,5 @@ absl::StatusOr<std::vector<ModelEntry>> ScanModelRepository(const std::string& r
 // model name). Errors read "<path>:<line>:<column>: <message>".
 absl::StatusOr<inference::ModelConfig> ParseModelConfigFile(const std::string& path, const std::string& folder);
 
-// String parameter of a model config, with a default.
-std::string ConfigParam(const inference::ModelConfig& config, const std::string& key, const std::string& def);
-// An integer parameter, checked against [lo, hi] before anything narrows or allocates
-// with it; the error names the parameter, its value and the range.
-absl::StatusOr<int64_t> ConfigIntParam(const inference::ModelConfig& config, const std::string& key, int64_t def,
-                                       int64_t lo = INT64_MIN, int64_t hi = INT64_MAX);
 
 }  // namespace flashq::server

@@ -21,7 +21,7 @@
 
 #include "kernels/gemm/quant_formats.h"
 #include "server/backends/cpu/cpu_backend.h"
-#include "server/core/inference_server.h"
+#include "server/inference_server.h"
 #include "server/metrics/metrics.h"
 #include "server/models/model_factory.h"
 #include "server/repository/json.h"

@@ -25,7 +25,7 @@
 
 #include "kernels/common/dtype.h"
 #include "server/backends/cpu/cpu_backend.h"
-#include "server/core/inference_server.h"
+#include "server/inference_server.h"
 
 namespace flashq::server {
 namespace {

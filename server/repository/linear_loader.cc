@@ -13,7 +13,7 @@
 //   FP8          weight F8_E4M3 [N, K], weight_scale F32/BF16 [] [1] [N] or [N, 1],
 //                input_scale [] or [1] (static activation scale, W8A8)
 //   any          bias [N] (F16, BF16 or F32), added after the GEMM
-#include "server/models/linear_loader.h"
+#include "server/repository/linear_loader.h"
 
 #include <algorithm>
 #include <cmath>

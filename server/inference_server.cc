@@ -1,4 +1,4 @@
-#include "server/core/inference_server.h"
+#include "server/inference_server.h"
 
 #include <algorithm>
 #include <atomic>
