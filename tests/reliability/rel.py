@@ -11,12 +11,8 @@ import collections
 import json
 import os
 import pathlib
-import signal
-import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -27,12 +23,12 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 # Request building, /metrics parsing and polling are the integration tests' helpers.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
 import helpers  # noqa: E402
+from server_process import READY_LINE, FlashqServer, free_port  # noqa: E402,F401
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SERVER_BIN = os.environ.get("FLASHQ_SERVER", str(ROOT / "build-rel/bin/flashq-server"))
 TEST_TMP = pathlib.Path(os.environ.get("FLASHQ_TEST_TMP", str(ROOT / "build-rel/reliability/tmp")))
 RESULTS = os.environ.get("FLASHQ_RESULTS")
-READY_LINE = "flashq-server ready"
 C = grpc.StatusCode
 
 # ---- a small repository: quick to start, no 400 MB demo -----------------------------
@@ -102,73 +98,18 @@ def shared_repository():
 
 # ---- the server process ---------------------------------------------------------------
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(FlashqServer):
     """flashq-server on loopback with the small repository (unless --model-repository is
-    passed). start() waits for the ready line; stop() sends SIGTERM, returns the exit code."""
+    passed), CPU backend, 2 threads."""
 
     def __init__(self, *flags, name="server", env=None, binary=None, repo=None):
-        TEST_TMP.mkdir(parents=True, exist_ok=True)
-        self.grpc_port, self.metrics_port = free_port(), free_port()
-        self.log_path = tempfile.mktemp(prefix=f"{name}-", suffix=".log", dir=TEST_TMP)
-        has_repo = any(f.startswith("--model-repository") for f in flags)
-        self.cmd = [binary or SERVER_BIN, f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
-                    "--host=127.0.0.1", "--backend=cpu", "--cpu-threads=2"]
-        if not has_repo:
-            self.cmd.append(f"--model-repository={repo or shared_repository()}")
-        self.cmd += list(flags)
-        self.env = dict(os.environ, **(env or {}))
-        self.proc = None
-        self.returncode = None
-
-    @property
-    def url(self):
-        return f"127.0.0.1:{self.grpc_port}"
+        base = ["--backend=cpu", "--cpu-threads=2"]
+        if not any(f.startswith("--model-repository") for f in flags):
+            base.append(f"--model-repository={repo or shared_repository()}")
+        super().__init__(binary or SERVER_BIN, [*base, *flags], name, TEST_TMP, env=env)
 
     def log(self, tail=80):
-        try:
-            return "\n".join(open(self.log_path, errors="replace").read().splitlines()[-tail:])
-        except OSError:
-            return ""
-
-    def start(self, timeout=120, probe=True):
-        assert os.path.exists(self.cmd[0]), f"{self.cmd[0]} not built"
-        self._logf = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=self.env)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"flashq-server exited {self.proc.returncode} before ready:\n{self.log()}")
-            if READY_LINE in open(self.log_path, errors="replace").read():
-                break
-            time.sleep(0.05)
-        else:
-            self.proc.kill()
-            raise AssertionError(f"flashq-server not ready after {timeout}s:\n{self.log()}")
-        if probe:
-            ch = grpc.insecure_channel(self.url)
-            grpc.channel_ready_future(ch).result(timeout=30)
-            ch.close()
-        return self
-
-    def stop(self, sig=signal.SIGTERM, timeout=60):
-        if self.proc is None or self.returncode is not None:
-            return self.returncode
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            self.returncode = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            self.returncode = "hung"
-        self._logf.close()
-        return self.returncode
+        return super().log(tail)
 
     def rss_mb(self):
         with open(f"/proc/{self.proc.pid}/status") as f:
