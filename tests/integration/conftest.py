@@ -13,6 +13,7 @@ built into build/):
 import os
 import pathlib
 import signal
+import tempfile
 
 import pytest
 
