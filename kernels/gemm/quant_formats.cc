@@ -47,6 +47,18 @@ Status CheckGIdx(const void* g_idx, int K, int group_size, const char* who, int*
   return Status::Ok();
 }
 
+// Checks a checkpoint's act-order g_idx (CheckGIdx) and keeps it in w->g_idx, unless it is the
+// trivial k / group_size, which is the plain layout.
+Status TakeGIdx(const void* g_idx, int K, int group_size, const char* who, int* G, Int4Weights* w) {
+  FQ_RETURN_IF_ERROR(CheckGIdx(g_idx, K, group_size, who, G));
+  w->g_idx.resize(K);
+  std::memcpy(w->g_idx.data(), g_idx, size_t(K) * 4);
+  bool trivial = true;
+  for (int k = 0; trivial && k < K; ++k) trivial = w->g_idx[k] == k / group_size;
+  if (trivial) w->g_idx.clear();
+  return Status::Ok();
+}
+
 Status CheckGroupShape(int K, int N, int group_size, const char* who) {
   if (K <= 0 || N <= 0) return InvalidArgument(std::string(who) + ": K and N must be positive (" + Shape(K, N, group_size) + ")");
   if (group_size <= 0) return InvalidArgument(std::string(who) + ": group_size must be positive (" + Shape(K, N, group_size) + ")");
@@ -268,15 +280,7 @@ Status UnpackGptq(const GptqView& v, Int4Weights* out) {
   w.K = K;
   w.N = N;
   w.group_size = v.group_size;
-  if (v.g_idx) {
-    FQ_RETURN_IF_ERROR(CheckGIdx(v.g_idx, K, v.group_size, "GPTQ", &G));
-    w.g_idx.resize(K);
-    std::memcpy(w.g_idx.data(), v.g_idx, size_t(K) * 4);
-    // A trivial g_idx (k / group_size) is the plain layout.
-    bool trivial = true;
-    for (int k = 0; trivial && k < K; ++k) trivial = w.g_idx[k] == k / v.group_size;
-    if (trivial) w.g_idx.clear();
-  }
+  if (v.g_idx) FQ_RETURN_IF_ERROR(TakeGIdx(v.g_idx, K, v.group_size, "GPTQ", &G, &w));
   if (K % 8 != 0) {  // padding nibbles of the last row must be zero
     for (int n = 0; n < N; ++n)
       if (Word(v.qweight, size_t(K8 - 1) * N + n) >> (4 * (K % 8)))
@@ -398,14 +402,7 @@ Status UnpackPackQuantized(const PackQuantizedView& v, Int4Weights* out) {
   w.K = K;
   w.N = N;
   w.group_size = v.group_size;
-  if (v.g_idx) {
-    FQ_RETURN_IF_ERROR(CheckGIdx(v.g_idx, K, v.group_size, "pack-quantized", &G));
-    w.g_idx.resize(K);
-    std::memcpy(w.g_idx.data(), v.g_idx, size_t(K) * 4);
-    bool trivial = true;
-    for (int k = 0; trivial && k < K; ++k) trivial = w.g_idx[k] == k / v.group_size;
-    if (trivial) w.g_idx.clear();
-  }
+  if (v.g_idx) FQ_RETURN_IF_ERROR(TakeGIdx(v.g_idx, K, v.group_size, "pack-quantized", &G, &w));
   w.q.resize(size_t(N) * K);
   for (int n = 0; n < N; ++n) {
     uint8_t* dst = w.q.data() + size_t(n) * K;

@@ -10,10 +10,16 @@ built into build/):
   FLASHQ_TEST_TMP      where server logs and temp folders go
   FLASHQ_TEST_BACKEND  the servers' backend (default cpu; cuda runs the same checks on a GPU)
 """
+import contextlib
+import json
+import math
 import os
 import pathlib
 import signal
+import subprocess
 import tempfile
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -76,3 +82,45 @@ def tmp_dir():
     os.makedirs(TEST_TMP, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=TEST_TMP) as d:
         yield pathlib.Path(d)
+
+
+@contextlib.contextmanager
+def prometheus(metrics_port, tmp_dir):
+    """A real Prometheus scraping 127.0.0.1:metrics_port every second; yields query(expr): the
+    first result's value, or None while there is none (or it is not finite). Its log is printed
+    if it exits with an error."""
+    port = free_port()
+    cfg = tmp_dir / "prometheus.yml"
+    cfg.write_text(f"""global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: flashq
+    static_configs:
+      - targets: ['127.0.0.1:{metrics_port}']
+""")
+    log = open(tmp_dir / "prometheus.log", "wb")
+    prom = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_dir / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                            stdout=log, stderr=subprocess.STDOUT)
+
+    def query(expr):
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            body = json.loads(urllib.request.urlopen(url, timeout=5).read())
+        except OSError:
+            return None
+        res = body.get("data", {}).get("result", [])
+        if body.get("status") != "success" or not res:
+            return None
+        v = float(res[0]["value"][1])
+        return v if math.isfinite(v) else None
+
+    try:
+        yield query
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
+        log.close()
+        if prom.returncode not in (0, -15):
+            print((tmp_dir / "prometheus.log").read_text()[-3000:])

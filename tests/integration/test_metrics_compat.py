@@ -8,20 +8,16 @@
 import csv
 import http.server
 import json
-import os
 import shutil
 import subprocess
 import threading
-import time
-import urllib.parse
-import urllib.request
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import PERF_ANALYZER, PROMETHEUS, free_port
+from conftest import PERF_ANALYZER, PROMETHEUS, prometheus
 from helpers import metric, round_to, scrape, wait_for
 
 TRITON = {
@@ -155,48 +151,23 @@ def test_kv_cache_usage_ratio_follows_a_sequence(server):
 def test_prometheus_scrapes_triton_names_and_kv_ratio(compat, tmp_dir):
     """A real Prometheus parses the whole exposition (a malformed line fails the scrape: up = 0)
     and stores Triton's names and the KV usage ratio with their labels."""
-    port = free_port()
-    cfg = tmp_dir / "prometheus.yml"
-    cfg.write_text(f"""global:
-  scrape_interval: 1s
-scrape_configs:
-  - job_name: flashq
-    static_configs:
-      - targets: ['127.0.0.1:{compat.metrics_port}']
-""")
-    log = open(tmp_dir / "prometheus.log", "wb")
-    prom = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_dir / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                            stdout=log, stderr=subprocess.STDOUT)
     c = grpcclient.InferenceServerClient(compat.url)
-
-    def query(expr):
-        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        try:
-            body = json.loads(urllib.request.urlopen(url, timeout=5).read())
-        except OSError:
-            return None
-        res = body.get("data", {}).get("result", [])
-        return float(res[0]["value"][1]) if body.get("status") == "success" and res else None
-
     try:
-        kv_step(c, 777, 20, start=True)       # 2 blocks held while Prometheus scrapes
-        success = metric(scrape(compat.metrics_url)[0], "nv_inference_request_success", model="kv_attention")
-        assert success >= 1
-        assert wait_for(lambda: query('up{job="flashq"}'), timeout=60, interval=0.5, what="a scrape") == 1.0
-        q = 'nv_inference_request_success{model="kv_attention",version="1"}'
-        assert wait_for(lambda: query(q) == success, timeout=30, interval=0.5, what=q)
-        ratio = wait_for(lambda: query('flashq_kv_cache_usage_ratio{model="kv_attention"}'), timeout=30,
-                         interval=0.5, what="the KV usage ratio in Prometheus")
-        assert 0 < ratio <= 1, ratio
-        assert query('nv_inference_pending_request_count{model="attention",version="1"}') == 0.0
-        assert query('sum(nv_inference_exec_count)') is not None
+        with prometheus(compat.metrics_port, tmp_dir) as query:
+            kv_step(c, 777, 20, start=True)       # 2 blocks held while Prometheus scrapes
+            success = metric(scrape(compat.metrics_url)[0], "nv_inference_request_success", model="kv_attention")
+            assert success >= 1
+            assert wait_for(lambda: query('up{job="flashq"}'), timeout=60, interval=0.5, what="a scrape") == 1.0
+            q = 'nv_inference_request_success{model="kv_attention",version="1"}'
+            assert wait_for(lambda: query(q) == success, timeout=30, interval=0.5, what=q)
+            ratio = wait_for(lambda: query('flashq_kv_cache_usage_ratio{model="kv_attention"}'), timeout=30,
+                             interval=0.5, what="the KV usage ratio in Prometheus")
+            assert 0 < ratio <= 1, ratio
+            assert query('nv_inference_pending_request_count{model="attention",version="1"}') == 0.0
+            assert query('sum(nv_inference_exec_count)') is not None
     finally:
         kv_step(c, 777, 0, end=True)
         c.close()
-        prom.terminate()
-        prom.wait(timeout=30)
-        log.close()
 
 
 # ---- perf_analyzer --collect-metrics -----------------------------------------------------------

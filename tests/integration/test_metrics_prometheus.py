@@ -2,10 +2,7 @@
 a request of known latency lands in the right latency buckets, and a real Prometheus
 server (Debian package `prometheus`), started here, scrapes it and answers a
 histogram_quantile query over the latency histogram."""
-import json
-import os
 import shutil
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -15,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from conftest import PROMETHEUS, free_port
+from conftest import PROMETHEUS, prometheus
 from helpers import metric, round_to, scrape, wait_for
 
 EXPECTED = {
@@ -116,20 +113,6 @@ def test_metrics_http_basics(server):
 
 @pytest.mark.skipif(not shutil.which(PROMETHEUS), reason="prometheus binary not installed (scripts/setup.sh)")
 def test_prometheus_scrapes_and_answers_histogram_quantile(server, tmp_dir):
-    port = free_port()
-    cfg = tmp_dir / "prometheus.yml"
-    cfg.write_text(f"""global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: flashq
-    static_configs:
-      - targets: ['127.0.0.1:{server.metrics_port}']
-""")
-    log = open(tmp_dir / "prometheus.log", "wb")
-    prom = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_dir / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                            stdout=log, stderr=subprocess.STDOUT)
     stop = threading.Event()
     c = grpcclient.InferenceServerClient(server.url)
 
@@ -141,35 +124,17 @@ scrape_configs:
 
     t = threading.Thread(target=load, daemon=True)
     t.start()
-    api = f"http://127.0.0.1:{port}/api/v1"
-
-    def query(expr):
-        url = f"{api}/query?" + urllib.parse.urlencode({"query": expr})
-        try:
-            body = json.loads(urllib.request.urlopen(url, timeout=5).read())
-        except OSError:
-            return None
-        res = body.get("data", {}).get("result", [])
-        if body.get("status") != "success" or not res:
-            return None
-        v = float(res[0]["value"][1])
-        return v if np.isfinite(v) else None
-
     try:
-        expr = ('histogram_quantile(0.5, sum(rate(flashq_request_duration_seconds_bucket{stage="total"}[1m])) '
-                'by (le))')
-        p50 = wait_for(lambda: query(expr), timeout=90, interval=1, what=f"a value for {expr}")
-        assert p50 > 0, p50
-        up = query('up{job="flashq"}')
-        assert up == 1.0, up
-        p99 = wait_for(lambda: query(expr.replace("0.5", "0.99")), timeout=30, interval=1, what="p99")
-        assert p99 >= p50
-        print(f"Prometheus: p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms")
+        with prometheus(server.metrics_port, tmp_dir) as query:
+            expr = ('histogram_quantile(0.5, sum(rate(flashq_request_duration_seconds_bucket{stage="total"}[1m])) '
+                    'by (le))')
+            p50 = wait_for(lambda: query(expr), timeout=90, interval=1, what=f"a value for {expr}")
+            assert p50 > 0, p50
+            up = query('up{job="flashq"}')
+            assert up == 1.0, up
+            p99 = wait_for(lambda: query(expr.replace("0.5", "0.99")), timeout=30, interval=1, what="p99")
+            assert p99 >= p50
+            print(f"Prometheus: p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms")
     finally:
         stop.set()
         t.join(timeout=30)
-        prom.terminate()
-        prom.wait(timeout=30)
-        log.close()
-        if prom.returncode not in (0, -15):
-            print((tmp_dir / "prometheus.log").read_text()[-3000:])
