@@ -23,14 +23,17 @@ struct Work {
 
   // Prepare declares each output it will produce, with its size, before compute.
   void ExpectOutput(std::string name, int64_t bytes) { output_sizes.push_back({std::move(name), bytes}); }
+  // The shared-memory region the client bound output `name` to, or null (it travels in the message).
+  const SharedMemoryOutput* BoundRegion(const std::string& name) const {
+    for (const SharedMemoryOutput& o : shm_outputs) {
+      if (o.name == name) return &o;
+    }
+    return nullptr;
+  }
   // Bytes of the declared outputs that travel in the response message (not in shared memory).
   int64_t MessageBytes() const {
     int64_t bytes = 0;
-    for (const auto& [name, n] : output_sizes) {
-      bool in_region = false;
-      for (const SharedMemoryOutput& o : shm_outputs) in_region |= o.name == name;
-      bytes += in_region ? 0 : n;
-    }
+    for (const auto& [name, n] : output_sizes) bytes += BoundRegion(name) ? 0 : n;
     return bytes;
   }
 
@@ -38,9 +41,7 @@ struct Work {
   // client bound one (admission checked the size), else `data`, sized here, which the
   // response then carries.
   MutableBytes OutputDestination(const std::string& name, std::string* data, size_t bytes) const {
-    for (const SharedMemoryOutput& o : shm_outputs) {
-      if (o.name == name) return {o.buffer.data, bytes, o.buffer.kind, o.buffer.device};
-    }
+    if (const SharedMemoryOutput* o = BoundRegion(name)) return {o->buffer.data, bytes, o->buffer.kind, o->buffer.device};
     data->resize(bytes);
     return {data->data(), bytes};
   }
@@ -48,13 +49,11 @@ struct Work {
   // Puts output `t`, computed in t.data on the host, into its shared-memory region when
   // the client bound one (t.data is then emptied).
   absl::Status Deliver(OutputTensor& t) const {
-    for (const SharedMemoryOutput& o : shm_outputs) {
-      if (o.name != t.name) continue;
-      absl::Status s = o.buffer.Write(0, t.data.data(), t.data.size());
-      std::string().swap(t.data);
-      return s;
-    }
-    return absl::OkStatus();
+    const SharedMemoryOutput* o = BoundRegion(t.name);
+    if (!o) return absl::OkStatus();
+    absl::Status s = o->buffer.Write(0, t.data.data(), t.data.size());
+    std::string().swap(t.data);
+    return s;
   }
 
   int64_t tokens = 1;          // what the batch's token budget counts

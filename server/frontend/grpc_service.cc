@@ -57,9 +57,7 @@ void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
     o->set_datatype(std::string(DTypeName(t.dtype)));
     for (int64_t d : t.shape) o->add_shape(d);
     std::string* raw = response->add_raw_output_contents();
-    const bool in_shm = std::any_of(work.shm_outputs.begin(), work.shm_outputs.end(),
-                                    [&](const SharedMemoryOutput& s) { return s.name == t.name; });
-    if (!in_shm) *raw = std::move(t.data);
+    if (!work.BoundRegion(t.name)) *raw = std::move(t.data);
   }
 }
 

@@ -149,7 +149,7 @@ LinearWeights SliceN(const LinearWeights& w, int n0, int n1) {
 class CpuLinear : public LinearExecutor {
  public:
   CpuLinear(const LinearWeights& w, std::shared_ptr<ThreadPool> pool)
-      : LinearExecutor(w.N), K_(w.K), N_(w.N), bias_(w.bias), pool_(std::move(pool)) {
+      : LinearExecutor(w.N), K_(w.K), bias_(w.bias), pool_(std::move(pool)) {
     const int parts = std::max(1, std::min(pool_->size(), w.N / 64));
     for (int p = 0; p < parts; ++p) {
       const int n0 = int(int64_t(w.N) * p / parts), n1 = int(int64_t(w.N) * (p + 1) / parts);
@@ -160,7 +160,8 @@ class CpuLinear : public LinearExecutor {
   using LinearExecutor::Run;
   absl::Status Run(DType dtype, int M, const Gather& x_in, const Scatter& y_out) override {
     const std::vector<float> x = GatherAsFloat(dtype, x_in);
-    std::vector<float> y(size_t(M) * N_);
+    const int N = this->N();
+    std::vector<float> y(size_t(M) * N);
     pool_->ParallelFor(int(slices_.size()), [&](int p) {
       const auto& [n0, w] = slices_[p];
       std::vector<float> part(size_t(M) * w.N);
@@ -178,18 +179,18 @@ class CpuLinear : public LinearExecutor {
           break;
       }
       for (int m = 0; m < M; ++m) {
-        std::copy(part.begin() + size_t(m) * w.N, part.begin() + size_t(m + 1) * w.N, y.begin() + size_t(m) * N_ + n0);
+        std::copy(part.begin() + size_t(m) * w.N, part.begin() + size_t(m + 1) * w.N, y.begin() + size_t(m) * N + n0);
       }
     });
     if (!bias_.empty()) {  // in Y's type: round, add through float, round again
-      for (size_t i = 0; i < y.size(); ++i) y[i] = RoundThrough(dtype, RoundThrough(dtype, y[i]) + bias_[i % N_]);
+      for (size_t i = 0; i < y.size(); ++i) y[i] = RoundThrough(dtype, RoundThrough(dtype, y[i]) + bias_[i % N]);
     }
     ScatterFromFloat(dtype, y.data(), int64_t(y.size()), y_out);
     return absl::OkStatus();
   }
 
  private:
-  const int K_, N_;
+  const int K_;
   const std::vector<float> bias_;
   std::shared_ptr<ThreadPool> pool_;
   std::vector<std::pair<int, LinearWeights>> slices_;

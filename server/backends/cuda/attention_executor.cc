@@ -57,7 +57,7 @@ class CudaAttention : public AttentionExecutor {
     std::vector<size_t> sizes = {n, n};
     for (size_t e : {q_elems, kv_elems, kv_elems, q_elems}) BatchStaging::Need(&sizes, b.dtype, kdt, e);
     if (b.want_lse) sizes.push_back(tq * b.num_heads_q * 4);
-    return BatchStaging::Total(sizes);
+    return Carver::Need(sizes);
   }
 
   absl::Status RunChunk(const AttentionBatch& b, int s0, int s1, StreamSlot& slot, prometheus::Histogram& hist,

@@ -106,7 +106,8 @@ class Carver {
     return base_ + off;
   }
   size_t used() const { return used_; }
-  static size_t Need(std::initializer_list<size_t> sizes) {
+  // Bytes that pieces of these sizes take, carved in this order.
+  static size_t Need(const std::vector<size_t>& sizes) {
     size_t t = 0;
     for (size_t s : sizes) t = ((t + 255) & ~size_t(255)) + s;
     return t;

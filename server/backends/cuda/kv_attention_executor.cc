@@ -85,7 +85,7 @@ class CudaKvAttention : public KvAttentionExecutor {
     std::vector<size_t> sizes = {(n * width + n + n + 1) * 4};
     for (size_t e : {q_elems, kv_elems, kv_elems, q_elems}) BatchStaging::Need(&sizes, b.dtype, kdt, e);
     sizes.push_back(attention::paged_decode_workspace_size(total, g_.num_heads_q, g_.head_dim, max_k));
-    return BatchStaging::Total(sizes);
+    return Carver::Need(sizes);
   }
 
   absl::Status RunGroup(int dev, const KvBatch& b, const std::vector<int>& items) {

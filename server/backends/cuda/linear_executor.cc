@@ -95,13 +95,14 @@ class CudaLinear : public LinearExecutor {
     // The type the GPU writes Y in: W8A8's GEMM always writes BF16 (see below).
     const DType ydt = (format_ == WeightFormat::kFp8 && fp8_act_) ? DType::kBF16 : kdt;
     const size_t esize = DTypeSize(dtype);
+    const int N = this->N();
     SlotLease slot(d);
     for (int r0 = 0; r0 < M; r0 += max_rows_) {
       const int m = std::min(max_rows_, M - r0);
       BatchStaging st(*slot);
       auto xd = st.UploadAs(x_in, dtype, size_t(r0) * K_, size_t(m) * K_, kdt);
       if (!xd.ok()) return xd.status();
-      char* yd = st.Take(size_t(m) * N_ * 2);
+      char* yd = st.Take(size_t(m) * N * 2);
       if (!yd) return absl::ResourceExhaustedError("linear batch chunk exceeds the GPU staging buffer");
       auto stream = st.stream();
       if (!stream.ok()) return stream.status();
@@ -116,18 +117,18 @@ class CudaLinear : public LinearExecutor {
       KernelTimer timer(*slot, *hist_[dev]);
       Status s;
       switch (format_) {
-        case WeightFormat::kBf16: s = gemm::run_bf16(d.blas(), r.bf16, N_, K_, a, *stream); break;
+        case WeightFormat::kBf16: s = gemm::run_bf16(d.blas(), r.bf16, N, K_, a, *stream); break;
         case WeightFormat::kInt4: s = gemm::run_w4a16(*r.w4, a, d.blas(), *stream); break;
         case WeightFormat::kFp8: s = fp8_act_ ? RunW8A8(d, r, a, *stream) : gemm::run_w8a16(*r.fp8, a, *stream); break;
       }
       if (auto st_ = FromKernel(s); !st_.ok()) return st_;
       timer.Stop();
-      auto y = st.Convert(yd, ydt, dtype, size_t(m) * N_);
+      auto y = st.Convert(yd, ydt, dtype, size_t(m) * N);
       if (!y.ok()) return y.status();
       if (r.bias) {
-        if (auto b = FromKernel(run_add_bias(*y, dtype, m, N_, r.bias, *stream)); !b.ok()) return b;
+        if (auto b = FromKernel(run_add_bias(*y, dtype, m, N, r.bias, *stream)); !b.ok()) return b;
       }
-      if (auto dl = st.Download(*y, y_out, size_t(r0) * N_ * esize, size_t(m) * N_ * esize); !dl.ok()) return dl;
+      if (auto dl = st.Download(*y, y_out, size_t(r0) * N * esize, size_t(m) * N * esize); !dl.ok()) return dl;
       if (auto f = st.Finish(); !f.ok()) return f;
       timer.Observe();
     }
@@ -146,7 +147,7 @@ class CudaLinear : public LinearExecutor {
   };
 
   CudaLinear(Contexts& ctx, ServerMetrics& m, const LinearWeights& w, bool invariant)
-      : LinearExecutor(w.N), ctx_(ctx), format_(w.format), K_(w.K), N_(w.N), fp8_act_(w.fp8_activations),
+      : LinearExecutor(w.N), ctx_(ctx), format_(w.format), K_(w.K), fp8_act_(w.fp8_activations),
         fp8_input_scale_(w.fp8_input_scale), invariant_(invariant),
         hist_(PerGpuHistograms(m, ctx, w.format == WeightFormat::kBf16 ? "linear_bf16"
                                 : w.format == WeightFormat::kInt4 ? "linear_w4a16"
@@ -185,7 +186,7 @@ class CudaLinear : public LinearExecutor {
 
   Contexts& ctx_;
   const WeightFormat format_;
-  const int K_, N_;
+  const int K_;
   const bool fp8_act_;
   const float fp8_input_scale_;
   const bool invariant_;

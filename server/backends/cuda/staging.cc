@@ -22,12 +22,6 @@ void BatchStaging::Need(std::vector<size_t>* sizes, DType request, DType kernel,
   if (request != kernel) sizes->push_back(elems * DTypeSize(request));
 }
 
-size_t BatchStaging::Total(const std::vector<size_t>& sizes) {
-  size_t t = 0;
-  for (size_t s : sizes) t = ((t + 255) & ~size_t(255)) + s;
-  return t;
-}
-
 absl::Status BatchStaging::Flush(Run& run) {
   if (run.end > run.begin) {
     queued_ = true;

@@ -62,8 +62,8 @@ class BatchStaging {
 
   // Appends the staging a tensor of `elems` elements needs to arrive as (or leave from)
   // `kernel` type when the request has type `request`.
+  // (Carver::Need adds them up.)
   static void Need(std::vector<size_t>* sizes, DType request, DType kernel, size_t elems);
-  static size_t Total(const std::vector<size_t>& sizes);
 
  private:
   size_t Offset(const char* device) const { return size_t(device - slot_.device); }
