@@ -6,6 +6,9 @@
 #include "client/bench/placement.h"
 
 namespace flashq::bench {
+namespace {
+Placement Where(const Work& work) { return {work.output_bytes, work.resident_bytes}; }
+}  // namespace
 
 client::CallOptions GrpcTransport::Options() const {
   client::CallOptions opts;
@@ -56,14 +59,14 @@ void GrpcTransport::Send(const Work& work, std::function<void(int code)> done) {
     return;
   }
   // Runs at once, or when a slot comes free (possibly on a gRPC or the pool's thread).
-  slots_->Acquire(PlacedBytes(*work.request, work.output_bytes), [this, work, done](SlotPool::Slot* slot,
+  slots_->Acquire(PlacedBytes(*work.request, Where(work)), [this, work, done](SlotPool::Slot* slot,
                                                                                     const absl::Status& why) {
     if (!slot) {
       Record(why);
       done(kCodeClientError);
       return;
     }
-    auto placed = PlaceInRegion(*work.request, work.output_bytes, *slot->region);
+    auto placed = PlaceInRegion(*work.request, Where(work), *slot->region);
     if (!placed.ok()) {
       slots_->Release(slot);
       Record(placed.status());
@@ -97,12 +100,12 @@ grpc::Status GrpcTransport::Call(const Work& work) {
     return to_grpc(CheckOutputs(*work.request, resp, nullptr));
   }
   std::promise<std::pair<SlotPool::Slot*, absl::Status>> got;
-  slots_->Acquire(PlacedBytes(*work.request, work.output_bytes),
+  slots_->Acquire(PlacedBytes(*work.request, Where(work)),
                   [&got](SlotPool::Slot* slot, const absl::Status& why) { got.set_value({slot, why}); });
   auto [slot, why] = got.get_future().get();
   if (!slot) return to_grpc(why);
   grpc::Status s;
-  auto placed = PlaceInRegion(*work.request, work.output_bytes, *slot->region);
+  auto placed = PlaceInRegion(*work.request, Where(work), *slot->region);
   if (!placed.ok()) {
     s = to_grpc(placed.status());
   } else {

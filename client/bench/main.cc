@@ -72,7 +72,8 @@ void DefineFlags(fb::Flags& f) {
   f.Add({"shared-memory", "none|system|cuda", "none",
          "Where tensors travel (perf_analyzer's flag): in the gRPC message, or in regions registered with Triton's "
          "shared-memory extension, one per client slot, made once: POSIX shared memory (system) or GPU memory passed as "
-         "CUDA IPC handles (cuda; needs libcudart and a GPU on this host). Same host as the server only.", S1});
+         "CUDA IPC handles (cuda; needs libcudart and a GPU on this host). As with perf_analyzer, a slot is filled with "
+         "random inputs once and requests use them in place; outputs stay in the region. Same host as the server only.", S1});
 
   f.Add({"scenarios", "LIST", "attention_ragged,linear_int4,kv_decode",
          "Comma-separated preset scenarios, run in order. Known: " + presets + ". Ignored when --model is given.", S2});
@@ -500,6 +501,7 @@ int main(int argc, char** argv) {
           if (out.name() == "Y" && out.shape_size() == 2 && out.shape(1) > 0) spec.n = out.shape(1);
       if (spec.n == 0 && regions) sr.error = "--shared-memory: ModelMetadata gives no size N of output Y";
     }
+    spec.resident_inputs = regions != nullptr;
     auto wl = fb::BuildWorkload(spec, uint64_t(seed));
     if (sr.error.empty() && !wl.ok()) sr.error = std::string(wl.status().message());
     std::vector<fb::LoadPoint> points;
@@ -509,7 +511,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<fb::SlotPool> slots;
     if (sr.error.empty() && regions) {
       const fb::SlotPlan plan = fb::PlanSlots((*wl)->max_request_bytes(), points, mo.max_outstanding);
-      auto sp = fb::SlotPool::Create(*regions, plan.initial, plan.max, plan.slot_bytes);
+      auto sp = fb::SlotPool::Create(*regions, plan.initial, plan.max, plan.slot_bytes, (*wl)->random_bytes());
       if (sp.ok()) slots = std::move(*sp);
       else sr.error = absl::StrCat("--shared-memory=", info.shared_memory, ": ", sp.status().message());
     }

@@ -17,23 +17,33 @@ bool AllMarked(std::string_view bytes) {
   return std::all_of(bytes.begin(), bytes.end(), [](char c) { return static_cast<unsigned char>(c) == 0xFF; });
 }
 
+int64_t InputBytes(const inference::ModelInferRequest& req, const Placement& what, int i) {
+  const int64_t resident = size_t(i) < what.resident_bytes.size() ? what.resident_bytes[size_t(i)] : 0;
+  return resident > 0 ? resident : int64_t(req.raw_input_contents(i).size());
+}
+
+size_t OutputsBytes(const Placement& what) {
+  size_t n = 0;
+  for (int64_t b : what.output_bytes) n += AlignUp(size_t(std::max<int64_t>(b, 0)));
+  return n;
+}
+
 }  // namespace
 
-size_t PlacedBytes(const inference::ModelInferRequest& req, std::span<const int64_t> output_bytes) {
-  size_t n = 0;
-  for (const auto& raw : req.raw_input_contents()) n += AlignUp(raw.size());
-  for (int64_t b : output_bytes) n += AlignUp(size_t(std::max<int64_t>(b, 0)));
+size_t PlacedBytes(const inference::ModelInferRequest& req, const Placement& what) {
+  size_t n = OutputsBytes(what);
+  for (int i = 0; i < req.raw_input_contents_size(); ++i) n += AlignUp(size_t(InputBytes(req, what, i)));
   return n;
 }
 
 absl::StatusOr<inference::ModelInferRequest> PlaceInRegion(const inference::ModelInferRequest& req,
-                                                           std::span<const int64_t> output_bytes, Region& region) {
+                                                           const Placement& what, Region& region) {
   if (req.raw_input_contents_size() != req.inputs_size())
     return absl::InvalidArgumentError("shared memory needs every input in raw_input_contents");
-  if (int(output_bytes.size()) != req.outputs_size())
+  if (int(what.output_bytes.size()) != req.outputs_size())
     return absl::InvalidArgumentError("shared memory needs the size of every requested output");
-  if (PlacedBytes(req, output_bytes) > region.size())
-    return absl::OutOfRangeError(absl::StrCat("request needs ", PlacedBytes(req, output_bytes), " bytes of region ",
+  if (PlacedBytes(req, what) > region.size() / kAlign * kAlign)
+    return absl::OutOfRangeError(absl::StrCat("request needs ", PlacedBytes(req, what), " bytes of region ",
                                               region.name(), ", which has ", region.size()));
   inference::ModelInferRequest out;
   out.set_model_name(req.model_name());
@@ -43,16 +53,20 @@ absl::StatusOr<inference::ModelInferRequest> PlaceInRegion(const inference::Mode
   size_t offset = 0;
   for (int i = 0; i < req.inputs_size(); ++i) {
     const std::string& raw = req.raw_input_contents(i);
-    if (absl::Status s = region.Write(offset, raw); !s.ok()) return s;
+    const int64_t bytes = InputBytes(req, what, i);
+    if (int64_t(raw.size()) == bytes) {
+      if (absl::Status s = region.Write(offset, raw); !s.ok()) return s;
+    }
     auto* in = out.add_inputs();
     *in = req.inputs(i);
-    client::SetSharedMemory(*in, {region.name(), int64_t(raw.size()), int64_t(offset)});
-    offset += AlignUp(raw.size());
+    client::SetSharedMemory(*in, {region.name(), bytes, int64_t(offset)});
+    offset += AlignUp(size_t(bytes));
   }
+  offset = region.size() / kAlign * kAlign - OutputsBytes(what);
   const std::string marks(kMarkBytes, '\xFF');
   for (int i = 0; i < req.outputs_size(); ++i) {
-    const size_t bytes = size_t(output_bytes[i]);
-    if (output_bytes[i] <= 0)
+    const size_t bytes = size_t(what.output_bytes[i]);
+    if (what.output_bytes[i] <= 0)
       return absl::InvalidArgumentError(absl::StrCat("output ", req.outputs(i).name(), ": no size to place it"));
     const size_t k = std::min(kMarkBytes, bytes);
     if (absl::Status s = region.Write(offset, std::string_view(marks).substr(0, k)); !s.ok()) return s;

@@ -95,6 +95,7 @@ absl::StatusOr<std::unique_ptr<Workload>> BuildWorkload(const ScenarioSpec& s, u
       o.seq_len = *sl, o.seqs_per_request = *sp, o.kv_extra = *kx;
       o.causal = s.causal;
       o.send_cu_seqlens = s.cu_seqlens;
+      o.resident_inputs = s.resident_inputs;
       o.seed = seed;
       return MakeAttentionWorkload(o);
     }
@@ -108,6 +109,7 @@ absl::StatusOr<std::unique_ptr<Workload>> BuildWorkload(const ScenarioSpec& s, u
       auto ds = IntDistribution::Parse(s.decode_steps);
       if (!ds.ok()) return ds.status();
       o.prefill_len = *pl, o.decode_steps = *ds;
+      o.resident_inputs = s.resident_inputs;
       o.seed = seed;
       return MakeKvWorkload(o);
     }
@@ -120,6 +122,7 @@ absl::StatusOr<std::unique_ptr<Workload>> BuildWorkload(const ScenarioSpec& s, u
       auto m = IntDistribution::Parse(s.m);
       if (!m.ok()) return m.status();
       o.m = *m;
+      o.resident_inputs = s.resident_inputs;
       o.seed = seed;
       return MakeLinearWorkload(o);
     }

@@ -32,6 +32,7 @@ struct ScenarioSpec {
   std::string m = "fixed:8";
   int64_t k = 0;  // 0: from ModelMetadata (X's last dimension), else by name
   int64_t n = 0;  // 0: from ModelMetadata (Y's last dimension), else unknown
+  bool resident_inputs = false;  // see workload.h
 };
 
 struct PresetInfo {

@@ -22,14 +22,24 @@ SlotPlan PlanSlots(int64_t max_request_bytes, const std::vector<LoadPoint>& poin
   return p;
 }
 
-SlotPool::SlotPool(RegionFactory& factory, int max_slots, size_t slot_bytes)
-    : factory_(factory), slot_bytes_(std::max<size_t>(slot_bytes, 1)), max_slots_(std::max(max_slots, 1)) {}
+SlotPool::SlotPool(RegionFactory& factory, int max_slots, size_t slot_bytes, std::string_view fill)
+    : factory_(factory), slot_bytes_(std::max<size_t>(slot_bytes, 1)), fill_(fill), max_slots_(std::max(max_slots, 1)) {}
+
+absl::StatusOr<std::unique_ptr<Region>> SlotPool::Make(size_t bytes) {
+  auto region = factory_.Create(bytes);
+  if (!region.ok() || fill_.empty()) return region;
+  for (size_t at = 0; at < (*region)->size(); at += fill_.size()) {
+    const std::string_view piece = std::string_view(fill_).substr(0, (*region)->size() - at);
+    if (absl::Status s = (*region)->Write(at, piece); !s.ok()) return s;
+  }
+  return region;
+}
 
 absl::StatusOr<std::unique_ptr<SlotPool>> SlotPool::Create(RegionFactory& factory, int initial_slots, int max_slots,
-                                                           size_t slot_bytes) {
-  std::unique_ptr<SlotPool> pool(new SlotPool(factory, std::max(max_slots, initial_slots), slot_bytes));
+                                                           size_t slot_bytes, std::string_view fill) {
+  std::unique_ptr<SlotPool> pool(new SlotPool(factory, std::max(max_slots, initial_slots), slot_bytes, fill));
   for (int i = 0; i < std::max(initial_slots, 1); ++i) {
-    auto region = factory.Create(pool->slot_bytes_);
+    auto region = pool->Make(pool->slot_bytes_);
     if (!region.ok()) {
       if (i == 0) return region.status();
       pool->max_slots_ = i;
@@ -167,7 +177,7 @@ void SlotPool::RunTask(Task t) {
     bytes = std::max(w.bytes, 2 * t.slot->region->size());
     t.slot->region.reset();  // its registration goes before the larger one's
   }
-  auto region = factory_.Create(bytes);
+  auto region = Make(bytes);
   if (region.ok()) {
     Slot* s = t.slot;
     if (!s) {

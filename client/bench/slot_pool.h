@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -52,9 +53,10 @@ class SlotPool {
   // or with nullptr and the reason when no slot can hold the request.
   using Job = std::function<void(Slot*, const absl::Status&)>;
 
-  // Makes `initial_slots` slots of `slot_bytes` now; fails if it cannot make one.
+  // Makes `initial_slots` slots of `slot_bytes` now; fails if it cannot make one. Every
+  // region made (or grown) is filled with `fill` repeated, once: the resident inputs.
   static absl::StatusOr<std::unique_ptr<SlotPool>> Create(RegionFactory& factory, int initial_slots, int max_slots,
-                                                          size_t slot_bytes);
+                                                          size_t slot_bytes, std::string_view fill = {});
   // Every slot must have been released. Destroys the regions (unregistering them).
   ~SlotPool();
 
@@ -77,7 +79,9 @@ class SlotPool {
     Slot* slot;     // kGrow, kRetire
     Waiter waiter;  // kMake, kGrow
   };
-  SlotPool(RegionFactory& factory, int max_slots, size_t slot_bytes);
+  SlotPool(RegionFactory& factory, int max_slots, size_t slot_bytes, std::string_view fill);
+  // A region of `bytes` from the factory, filled.
+  absl::StatusOr<std::unique_ptr<Region>> Make(size_t bytes);
   // Under mu_: hands `w` a free slot (returned, to run outside the lock), or queues it.
   Slot* Dispatch(Waiter& w, bool* run_now);
   void Loop();
@@ -86,6 +90,7 @@ class SlotPool {
 
   RegionFactory& factory_;
   const size_t slot_bytes_;
+  const std::string fill_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int max_slots_;

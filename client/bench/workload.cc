@@ -33,6 +33,22 @@ std::string Payload::Slice(int64_t elements, std::mt19937_64& rng) const {
   return bytes_.substr(size_t(off * es), size_t(elements * es));
 }
 
+void Payload::AddInput(inference::ModelInferRequest& req, Work& w, bool resident, std::string_view name,
+                       std::span<const int64_t> shape, std::mt19937_64& rng) const {
+  const int64_t elements = client::NumElements(shape);
+  if (resident) {
+    w.resident_bytes.resize(size_t(req.inputs_size()), 0);
+    w.resident_bytes.push_back(elements * DTypeSize(dtype_));
+    auto* in = req.add_inputs();
+    in->set_name(std::string(name));
+    in->set_datatype(std::string(DTypeName(dtype_)));
+    for (int64_t d : shape) in->add_shape(d);
+    req.add_raw_input_contents();
+    return;
+  }
+  (void)AddRawInput(req, name, dtype_, shape, Slice(elements, rng));
+}
+
 namespace {
 
 // ---------------------------------------------------------------- attention
@@ -68,9 +84,10 @@ class AttentionWorkload : public Workload {
     auto req = std::make_shared<inference::ModelInferRequest>();
     req->set_model_name(o_.model);
     const int64_t qs[] = {tq, o_.heads_q, o_.head_dim}, ks[] = {tk, o_.heads_kv, o_.head_dim};
-    (void)AddRawInput(*req, "Q", o_.dtype, qs, payload_.Slice(tq * o_.heads_q * o_.head_dim, local));
-    (void)AddRawInput(*req, "K", o_.dtype, ks, payload_.Slice(tk * o_.heads_kv * o_.head_dim, local));
-    (void)AddRawInput(*req, "V", o_.dtype, ks, payload_.Slice(tk * o_.heads_kv * o_.head_dim, local));
+    Work w;
+    payload_.AddInput(*req, w, o_.resident_inputs, "Q", qs, local);
+    payload_.AddInput(*req, w, o_.resident_inputs, "K", ks, local);
+    payload_.AddInput(*req, w, o_.resident_inputs, "V", ks, local);
     if (o_.send_cu_seqlens) {
       const int64_t cs[] = {n + 1};
       (void)AddInt32Input(*req, "CU_SEQLENS_Q", cs, cu_q);
@@ -78,12 +95,12 @@ class AttentionWorkload : public Workload {
     }
     client::SetBoolParam(*req, "causal", o_.causal);
     client::RequestOutput(*req, "O");
-    Work w;
     w.request = std::move(req);
     w.units = tq;
     w.output_bytes = {tq * o_.heads_q * o_.head_dim * DTypeSize(o_.dtype)};
     return w;
   }
+  std::string_view random_bytes() const override { return payload_.bytes(); }
   int64_t max_request_bytes() const override {
     const int64_t seqs = o_.send_cu_seqlens ? std::max<int64_t>(1, o_.seqs_per_request.max()) : 1;
     const int64_t tq = seqs * std::max<int64_t>(1, o_.seq_len.max());
@@ -120,14 +137,15 @@ class LinearWorkload : public Workload {
     auto req = std::make_shared<inference::ModelInferRequest>();
     req->set_model_name(o_.model);
     const int64_t xs[] = {m, o_.k};
-    (void)AddRawInput(*req, "X", o_.dtype, xs, payload_.Slice(m * o_.k, local));
-    client::RequestOutput(*req, "Y");
     Work w;
+    payload_.AddInput(*req, w, o_.resident_inputs, "X", xs, local);
+    client::RequestOutput(*req, "Y");
     w.request = std::move(req);
     w.units = m;
     w.output_bytes = {m * o_.n * DTypeSize(o_.dtype)};
     return w;
   }
+  std::string_view random_bytes() const override { return payload_.bytes(); }
   int64_t max_request_bytes() const override {
     return std::max<int64_t>(1, o_.m.max()) * (o_.k + o_.n) * DTypeSize(o_.dtype);  // X, Y
   }
@@ -172,6 +190,7 @@ class KvWorkload : public Workload {
                            o_.decode_steps.spec());
   }
   int64_t sessions_completed() const override { return completed_.load(); }
+  std::string_view random_bytes() const override { return payload_.bytes(); }
   int64_t max_request_bytes() const override {  // a prefill: Q, O, K, V
     const int64_t n = std::max<int64_t>(1, o_.prefill_len.max());
     return 2 * n * (o_.heads_q + o_.heads_kv) * o_.head_dim * DTypeSize(o_.dtype);
@@ -243,12 +262,12 @@ class KvWorkload : public Workload {
     auto req = std::make_shared<inference::ModelInferRequest>();
     req->set_model_name(o_.model);
     const int64_t qs[] = {n, o_.heads_q, o_.head_dim}, ks[] = {n, o_.heads_kv, o_.head_dim};
-    (void)AddRawInput(*req, "Q", o_.dtype, qs, payload_.Slice(n * o_.heads_q * o_.head_dim, rng));
-    (void)AddRawInput(*req, "K", o_.dtype, ks, payload_.Slice(n * o_.heads_kv * o_.head_dim, rng));
-    (void)AddRawInput(*req, "V", o_.dtype, ks, payload_.Slice(n * o_.heads_kv * o_.head_dim, rng));
+    Work w;
+    payload_.AddInput(*req, w, o_.resident_inputs, "Q", qs, rng);
+    payload_.AddInput(*req, w, o_.resident_inputs, "K", ks, rng);
+    payload_.AddInput(*req, w, o_.resident_inputs, "V", ks, rng);
     client::SetSequence(*req, s->id, start, end);
     client::RequestOutput(*req, "O");
-    Work w;
     w.request = std::move(req);
     w.units = n;
     w.tag = start ? 0 : 1;

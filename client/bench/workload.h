@@ -2,6 +2,12 @@
 // the shape drawn from its distributions, and keeps whatever state a request
 // stream needs (kv_attention sessions). Thread-safe: completions of earlier calls
 // ask for the next request from gRPC's threads.
+//
+// With `resident_inputs` (flashq-bench --shared-memory), the random floating-point
+// inputs are not built per request: each shared-memory slot is filled once with the
+// workload's random values and requests point into it, as perf_analyzer writes its
+// input data into the regions once. What a request then measures is the server's work
+// on inputs already in place, not the client's copying.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +16,9 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "client/bench/distribution.h"
@@ -28,6 +36,10 @@ struct Work {
   int tag = 0;        // index into Workload::tags(): which sub-histogram it counts in
   std::shared_ptr<Session> session;  // kv_attention only
   std::vector<int64_t> output_bytes;  // per requested output: its size, for a shared-memory range
+  // Per input (missing entries are 0): with resident inputs, the size of an input whose
+  // values are random and whose raw_input_contents entry is left empty; a shared-memory
+  // slot's resident random bytes stand in for it.
+  std::vector<int64_t> resident_bytes;
 };
 
 class Workload {
@@ -52,6 +64,9 @@ class Workload {
   // Bytes of the largest request's inputs and outputs that the shape distributions
   // allow (their maxima): the size of a shared-memory slot.
   virtual int64_t max_request_bytes() const { return 0; }
+  // The random values that requests slice their inputs from: what a shared-memory slot
+  // is filled with once, for resident inputs.
+  virtual std::string_view random_bytes() const { return {}; }
 };
 
 // Random values in [-1, 1) encoded once as FP16/BF16; requests copy slices of it.
@@ -59,6 +74,11 @@ class Payload {
  public:
   Payload(DType dtype, int64_t max_elements, uint64_t seed);
   std::string Slice(int64_t elements, std::mt19937_64& rng) const;
+  // Adds input `name` of `shape` to `req`: a slice; or with `resident`, an empty entry,
+  // its size going to w.resident_bytes (see Work).
+  void AddInput(inference::ModelInferRequest& req, Work& w, bool resident, std::string_view name,
+                std::span<const int64_t> shape, std::mt19937_64& rng) const;
+  std::string_view bytes() const { return bytes_; }
   DType dtype() const { return dtype_; }
 
  private:
@@ -75,6 +95,7 @@ struct AttentionWorkloadOptions {
   IntDistribution kv_extra = IntDistribution::Fixed(0);       // K/V length = q length + extra
   bool causal = true;
   bool send_cu_seqlens = true;  // off: one sequence per request and no CU_SEQLENS inputs
+  bool resident_inputs = false;
   uint64_t seed = 1;
 };
 
@@ -84,6 +105,7 @@ struct KvWorkloadOptions {
   int heads_q = 32, heads_kv = 8, head_dim = 128;
   IntDistribution prefill_len = IntDistribution::Fixed(128);
   IntDistribution decode_steps = IntDistribution::Fixed(16);
+  bool resident_inputs = false;
   uint64_t seed = 1;
 };
 
@@ -93,6 +115,7 @@ struct LinearWorkloadOptions {
   int64_t k = 4096;  // input features
   int64_t n = 0;     // output features: sizes Y in shared memory (0: unknown)
   IntDistribution m = IntDistribution::Fixed(8);
+  bool resident_inputs = false;
   uint64_t seed = 1;
 };
 

@@ -152,9 +152,9 @@ inference::ModelInferResponse Respond(const inference::ModelInferRequest& sent, 
 TEST(Placement, PutsInputsAndOutputsInTheRegion) {
   const auto req = AttentionLike();
   const int64_t out_bytes[] = {48};
-  EXPECT_EQ(PlacedBytes(req, out_bytes), 64u + 64u + 64u);
+  EXPECT_EQ(PlacedBytes(req, {out_bytes}), 64u + 64u + 64u);
   HeapRegion region("slot0", 192);
-  auto placed = PlaceInRegion(req, out_bytes, region);
+  auto placed = PlaceInRegion(req, {out_bytes}, region);
   ASSERT_TRUE(placed.ok()) << placed.status();
   EXPECT_EQ(placed->raw_input_contents_size(), 0);
   EXPECT_EQ(placed->model_name(), "attention");
@@ -179,15 +179,54 @@ TEST(Placement, PutsInputsAndOutputsInTheRegion) {
   EXPECT_EQ(region.bytes_.substr(168, 8), std::string(8, '\xFF'));
 
   HeapRegion small("slot1", 100);
-  EXPECT_EQ(PlaceInRegion(req, out_bytes, small).status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_FALSE(PlaceInRegion(req, {}, region).ok()) << "an output without a size cannot be placed";
+  EXPECT_EQ(PlaceInRegion(req, {out_bytes}, small).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_FALSE(PlaceInRegion(req, Placement{}, region).ok()) << "an output without a size cannot be placed";
+}
+
+// Resident inputs are not written: they name the slot's random bytes in place, and the
+// outputs, packed at the region's end, never cover a later request's inputs.
+TEST(Placement, ResidentInputsStayInPlaceAndOutputsGoToTheEnd) {
+  auto req = AttentionLike();
+  req.set_raw_input_contents(0, "");  // Q resident: 48 bytes
+  const int64_t out_bytes[] = {48}, resident[] = {48};
+  EXPECT_EQ(PlacedBytes(req, {out_bytes, resident}), 64u + 64u + 64u);
+  HeapRegion region("slot0", 1000);  // the usable end is 960, a 64-byte boundary
+  region.bytes_.assign(1000, 'r');
+  auto placed = PlaceInRegion(req, {out_bytes, resident}, region);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  auto q = client::SharedMemoryOf(placed->inputs(0).parameters());
+  auto cu = client::SharedMemoryOf(placed->inputs(1).parameters());
+  auto o = client::SharedMemoryOf(placed->outputs(0).parameters());
+  ASSERT_TRUE(q && cu && o);
+  EXPECT_EQ(q->offset, 0);
+  EXPECT_EQ(q->byte_size, 48);
+  EXPECT_EQ(region.bytes_.substr(0, 64), std::string(64, 'r')) << "a resident input is not written";
+  EXPECT_EQ(cu->offset, 64);
+  EXPECT_EQ(region.bytes_.substr(64, 8), std::string("\0\0\0\0\3\0\0\0", 8)) << "CU_SEQLENS {0, 3} is";
+  EXPECT_EQ(o->offset, 960 - 64);
+  EXPECT_EQ(region.bytes_.substr(896, 8), std::string(8, '\xFF'));
+
+  // Workloads leave their random inputs empty and give their sizes instead.
+  std::vector<std::unique_ptr<Workload>> workloads;
+  workloads.push_back(MakeAttentionWorkload({.resident_inputs = true}));
+  workloads.push_back(MakeKvWorkload({.resident_inputs = true}));
+  workloads.push_back(MakeLinearWorkload({.n = 64, .resident_inputs = true}));
+  for (auto& w : workloads) {
+    Work work = w->Next();
+    ASSERT_GE(work.resident_bytes.size(), 1u) << w->model();
+    for (size_t i = 0; i < work.resident_bytes.size(); ++i) {
+      EXPECT_GT(work.resident_bytes[i], 0) << w->model();
+      EXPECT_TRUE(work.request->raw_input_contents(int(i)).empty()) << w->model();
+    }
+    EXPECT_GT(w->random_bytes().size(), 0u);
+  }
 }
 
 TEST(Placement, CheckOutputsInTheRegionAndInTheMessage) {
   const auto req = AttentionLike();
   const int64_t out_bytes[] = {48};
   HeapRegion region("slot0", 192);
-  auto placed = PlaceInRegion(req, out_bytes, region);
+  auto placed = PlaceInRegion(req, {out_bytes}, region);
   ASSERT_TRUE(placed.ok());
   // The server answered but wrote nothing: the marks are still there.
   auto unwritten = Respond(*placed, nullptr);
@@ -221,7 +260,7 @@ TEST(Placement, WorkloadsGiveOutputSizesAndABound) {
       Work work = w->Next();
       ASSERT_EQ(int(work.output_bytes.size()), work.request->outputs_size());
       EXPECT_GT(work.output_bytes[0], 0);
-      EXPECT_LE(int64_t(PlacedBytes(*work.request, work.output_bytes)), w->max_request_bytes() + 4096) << w->model();
+      EXPECT_LE(int64_t(PlacedBytes(*work.request, {work.output_bytes})), w->max_request_bytes() + 4096) << w->model();
     }
   }
 }
@@ -244,6 +283,17 @@ SlotPool::Slot* Take(SlotPool& pool, size_t bytes, absl::Status* why = nullptr) 
     p.set_value(s);
   });
   return p.get_future().get();
+}
+
+// Every region a pool makes holds the fill, repeated to its end.
+TEST(SlotPool, FillsItsRegionsOnce) {
+  FakeFactory factory;
+  auto pool = SlotPool::Create(factory, 1, 2, 10, "abc");
+  ASSERT_TRUE(pool.ok());
+  SlotPool::Slot* s = Take(**pool, 10);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(static_cast<HeapRegion&>(*s->region).bytes_, "abcabcabca");
+  (*pool)->Release(s);
 }
 
 TEST(SlotPool, PlansOneSlotPerOutstandingRequest) {
