@@ -29,6 +29,9 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "kernels/attention/async_copy.cuh"
 #include "kernels/attention/attention.h"
@@ -417,16 +420,25 @@ __global__ void __launch_bounds__(128) CombineKernel(const PagedDecodeParams p, 
 // Raises `kernel`'s dynamic shared-memory limit to the most it can have on the current device (the opt-in maximum
 // less its static shared memory), and returns that limit. The value is the same on every call: a per-launch value
 // (the decode kernel's varies with page_size, the combine's with the context length) raced with launches from other
-// threads, which then failed with cudaErrorInvalidValue.
-template <typename Kernel>
-Status RaiseSmemLimit(Kernel kernel, int* limit) {
-  int dev = 0, optin = 0;
+// threads, which then failed with cudaErrorInvalidValue. It is set once per kernel and device (the attribute stays
+// with the function), so that a launch pays no runtime queries.
+inline Status RaiseSmemLimit(const void* kernel, int* limit) {
+  int dev = 0;
   FQ_CUDA_RETURN(cudaGetDevice(&dev));
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> limits;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = limits.find({kernel, dev}); it != limits.end()) {
+    *limit = it->second;
+    return Status::Ok();
+  }
+  int optin = 0;
   FQ_CUDA_RETURN(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   cudaFuncAttributes attr;
   FQ_CUDA_RETURN(cudaFuncGetAttributes(&attr, kernel));
   *limit = optin - int(attr.sharedSizeBytes);
   FQ_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, *limit));
+  limits[{kernel, dev}] = *limit;
   return Status::Ok();
 }
 
@@ -437,7 +449,7 @@ Status LaunchCombine(const PagedDecodeParams& p, int split_tokens, int max_split
   const int combine_smem = max_splits * 4;
   auto combine = CombineKernel<T, D>;
   int smem_limit = 0;
-  FQ_RETURN_IF_ERROR(RaiseSmemLimit(combine, &smem_limit));
+  FQ_RETURN_IF_ERROR(RaiseSmemLimit(reinterpret_cast<const void*>(combine), &smem_limit));
   if (combine_smem > smem_limit) return InvalidArgument("run_paged_decode: too many splits (raise split_tokens)");
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.batch, p.num_heads_q);
@@ -480,7 +492,7 @@ Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cuda
   }
   auto kernel = tma ? PagedDecodeKernel<T, D, true> : PagedDecodeKernel<T, D, false>;
   int smem_limit = 0;
-  FQ_RETURN_IF_ERROR(RaiseSmemLimit(kernel, &smem_limit));
+  FQ_RETURN_IF_ERROR(RaiseSmemLimit(reinterpret_cast<const void*>(kernel), &smem_limit));
   if (smem > smem_limit) return InvalidArgument("run_paged_decode: page_size too small for split_tokens");
   const dim3 grid(max_splits, p.num_heads_kv * m_tiles, p.batch);
   kernel<<<grid, Tr::kThreads, smem, stream>>>(p, maps, split_tokens, max_splits, m_tiles, table_slots);
