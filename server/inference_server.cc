@@ -50,6 +50,7 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
   s.max_queue_delay = std::chrono::microseconds(o.max_queue_delay_us.value_or(*p_delay));
   s.max_batch_tokens = o.max_batch_tokens.value_or(*p_tokens);
   s.workers = o.workers_per_model;
+  s.idle_spin = std::chrono::microseconds(o.idle_spin_us);
   if (s.max_queue_size < 1 || s.max_batch_tokens < 1 || s.max_queue_delay.count() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("model '", c.name(),
                                                    "': max_queue_size and max_batch_tokens must be >= 1, max_queue_delay_us >= 0"));

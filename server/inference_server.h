@@ -29,6 +29,7 @@ struct InferenceServerOptions {
   std::optional<int64_t> max_queue_delay_us;
   std::optional<int64_t> max_batch_tokens;
   int workers_per_model = 1;
+  int64_t idle_spin_us = 0;  // SchedulerOptions::idle_spin
   // The largest response the frontend can send (its message limit); a request whose
   // outputs would not fit is refused before compute. 0: no limit.
   int64_t max_response_bytes = 0;

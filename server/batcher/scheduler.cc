@@ -33,6 +33,7 @@ absl::Status Scheduler::Enqueue(std::unique_ptr<Pending> p) {
     } else if (rejected = model_.Admit(*p->work); rejected.ok()) {
       queued_tokens_ += p->work->tokens;
       queue_.push_back(std::move(p));
+      enqueued_.fetch_add(1, std::memory_order_release);
       metrics_.queue_depth->Set(double(queue_.size()));
     }
   }
@@ -116,12 +117,28 @@ void Scheduler::FormBatch(Clock::time_point now, std::vector<std::unique_ptr<Pen
   metrics_.queue_depth->Set(double(queue_.size()));
 }
 
+void Scheduler::Spin(std::unique_lock<std::mutex>& l) {
+  if (options_.idle_spin.count() <= 0 || spinning_ || stop_ || HasRunnable()) return;
+  spinning_ = true;
+  const uint64_t seen = enqueued_.load(std::memory_order_acquire);
+  l.unlock();
+  const auto until = Clock::now() + options_.idle_spin;
+  while (enqueued_.load(std::memory_order_acquire) == seen && Clock::now() < until) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  l.lock();
+  spinning_ = false;
+}
+
 void Scheduler::WorkerLoop() {
   for (;;) {
     std::vector<std::unique_ptr<Pending>> batch;
     std::vector<std::pair<std::unique_ptr<Pending>, absl::Status>> dropped;
     {
       std::unique_lock<std::mutex> l(mu_);
+      Spin(l);
       cv_.wait(l, [&] { return stop_ || HasRunnable(); });
       if (stop_ && queue_.empty()) return;
       // Hold the batch open until the oldest request has waited max_queue_delay or

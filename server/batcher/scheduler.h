@@ -14,6 +14,7 @@
 // so that short work never waits behind them for a worker.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -39,6 +40,9 @@ struct SchedulerOptions {
   std::chrono::microseconds max_queue_delay{0};
   int64_t max_batch_tokens = 16384;
   int workers = 1;
+  // After a batch, one idle worker of the model polls the queue this long before it
+  // sleeps, so that a request arriving meanwhile starts without a thread wake-up.
+  std::chrono::microseconds idle_spin{0};
 };
 
 struct Pending {
@@ -66,6 +70,8 @@ class Scheduler {
 
  private:
   void WorkerLoop();
+  // Under mu_ (held through `l`): polls for idle_spin when no other worker does.
+  void Spin(std::unique_lock<std::mutex>& l);
   // Under mu_: moves the next batch out of the queue, and requests to drop into `dropped`.
   void FormBatch(Clock::time_point now, std::vector<std::unique_ptr<Pending>>* batch,
                  std::vector<std::pair<std::unique_ptr<Pending>, absl::Status>>* dropped);
@@ -86,6 +92,8 @@ class Scheduler {
   std::multiset<std::string> running_keys_;   // exclusive keys of batches being executed
   int running_bulk_ = 0;                      // batches of bulk work being executed
   bool stop_ = false;
+  bool spinning_ = false;                     // a worker is polling (idle_spin)
+  std::atomic<uint64_t> enqueued_{0};         // requests ever queued: what the poller watches
   std::vector<std::thread> workers_;
 };
 

@@ -609,6 +609,32 @@ TEST(SchedulerTest, ShutdownDrainsTheQueue) {
   h.scheduler->Shutdown();  // idempotent
 }
 
+// A polling worker (idle_spin) takes what arrives while it polls, answers everything once,
+// and neither keeps the other workers from running nor holds up shutdown.
+TEST(SchedulerTest, IdleSpinTakesRequestsAndStopsForShutdown) {
+  SchedulerOptions o = Options(milliseconds(0), 16384, /*workers=*/2);
+  o.idle_spin = std::chrono::microseconds(5000);
+  Harness h(o);
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(h.Enqueue({.id = i}).ok());
+    ASSERT_TRUE(h.answers.WaitFor(i + 1));
+  }
+  // One worker blocked, the other polling: a request arriving now still runs at once.
+  ASSERT_TRUE(h.Enqueue({.id = 100, .batch_key = "plug", .block = true}).ok());
+  ASSERT_TRUE(h.model.WaitForBatches(51));
+  ASSERT_TRUE(h.Enqueue({.id = 101}).ok());
+  const bool ran = h.answers.WaitFor(51);
+  h.model.gate.Open();
+  EXPECT_TRUE(ran) << "a request waited for the blocked worker while the other polled";
+  const auto t0 = Clock::now();
+  h.scheduler->Shutdown();
+  EXPECT_LT(std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count(), 1000);
+  std::vector<int> ids = Range(0, 50);
+  ids.push_back(100);
+  ids.push_back(101);
+  h.answers.ExpectEachOnce(ids);
+}
+
 TEST(SchedulerTest, ShutdownOfAnIdleSchedulerReturns) {
   Harness h(Options(milliseconds(10000), 16384, /*workers=*/3));
   h.scheduler->Shutdown();

@@ -8,7 +8,15 @@
 namespace flashq::server {
 namespace {
 
-bool Direct(MemoryKind k) { return k != MemoryKind::kHost; }  // DMA-able without staging
+// Whether a piece crosses by a DMA of its own rather than through the pinned mirror. Host
+// bytes must go through the mirror. A small page-locked piece (a decode step's few KB of
+// system shared memory) goes through it too: a cudaMemcpyAsync call costs a few
+// microseconds of host time, more than copying the piece, and the mirror's neighbouring
+// pieces share one DMA.
+constexpr size_t kOwnDmaMinBytes = size_t(64) << 10;
+bool OwnDma(MemoryKind k, size_t n) {
+  return k == MemoryKind::kDevice || (k == MemoryKind::kPinned && n >= kOwnDmaMinBytes);
+}
 
 absl::Status Full(size_t n) {
   return absl::ResourceExhaustedError(
@@ -56,7 +64,7 @@ absl::Status BatchStaging::Upload(const Gather& src, size_t offset, size_t n, ch
     if (lo < hi) {
       const char* from = p.data + (lo - at);
       char* to = dst + (lo - offset);
-      if (Direct(p.kind)) {
+      if (OwnDma(p.kind, hi - lo)) {
         queued_ = true;
         FQ_CUDA_OK(cudaMemcpyAsync(to, from, hi - lo, cudaMemcpyDefault, slot_.stream));
       } else if (auto s = UploadHost(from, hi - lo, to); !s.ok()) {
@@ -101,7 +109,7 @@ absl::Status BatchStaging::Download(const char* src, const Scatter& dst, size_t 
     if (lo < hi && p.data) {
       const char* from = src + (lo - offset);
       char* to = p.data + (lo - at);
-      if (Direct(p.kind)) {
+      if (OwnDma(p.kind, hi - lo)) {
         queued_ = true;
         FQ_CUDA_OK(cudaMemcpyAsync(to, from, hi - lo, cudaMemcpyDefault, slot_.stream));
       } else if (auto s = DownloadHost(from, to, hi - lo); !s.ok()) {

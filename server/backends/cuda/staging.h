@@ -6,7 +6,7 @@
 //   share one DMA;
 // - page-locked host bytes (system shared memory registered with the GPU) and device bytes
 //   (CUDA shared memory) cross by DMA straight to or from the device staging, with no host
-//   copy at all;
+//   copy at all; but for small page-locked pieces, which go as host bytes do;
 // - dtype conversions (FP32 requests, BF16 GEMMs for FP16 requests) run on the GPU.
 // Executors launch kernels on stream(), which first issues the pending uploads, and end
 // each batch (or chunk of one) with Finish().
