@@ -103,6 +103,10 @@ for lib in glob.glob(os.path.join(sys.argv[2], "*.data", "*lib")):  # purelib / 
         shutil.move(os.path.join(lib, name), os.path.join(sys.argv[2], name))
 EOF
     fi
+    # perf_analyzer for the CUDA shared-memory step (scripts/gpu-prep.sh packs it with its libraries).
+    rm -rf /tmp/fq-pa && mkdir -p /tmp/fq-pa && tar xzf "$ROOT/.whl/perf_analyzer.tar.gz" -C /tmp/fq-pa 2>/dev/null &&
+      printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/fq-pa/perf_analyzer/lib exec /tmp/fq-pa/perf_analyzer/perf_analyzer "$@"\n' \
+        > /tmp/fq-pa/run && chmod +x /tmp/fq-pa/run && export FLASHQ_PERF_ANALYZER=/tmp/fq-pa/run
     PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} FLASHQ_TEST_TMP=/tmp/fq-conformance \
       timeout "$(cap 300)" python3 tests/server_gpu/test_cuda_server.py --backend=cuda --server="$B/bin/flashq-server" \
       > "$LOGS/conformance.log" 2>&1

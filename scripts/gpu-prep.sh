@@ -52,5 +52,14 @@ if any(".data/data/" in n for n in src.namelist()):
             dst.writestr(info, data)
     os.replace(tmp, path)
 EOF
-  echo ".whl ready: $(du -sh .whl | cut -f1) ($(ls .whl | wc -l) wheels)"
+  # perf_analyzer (the wheel's binary), with the libraries it needs beyond the GPU host's own:
+  # libb64 (Debian's) and libcudart.so.12 (the nvidia-cuda-runtime-cu12 wheel; the host has CUDA
+  # 13), for the GPU conformance test's --shared-memory=cuda step.
+  PA=$(scripts/perf_analyzer --path)
+  PA_DIR=$(mktemp -d)/perf_analyzer && mkdir -p "$PA_DIR/lib"
+  cp "$PA" "$PA_DIR/perf_analyzer"
+  cp -L /usr/lib/x86_64-linux-gnu/libb64.so.0d .venv/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12 \
+    "$PA_DIR/lib/"
+  tar czf .whl/perf_analyzer.tar.gz -C "$(dirname "$PA_DIR")" perf_analyzer && rm -rf "$(dirname "$PA_DIR")"
+  echo ".whl ready: $(du -sh .whl | cut -f1) ($(ls .whl | wc -l) files)"
 fi

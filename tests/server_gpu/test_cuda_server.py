@@ -18,10 +18,12 @@ or a clean UNAVAILABLE.
 Usage: test_cuda_server.py [--backend=cuda|cpu] [--server=PATH] [--keep]
   --backend=cpu (or FLASHQ_CONFORMANCE_BACKEND=cpu) runs the same checks on the CPU backend, on
   a host without a GPU. With --backend=cuda and no GPU visible the test exits 77 (skipped).
-Environment: FLASHQ_SERVER (flashq-server; default build/bin/flashq-server), FLASHQ_TEST_TMP.
+Environment: FLASHQ_SERVER (flashq-server; default build/bin/flashq-server), FLASHQ_TEST_TMP,
+FLASHQ_PERF_ANALYZER (the perf_analyzer command for the CUDA shared-memory step; needed with --backend=cuda).
 Needs python3 with numpy, grpcio and tritonclient; no pytest. Exit 0 = all passed, 1 = a failure.
 """
 import argparse
+import base64
 import json
 import os
 import pathlib
@@ -524,9 +526,44 @@ class Checks:
         i.set_data_from_numpy(np.ascontiguousarray(arr, np.float32))
         return i
 
+    def perf_analyzer_cuda(self, url):
+        """perf_analyzer --shared-memory=cuda: its inputs and outputs in CUDA IPC regions that it
+        registers, a concurrency sweep with every request answered, and no region left behind."""
+        pa = os.environ.get("FLASHQ_PERF_ANALYZER")
+        if not pa:
+            raise AssertionError("FLASHQ_PERF_ANALYZER is not set: no perf_analyzer to run (bench/gpu-tests.sh sets it "
+                                 "from .whl/perf_analyzer.tar.gz, which scripts/gpu-prep.sh makes)")
+        q = self.rng.standard_normal((64, 8, 64)).astype(np.float16)
+        kv = self.rng.standard_normal((64, 2, 64)).astype(np.float16)
+        b64 = lambda a: {"b64": base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()}
+        work = pathlib.Path(tempfile.mkdtemp(prefix="pa-cuda-"))
+        data = work / "attention.json"
+        data.write_text(json.dumps({"data": [{
+            "Q": {"content": b64(q), "shape": [64, 8, 64]}, "K": {"content": b64(kv), "shape": [64, 2, 64]},
+            "V": {"content": b64(kv), "shape": [64, 2, 64]},
+            "CU_SEQLENS_Q": {"content": [0, 24, 64], "shape": [3]},
+            "CU_SEQLENS_K": {"content": [0, 24, 64], "shape": [3]}}]}))
+        def successes():
+            st = self.c.get_inference_statistics("attention", as_json=True)
+            return int(st["model_stats"][0]["inference_stats"].get("success", {}).get("count", 0))
+        before = successes()
+        cmd = [pa, "-i", "grpc", "-u", url, "-m", "attention", "--input-data", str(data), "--shared-memory=cuda",
+               "--output-shared-memory-size", str(64 * 8 * 64 * 2), "--concurrency-range", "1:4:3",
+               "--measurement-interval", "1000", "-f", str(work / "pa.csv")]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        text = out.stdout + out.stderr
+        assert out.returncode == 0, f"perf_analyzer exit {out.returncode}:\n{text[-3000:]}"
+        rows = open(work / "pa.csv").read().splitlines()
+        assert len(rows) == 3, f"expected a header and two concurrency rows:\n{rows}"
+        served = successes() - before
+        assert served >= 2, f"the server counted {served} successful requests"
+        st = self.c.get_cuda_shared_memory_status(as_json=True)
+        assert not st.get("regions"), f"perf_analyzer left CUDA regions registered: {st}"
+        print(f"  perf_analyzer --shared-memory=cuda: {served} requests; {rows[1]} | {rows[2]}")
+        shutil.rmtree(work, ignore_errors=True)
+
     def cuda_shared_memory_errors(self):
         """Each bad CUDA region gets a clear error, and the server keeps serving."""
-        import base64
         import tritonclient.utils.cuda_shared_memory as cshm
         from tritonclient.utils import InferenceServerException
 
@@ -766,7 +803,8 @@ def main():
              ("system shared memory, bitwise as gRPC", lambda: checks.shared_memory(cuda=False))]
     if a.backend == "cuda":
         steps += [("CUDA shared memory, bitwise as gRPC", lambda: checks.shared_memory(cuda=True)),
-                  ("CUDA shared memory, bad regions", checks.cuda_shared_memory_errors)]
+                  ("CUDA shared memory, bad regions", checks.cuda_shared_memory_errors),
+                  ("perf_analyzer --shared-memory=cuda", lambda: checks.perf_analyzer_cuda(server.url))]
     steps += [("SIGTERM with work in flight", lambda: sigterm_in_flight(server, checks, models))]
     for name, fn in steps:
         t = time.monotonic()
