@@ -43,7 +43,7 @@ struct Options {
   // any request within a model's token budget fits (docs/security.md, "Request limits").
   int64_t grpc_max_message_bytes = INT32_MAX;
   int64_t stream_max_unanswered = StreamLimits().max_answers, stream_max_unsent_bytes = StreamLimits().max_bytes;
-  int64_t kv_cache_blocks = 0, workers_per_model = 2, cpu_threads = 0, idle_spin_us = -1;
+  int64_t kv_cache_blocks = 0, workers_per_model = -1, cpu_threads = 0, idle_spin_us = -1;
   int64_t gpu_streams = 2, gpu_staging_mb = 128, gpu_arena_mb = 2048;
   int64_t heap_reserve_mb = int64_t(kHeapPrefaultBytes >> 20);
   bool batch_invariant = true;
@@ -117,7 +117,9 @@ void AddFlags(FlagSet& f, Options& o) {
         "Free host heap kept mapped for the next tensors, in MiB; free heap above it that stays unused for about "
         "2 s goes back to the OS. -1: keep all freed memory.",
         -1, int64_t(1) << 30);
-  f.Add("workers-per-model", &o.workers_per_model, "Batches executed concurrently per model.", 1, 64);
+  f.Add("workers-per-model", &o.workers_per_model,
+        "Batches executed concurrently per model. -1: 2 per GPU (2 with the CPU backend), so that each GPU has one "
+        "batch computing while the next one's copies run.", -1, 256);
   f.Add("idle-spin-us", &o.idle_spin_us,
         "After a batch, one idle worker per model polls its queue this long (busy, one core) before it sleeps, so "
         "that a request arriving meanwhile starts without a thread wake-up; 0: sleep at once. -1: 500 with the CUDA "
@@ -306,7 +308,7 @@ int Run(const Options& o) {
   opts.max_queue_size = Override(o.max_queue_size);
   opts.max_queue_delay_us = Override(o.max_queue_delay_us);
   opts.max_batch_tokens = Override(o.max_batch_tokens);
-  opts.workers_per_model = int(o.workers_per_model);
+  opts.workers_per_model = int(o.workers_per_model > 0 ? o.workers_per_model : 2 * (*backend)->devices());
   // With the CUDA backend a worker's core waits on the GPU; with the CPU backend the
   // cores compute, and a polling worker would take one from them.
   opts.idle_spin_us = o.idle_spin_us >= 0 ? o.idle_spin_us : (*backend)->name() == "cpu" ? 0 : 500;

@@ -176,6 +176,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // Devices the backend computes on: its GPUs, or 1 for the CPU.
+  virtual int devices() const { return 1; }
   virtual absl::StatusOr<std::unique_ptr<AttentionExecutor>> CreateAttention() = 0;
   virtual absl::StatusOr<std::unique_ptr<KvAttentionExecutor>> CreateKvAttention(const KvGeometry& geometry) = 0;
   // Takes the weights (the CUDA backend uploads them once and frees the host copy).

@@ -238,7 +238,7 @@ STARTUP_CASES = {
     "kv num_blocks 2^32 + 1": (_kv_param("num_blocks", 4294967297), [], ["num_blocks is 4294967297"]),
     "--kv-cache-blocks=1e8": (None, ["--kv-cache-blocks=100000000"], ["--kv-cache-blocks", "host memory"]),
     "--kv-cache-blocks=2^32": (None, ["--kv-cache-blocks=4294967296"], ["--kv-cache-blocks", "out of range"]),
-    "--workers-per-model=1e6": (None, ["--workers-per-model=1000000"], ["--workers-per-model", "1..64"]),
+    "--workers-per-model=1e6": (None, ["--workers-per-model=1000000"], ["--workers-per-model", "-1..256"]),
     "g_idx INT_MAX": (lambda repo: _gptq(repo / "lin", 2 ** 31 - 1), [], ["g_idx entry 2147483647"]),
     "g_idx 2.5e8": (lambda repo: _gptq(repo / "lin", 250000000), [], ["g_idx entry 250000000"]),
     "attention with optional Q": (lambda repo: _edit(repo / "attention", 'name: "Q" data_type: TYPE_FP16 dims: [ -1, -1, -1 ]',

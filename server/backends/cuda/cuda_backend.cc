@@ -109,6 +109,8 @@ class CudaBackend : public Backend {
     return absl::StrCat("cuda (", ctx_.size(), " GPU", ctx_.size() > 1 ? "s" : "", ": ", ctx_[0]->name(), ")");
   }
 
+  int devices() const override { return int(ctx_.size()); }
+
   absl::StatusOr<std::unique_ptr<AttentionExecutor>> CreateAttention() override {
     return CreateCudaAttention(ctx_, metrics_);
   }
