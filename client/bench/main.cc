@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/common/heap.h"
 #include "client/bench/flags.h"
 #include "client/bench/grpc_transport.h"
@@ -244,6 +245,7 @@ class ProgressPrinter {
 }  // namespace
 
 int main(int argc, char** argv) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // as flashq-server does (server/main.cc)
   flashq::ConfigureHeapForTensors();  // our own first-touch costs stay out of the measured latencies
   fb::Flags f;
   DefineFlags(f);
