@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "kernels/common/heap.h"
 #include "client/bench/flags.h"
 #include "client/bench/grpc_transport.h"
+#include "client/bench/input_data.h"
 #include "client/bench/report.h"
 #include "client/bench/runner.h"
 #include "client/bench/scenarios.h"
@@ -83,6 +85,12 @@ void DefineFlags(fb::Flags& f) {
                               "(up_proj_int4, down_proj_bf16, ...).", S2});
   f.Add({"workload", "attention|kv|linear", "", "Request generator for --model [default: from the model name; any "
                                                 "other name is a linear layer].", S2});
+  f.Add({"input-data", "PATH", "",
+         "Send the tensors of a JSON file in perf_analyzer's --input-data format instead of generated ones: "
+         "{\"data\": [{\"X\": {\"content\": [...] or {\"b64\": \"...\"}, \"shape\": [...]}}, ...]}, one request per "
+         "entry, cycled in order; values are encoded as the model's input datatypes (ModelMetadata). Needs --model "
+         "(attention or a linear layer, or any model: throughput then counts requests); replaces the request shape "
+         "flags, of which only --causal still applies (attention). Not with --shared-memory or kv_attention.", S2});
 
   f.Add({"concurrency", "LIST", "1,4,16", "Closed loop: requests kept outstanding, one load point each. Without "
                                           "this flag the linear presets sweep 1,2,4.", S3});
@@ -313,6 +321,19 @@ int main(int argc, char** argv) {
     cuda = std::move(*rt);
   }
 
+  // ---- --input-data: the file's structure is checked now; its datatypes once the server answers
+  std::optional<fb::InputData> input_data;
+  if (f.IsSet("input-data")) {
+    if (!f.IsSet("model")) return bad("--input-data needs --model (the model the file's tensors are for)");
+    if (*shm_kind != fb::SharedMemoryKind::kNone) return bad("--input-data cannot be combined with --shared-memory");
+    for (const char* flag : {"dtype", "seq-len", "seqs-per-request", "kv-extra", "heads-q", "heads-kv", "head-dim",
+                             "cu-seqlens", "prefill-len", "decode-steps", "m", "linear-k"})
+      if (f.IsSet(flag)) return bad(absl::StrCat("--", flag, " shapes generated requests; --input-data gives the tensors"));
+    auto d = fb::LoadInputData(f.Get("input-data"));
+    if (!d.ok()) return bad(std::string(d.status().message()));
+    input_data = std::move(*d);
+  }
+
   fb::Arrival arrival = fb::Arrival::kPoisson;
   if (f.Get("arrival") == "constant") arrival = fb::Arrival::kConstant;
   else if (f.Get("arrival") != "poisson") return bad("--arrival: constant or poisson");
@@ -355,6 +376,8 @@ int main(int argc, char** argv) {
       if (!k.ok()) return bad(std::string(k.status().message()));
       s.kind = *k;
     }
+    if (input_data && s.kind == fb::ScenarioSpec::Kind::kKv)
+      return bad("--input-data does not drive kv_attention sessions (its requests need sequence parameters)");
     if (s.kind == fb::ScenarioSpec::Kind::kKv) s.heads_q = 32, s.heads_kv = 8, s.head_dim = 128;
     if (s.kind == fb::ScenarioSpec::Kind::kLinear) s.m = "fixed:8";
     specs.push_back(s);
@@ -504,7 +527,22 @@ int main(int argc, char** argv) {
       if (spec.n == 0 && regions) sr.error = "--shared-memory: ModelMetadata gives no size N of output Y";
     }
     spec.resident_inputs = regions != nullptr;
-    auto wl = fb::BuildWorkload(spec, uint64_t(seed));
+    absl::StatusOr<std::unique_ptr<fb::Workload>> wl = absl::UnknownError("no workload");
+    if (input_data && sr.error.empty()) {
+      // The file's values are encoded as the datatypes the server declares.
+      inference::ModelMetadataResponse md;
+      if (grpc::Status ms = client.ModelMetadata(0, spec.model, &md); !ms.ok()) {
+        sr.error = absl::StrCat("ModelMetadata: ", fb::GrpcCodeName(int(ms.error_code())), ": ", ms.error_message());
+      } else {
+        fb::InputDataWorkloadOptions io;
+        io.model = spec.model;
+        if (spec.kind == fb::ScenarioSpec::Kind::kAttention) io.unit_input = "Q", io.unit_name = "tokens", io.causal = spec.causal;
+        if (spec.kind == fb::ScenarioSpec::Kind::kLinear) io.unit_input = "X", io.unit_name = "rows";
+        wl = fb::MakeInputDataWorkload(*input_data, md, io);
+      }
+    } else {
+      wl = fb::BuildWorkload(spec, uint64_t(seed));
+    }
     if (sr.error.empty() && !wl.ok()) sr.error = std::string(wl.status().message());
     std::vector<fb::LoadPoint> points;
     (void)make_points(spec.concurrency, &points);  // checked above

@@ -84,8 +84,9 @@ std::string FormatTable(const std::vector<ScenarioResult>& results) {
     for (const auto& n : sc.notes) notes.push_back(absl::StrCat(sc.name, ": ", n));
     for (const auto& p : sc.points) {
       const auto& m = p.m;
+      const char* unit = sc.unit == "rows" ? "rows" : sc.unit == "requests" ? "req" : "tok";
       std::vector<std::string> row = {sc.name, p.load.Label(), FmtRate(m.rps()),
-                                      absl::StrCat(FmtRate(m.units_per_s()), " ", sc.unit == "rows" ? "rows" : "tok")};
+                                      absl::StrCat(FmtRate(m.units_per_s()), " ", unit)};
       for (double q : kPcts) row.push_back(FmtMs(Ms(m.latency.Percentile(q))));
       std::string err = absl::StrCat(m.error_count());
       if (m.error_count()) {
