@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -173,6 +174,14 @@ class InputDataWorkload : public Workload {
 }  // namespace
 
 absl::StatusOr<InputData> LoadInputData(const std::string& path) {
+  // perf_analyzer also takes these; say so rather than "cannot read".
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return Bad(path, "is a directory; flashq-bench reads perf_analyzer's JSON file form only");
+  if ((path == "random" || path == "zero") && !std::filesystem::exists(path, ec))
+    return absl::InvalidArgumentError(absl::StrCat("--input-data=", path,
+                                                   " is not supported: without --input-data, requests carry random "
+                                                   "values of the shapes the scenario flags give"));
   std::ifstream f(path, std::ios::binary);
   if (!f) return absl::NotFoundError(absl::StrCat("--input-data: cannot read '", path, "'"));
   std::ostringstream text;

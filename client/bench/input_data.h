@@ -10,7 +10,8 @@
 // integral and in range; INT64/UINT64 values are exact up to 2^53, as JSON numbers are
 // doubles); raw bytes must fill the shape exactly. Nested value lists are flattened.
 // Not supported, and refused with a message: perf_analyzer's sequence form (an entry
-// that is a list of steps), "validation_data", and BYTES inputs.
+// that is a list of steps), "validation_data", BYTES inputs, and --input-data's other forms
+// (a directory of files, "zero", "random").
 //
 // Loading is two steps, so that a malformed file is refused before any server starts
 // and the datatypes come from the server afterwards.

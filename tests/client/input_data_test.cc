@@ -74,6 +74,8 @@ TEST(InputData, StructureErrorsNameTheFileAndPlace) {
   const std::string path = Write("{");
   EXPECT_EQ(LoadInputData(path).status().message().find(path), 0u);  // the file is named first
   EXPECT_EQ(LoadInputData("/nonexistent.json").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(LoadInputData(testing::TempDir()).status().message().find("is a directory"), std::string::npos);
+  EXPECT_NE(LoadInputData("random").status().message().find("--input-data=random is not supported"), std::string::npos);
 }
 
 TEST(InputData, BuildsRequestsInTheModelsOrderAndCyclesThem) {
