@@ -55,7 +55,8 @@ absl::Status Flatten(const Value& v, const std::string& where, std::vector<doubl
 }
 
 absl::Status ReadB64(const Value& v, const std::string& where, InputDataTensor* t) {
-  if (v.kind_case() != Value::kStringValue) return Bad(where, absl::StrCat("\"b64\" must be a string, not ", KindName(v)));
+  if (v.kind_case() != Value::kStringValue)
+    return Bad(where, absl::StrCat("\"b64\" must be a string, not ", KindName(v)));
   if (!absl::Base64Unescape(v.string_value(), &t->bytes)) return Bad(where, "\"b64\" is not valid base64");
   t->raw = true;
   return absl::OkStatus();
@@ -89,8 +90,8 @@ absl::Status ReadTensor(const std::string& name, const Value& v, const std::stri
       return Bad(where + ".shape", absl::StrCat("must be a list of dimensions, not ", KindName(shape->second)));
     t->shape.emplace();
     for (const auto& d : shape->second.list_value().values()) {
-      if (d.kind_case() != Value::kNumberValue || d.number_value() < 0 || d.number_value() != std::floor(d.number_value()) ||
-          d.number_value() > 1e15)
+      const double x = d.number_value();
+      if (d.kind_case() != Value::kNumberValue || x < 0 || x != std::floor(x) || x > 1e15)
         return Bad(where + ".shape", "dimensions must be integers >= 0");
       t->shape->push_back(int64_t(d.number_value()));
     }
@@ -98,15 +99,15 @@ absl::Status ReadTensor(const std::string& name, const Value& v, const std::stri
   return absl::OkStatus();
 }
 
-// Encodes `values` as `datatype` (little-endian, as raw_input_contents).
+// Encodes `values` as integers of `datatype` (little-endian, as raw_input_contents).
 template <typename T>
-absl::Status EncodeInts(const std::vector<double>& values, const std::string& where, std::string* out) {
+absl::Status EncodeInts(const std::vector<double>& values, const std::string& datatype, const std::string& where,
+                        std::string* out) {
   out->resize(values.size() * sizeof(T));
   for (size_t i = 0; i < values.size(); ++i) {
     const double v = values[i];
     if (v != std::floor(v) || v < double(std::numeric_limits<T>::lowest()) || v > double(std::numeric_limits<T>::max()))
-      return Bad(where, absl::StrFormat("value %g at index %d is not a %s", v, i, sizeof(T) == 1 && !std::is_signed_v<T>
-                                                                                      ? "UINT8 or BOOL" : "valid integer of the input's datatype"));
+      return Bad(where, absl::StrFormat("value %g at index %d is not an integer in the range of %s", v, i, datatype));
     const T x = T(v);
     std::memcpy(out->data() + i * sizeof(T), &x, sizeof(T));
   }
@@ -126,15 +127,21 @@ absl::Status Encode(const std::vector<double>& values, const std::string& dataty
     std::memcpy(out->data(), values.data(), out->size());
     return absl::OkStatus();
   }
-  if (datatype == "INT8") return EncodeInts<int8_t>(values, where, out);
-  if (datatype == "INT16") return EncodeInts<int16_t>(values, where, out);
-  if (datatype == "INT32") return EncodeInts<int32_t>(values, where, out);
-  if (datatype == "INT64") return EncodeInts<int64_t>(values, where, out);
-  if (datatype == "UINT8" || datatype == "BOOL") return EncodeInts<uint8_t>(values, where, out);
-  if (datatype == "UINT16") return EncodeInts<uint16_t>(values, where, out);
-  if (datatype == "UINT32") return EncodeInts<uint32_t>(values, where, out);
-  if (datatype == "UINT64") return EncodeInts<uint64_t>(values, where, out);
-  return Bad(where, absl::StrCat("the model's datatype ", datatype, " cannot be given as a value list; use {\"b64\": ...}"));
+  if (datatype == "INT8") return EncodeInts<int8_t>(values, datatype, where, out);
+  if (datatype == "INT16") return EncodeInts<int16_t>(values, datatype, where, out);
+  if (datatype == "INT32") return EncodeInts<int32_t>(values, datatype, where, out);
+  if (datatype == "INT64") return EncodeInts<int64_t>(values, datatype, where, out);
+  if (datatype == "UINT8") return EncodeInts<uint8_t>(values, datatype, where, out);
+  if (datatype == "UINT16") return EncodeInts<uint16_t>(values, datatype, where, out);
+  if (datatype == "UINT32") return EncodeInts<uint32_t>(values, datatype, where, out);
+  if (datatype == "UINT64") return EncodeInts<uint64_t>(values, datatype, where, out);
+  if (datatype == "BOOL") {
+    for (double v : values)
+      if (v != 0 && v != 1) return Bad(where, absl::StrFormat("value %g is not a BOOL (true, false, 0 or 1)", v));
+    return EncodeInts<uint8_t>(values, datatype, where, out);
+  }
+  return Bad(where, absl::StrCat("the model's datatype ", datatype,
+                                 " cannot be given as a value list; give its bytes as {\"b64\": ...}"));
 }
 
 int ElementSize(const std::string& datatype) {
@@ -150,7 +157,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) { return absl::StrCat
 class InputDataWorkload : public Workload {
  public:
   InputDataWorkload(std::string model, std::string description, std::string unit,
-                    std::vector<std::shared_ptr<const inference::ModelInferRequest>> requests, std::vector<int64_t> units)
+                    std::vector<std::shared_ptr<const inference::ModelInferRequest>> requests,
+                    std::vector<int64_t> units)
       : model_(std::move(model)), description_(std::move(description)), unit_(std::move(unit)),
         requests_(std::move(requests)), units_(std::move(units)) {}
   const std::string& model() const override { return model_; }
@@ -258,7 +266,8 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeInputDataWorkload(const InputData&
                                     in.name(), " is ", ShapeString(model_shape)));
       for (size_t d = 0; d < shape.size(); ++d)
         if (model_shape[d] >= 0 && shape[d] != model_shape[d])
-          return Bad(at, absl::StrCat("shape ", ShapeString(shape), " does not fit the model's ", ShapeString(model_shape)));
+          return Bad(at, absl::StrCat("shape ", ShapeString(shape), " does not fit the model's ",
+                                      ShapeString(model_shape)));
       const int64_t n = client::NumElements(shape);
       std::string bytes;
       if (t->raw) {

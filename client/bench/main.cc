@@ -58,8 +58,8 @@ void OnSignal(int) {
 void DefineFlags(fb::Flags& f) {
   std::string presets;
   for (auto& p : fb::Presets()) presets += (presets.empty() ? "" : ",") + p.name;
-  const std::string S1 = "Target", S1b = "Security and compression (perf_analyzer's flags)", S2 = "Scenarios", S3 = "Load", S4 = "Request shapes (override the preset's)",
-                    S5 = "Measurement", S6 = "Output";
+  const std::string S1 = "Target", S1b = "Security and compression (perf_analyzer's flags)", S2 = "Scenarios",
+                    S3 = "Load", S4 = "Request shapes (override the preset's)", S5 = "Measurement", S6 = "Output";
   f.Add({"endpoints", "HOST:PORT,...", "localhost:8001",
          "gRPC endpoints of the server(s). Stateless requests go round-robin; kv_attention sessions go to the endpoint that "
          "owns their sequence_id on a consistent-hash ring.", S1});
@@ -340,7 +340,8 @@ int main(int argc, char** argv) {
   fc::ClientOptions co;
   {
     const bool tls = f.GetBool("ssl-grpc-use-ssl");
-    for (const char* flag : {"ssl-grpc-root-certifications-file", "ssl-grpc-private-key-file", "ssl-grpc-certificate-chain-file"})
+    for (const char* flag :
+         {"ssl-grpc-root-certifications-file", "ssl-grpc-private-key-file", "ssl-grpc-certificate-chain-file"})
       if (f.IsSet(flag) && !tls) return bad(absl::StrCat("--", flag, " needs --ssl-grpc-use-ssl"));
     if (f.IsSet("ssl-grpc-private-key-file") != f.IsSet("ssl-grpc-certificate-chain-file"))
       return bad("--ssl-grpc-private-key-file and --ssl-grpc-certificate-chain-file must be given together");
@@ -607,7 +608,10 @@ int main(int argc, char** argv) {
       } else {
         fb::InputDataWorkloadOptions io;
         io.model = spec.model;
-        if (spec.kind == fb::ScenarioSpec::Kind::kAttention) io.unit_input = "Q", io.unit_name = "tokens", io.causal = spec.causal;
+        if (spec.kind == fb::ScenarioSpec::Kind::kAttention) {
+          io.unit_input = "Q", io.unit_name = "tokens";
+          io.causal = spec.causal;
+        }
         if (spec.kind == fb::ScenarioSpec::Kind::kLinear) io.unit_input = "X", io.unit_name = "rows";
         wl = fb::MakeInputDataWorkload(*input_data, md, io);
       }
