@@ -18,6 +18,9 @@ absl::Status Flags::Parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h") arg = "--help";
+    // perf_analyzer's and curl's short form of --header: -H 'name: value' or -H'name: value'.
+    if (arg == "-H") arg = "--header";
+    else if (arg.rfind("-H", 0) == 0) arg = "--header=" + arg.substr(2);
     if (arg.rfind("--", 0) != 0) {
       positional_.push_back(arg);
       continue;

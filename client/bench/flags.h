@@ -1,6 +1,6 @@
 // A small command-line parser whose flag table is also the --help text, so that
 // every flag is documented by construction. Accepts --name=value, --name value,
-// and --flag / --no-flag for booleans.
+// and --flag / --no-flag for booleans; -h is --help and -H is --header.
 #pragma once
 
 #include <map>

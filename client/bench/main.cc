@@ -13,10 +13,12 @@
 #include <cstdio>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -26,6 +28,7 @@
 #include "kernels/common/heap.h"
 #include "client/bench/flags.h"
 #include "client/bench/grpc_transport.h"
+#include "client/bench/input_data.h"
 #include "client/bench/report.h"
 #include "client/bench/runner.h"
 #include "client/bench/scenarios.h"
@@ -55,8 +58,8 @@ void OnSignal(int) {
 void DefineFlags(fb::Flags& f) {
   std::string presets;
   for (auto& p : fb::Presets()) presets += (presets.empty() ? "" : ",") + p.name;
-  const std::string S1 = "Target", S2 = "Scenarios", S3 = "Load", S4 = "Request shapes (override the preset's)",
-                    S5 = "Measurement", S6 = "Output";
+  const std::string S1 = "Target", S1b = "Security and compression (perf_analyzer's flags)", S2 = "Scenarios",
+                    S3 = "Load", S4 = "Request shapes (override the preset's)", S5 = "Measurement", S6 = "Output";
   f.Add({"endpoints", "HOST:PORT,...", "localhost:8001",
          "gRPC endpoints of the server(s). Stateless requests go round-robin; kv_attention sessions go to the endpoint that "
          "owns their sequence_id on a consistent-hash ring.", S1});
@@ -76,6 +79,20 @@ void DefineFlags(fb::Flags& f) {
          "CUDA IPC handles (cuda; needs libcudart and a GPU on this host). As with perf_analyzer, a slot is filled with "
          "random inputs once and requests use them in place; outputs stay in the region. Same host as the server only.", S1});
 
+  f.Add({"ssl-grpc-use-ssl", "", "false",
+         "Connect over TLS. The server's certificate is checked against --ssl-grpc-root-certifications-file (else "
+         "gRPC's default roots) and must name the endpoint's host (e.g. IP:127.0.0.1 or DNS:localhost).", S1b});
+  f.Add({"ssl-grpc-root-certifications-file", "PATH", "", "PEM CA bundle that the server's certificate must chain to.", S1b});
+  f.Add({"ssl-grpc-private-key-file", "PATH", "",
+         "PEM private key of the client certificate, for a server that requires mutual TLS (flashq-server --tls-ca).", S1b});
+  f.Add({"ssl-grpc-certificate-chain-file", "PATH", "", "PEM client certificate chain for --ssl-grpc-private-key-file.", S1b});
+  f.Add({"header", "'NAME: VALUE'", "",
+         "gRPC metadata sent with every call; -H is short for it. A bearer token: -H 'authorization: Bearer <token>' "
+         "(flashq-server --auth-token). Reports name the headers but never show their values.", S1b, true});
+  f.Add({"grpc-compression-algorithm", "none|gzip|deflate", "none",
+         "Compress every request (the server answers uncompressed). Costs client and server CPU; helps only on slow links.",
+         S1b});
+
   f.Add({"scenarios", "LIST", "attention_ragged,linear_int4,kv_decode",
          "Comma-separated preset scenarios, run in order. Known: " + presets + ". Ignored when --model is given.", S2});
   f.Add({"list-scenarios", "", "false", "Print the presets with their shapes and exit.", S2});
@@ -83,6 +100,12 @@ void DefineFlags(fb::Flags& f) {
                               "(up_proj_int4, down_proj_bf16, ...).", S2});
   f.Add({"workload", "attention|kv|linear", "", "Request generator for --model [default: from the model name; any "
                                                 "other name is a linear layer].", S2});
+  f.Add({"input-data", "PATH", "",
+         "Send the tensors of a JSON file in perf_analyzer's --input-data format instead of generated ones: "
+         "{\"data\": [{\"X\": {\"content\": [...] or {\"b64\": \"...\"}, \"shape\": [...]}}, ...]}, one request per "
+         "entry, cycled in order; values are encoded as the model's input datatypes (ModelMetadata). Needs --model "
+         "(attention or a linear layer, or any model: throughput then counts requests); replaces the request shape "
+         "flags, of which only --causal still applies (attention). Not with --shared-memory or kv_attention.", S2});
 
   f.Add({"concurrency", "LIST", "1,4,16", "Closed loop: requests kept outstanding, one load point each. Without "
                                           "this flag the linear presets sweep 1,2,4.", S3});
@@ -313,6 +336,53 @@ int main(int argc, char** argv) {
     cuda = std::move(*rt);
   }
 
+  // ---- security and compression (checked, and the files read, before any server starts)
+  fc::ClientOptions co;
+  {
+    const bool tls = f.GetBool("ssl-grpc-use-ssl");
+    for (const char* flag :
+         {"ssl-grpc-root-certifications-file", "ssl-grpc-private-key-file", "ssl-grpc-certificate-chain-file"})
+      if (f.IsSet(flag) && !tls) return bad(absl::StrCat("--", flag, " needs --ssl-grpc-use-ssl"));
+    if (f.IsSet("ssl-grpc-private-key-file") != f.IsSet("ssl-grpc-certificate-chain-file"))
+      return bad("--ssl-grpc-private-key-file and --ssl-grpc-certificate-chain-file must be given together");
+    co.tls.enabled = tls;
+    struct PemFlag {
+      const char* flag;
+      std::string* field;
+      fc::PemKind kind;
+    };
+    for (auto [flag, field, kind] :
+         {PemFlag{"ssl-grpc-root-certifications-file", &co.tls.root_certs_pem, fc::PemKind::kCertificates},
+          PemFlag{"ssl-grpc-private-key-file", &co.tls.private_key_pem, fc::PemKind::kPrivateKey},
+          PemFlag{"ssl-grpc-certificate-chain-file", &co.tls.cert_chain_pem, fc::PemKind::kCertificates}}) {
+      if (!f.IsSet(flag)) continue;
+      auto pem = fc::ReadPemFile(f.Get(flag), absl::StrCat("--", flag), kind);
+      if (!pem.ok()) return bad(std::string(pem.status().message()));
+      *field = std::move(*pem);
+    }
+    for (const auto& h : f.GetAll("header")) {
+      auto parsed = fc::ParseHeader(h);
+      if (!parsed.ok()) return bad(absl::StrCat("--header: ", parsed.status().message()));
+      co.headers.push_back(std::move(*parsed));
+    }
+    auto comp = fc::ParseCompression(f.Get("grpc-compression-algorithm"));
+    if (!comp.ok()) return bad(absl::StrCat("--grpc-compression-algorithm: ", comp.status().message()));
+    co.compression = *comp;
+  }
+
+  // ---- --input-data: the file's structure is checked now; its datatypes once the server answers
+  std::optional<fb::InputData> input_data;
+  if (f.IsSet("input-data")) {
+    if (!f.IsSet("model")) return bad("--input-data needs --model (the model the file's tensors are for)");
+    if (*shm_kind != fb::SharedMemoryKind::kNone) return bad("--input-data cannot be combined with --shared-memory");
+    for (const char* flag : {"dtype", "seq-len", "seqs-per-request", "kv-extra", "heads-q", "heads-kv", "head-dim",
+                             "cu-seqlens", "prefill-len", "decode-steps", "m", "linear-k"})
+      if (f.IsSet(flag)) return bad(absl::StrCat("--", flag, " shapes generated requests; --input-data gives the tensors"));
+    auto d = fb::LoadInputData(f.Get("input-data"));
+    if (!d.ok()) return bad(std::string(d.status().message()));
+    input_data = std::move(*d);
+  }
+
   fb::Arrival arrival = fb::Arrival::kPoisson;
   if (f.Get("arrival") == "constant") arrival = fb::Arrival::kConstant;
   else if (f.Get("arrival") != "poisson") return bad("--arrival: constant or poisson");
@@ -355,6 +425,8 @@ int main(int argc, char** argv) {
       if (!k.ok()) return bad(std::string(k.status().message()));
       s.kind = *k;
     }
+    if (input_data && s.kind == fb::ScenarioSpec::Kind::kKv)
+      return bad("--input-data does not drive kv_attention sessions (its requests need sequence parameters)");
     if (s.kind == fb::ScenarioSpec::Kind::kKv) s.heads_q = 32, s.heads_kv = 8, s.head_dim = 128;
     if (s.kind == fb::ScenarioSpec::Kind::kLinear) s.m = "fixed:8";
     specs.push_back(s);
@@ -418,11 +490,24 @@ int main(int argc, char** argv) {
                                                                   " rev-parse --short HEAD 2>/dev/null"));
   info.host = RunCapture("hostname 2>/dev/null");
   {
+    // Header values (bearer tokens) stay out of the report.
     std::vector<std::string> args(argv, argv + argc);
+    for (size_t i = 1; i < args.size(); ++i) {
+      std::string& a = args[i];
+      if ((a == "-H" || a == "--header") && i + 1 < args.size()) {
+        std::string& v = args[++i];
+        v = v.substr(0, v.find(':')) + ": <redacted>";
+      } else if (a.rfind("-H", 0) == 0 || a.rfind("--header=", 0) == 0) {
+        a = a.substr(0, a.find(':')) + ": <redacted>";
+      }
+    }
     info.command_line = absl::StrJoin(args, " ");
   }
   info.measure = mo;
   info.shared_memory = fb::SharedMemoryKindName(*shm_kind);
+  info.security = !co.tls.enabled ? "plaintext" : co.tls.cert_chain_pem.empty() ? "tls" : "mutual tls";
+  info.compression = fc::CompressionName(co.compression);
+  for (const auto& h : co.headers) info.header_names.push_back(h.first);
   std::unique_ptr<fb::ServerProcess> server;
   std::vector<std::string> endpoints = SplitList(f.Get("endpoints"));
   std::string server_log;
@@ -450,7 +535,6 @@ int main(int argc, char** argv) {
   }
   info.endpoints = endpoints;
 
-  fc::ClientOptions co;
   co.endpoints = endpoints;
   co.channels_per_endpoint = int(channels);
   auto client_or = fc::Client::Create(co);
@@ -461,6 +545,17 @@ int main(int argc, char** argv) {
   auto& client = **client_or;
   if (absl::Status s = client.WaitUntilReady(absl::Seconds(server ? 30 : 10)); !s.ok()) {
     fprintf(stderr, "flashq-bench: %s\n", std::string(s.message()).c_str());
+    // A server that closes the connection in the handshake says nothing more; name the usual causes.
+    const std::string m(s.message());
+    if (absl::StrContains(m, "Socket closed") || absl::StrContains(m, "andshake")) {
+      fprintf(stderr, "flashq-bench: the connection was closed or its TLS handshake failed: %s\n",
+              !co.tls.enabled ? "if the server serves TLS, add --ssl-grpc-use-ssl"
+              : co.tls.cert_chain_pem.empty()
+                  ? "check --ssl-grpc-root-certifications-file against the server's CA; a server that requires "
+                    "mutual TLS also needs --ssl-grpc-private-key-file and --ssl-grpc-certificate-chain-file"
+                  : "check --ssl-grpc-root-certifications-file against the server's CA, and that the server "
+                    "trusts the CA of --ssl-grpc-certificate-chain-file");
+    }
     if (server) fprintf(stderr, "flashq-bench: spawned server: %s; see %s\n", server->Stop().c_str(), server_log.c_str());
     return 1;
   }
@@ -504,7 +599,25 @@ int main(int argc, char** argv) {
       if (spec.n == 0 && regions) sr.error = "--shared-memory: ModelMetadata gives no size N of output Y";
     }
     spec.resident_inputs = regions != nullptr;
-    auto wl = fb::BuildWorkload(spec, uint64_t(seed));
+    absl::StatusOr<std::unique_ptr<fb::Workload>> wl = absl::UnknownError("no workload");
+    if (input_data && sr.error.empty()) {
+      // The file's values are encoded as the datatypes the server declares.
+      inference::ModelMetadataResponse md;
+      if (grpc::Status ms = client.ModelMetadata(0, spec.model, &md); !ms.ok()) {
+        sr.error = absl::StrCat("ModelMetadata: ", fb::GrpcCodeName(int(ms.error_code())), ": ", ms.error_message());
+      } else {
+        fb::InputDataWorkloadOptions io;
+        io.model = spec.model;
+        if (spec.kind == fb::ScenarioSpec::Kind::kAttention) {
+          io.unit_input = "Q", io.unit_name = "tokens";
+          io.causal = spec.causal;
+        }
+        if (spec.kind == fb::ScenarioSpec::Kind::kLinear) io.unit_input = "X", io.unit_name = "rows";
+        wl = fb::MakeInputDataWorkload(*input_data, md, io);
+      }
+    } else {
+      wl = fb::BuildWorkload(spec, uint64_t(seed));
+    }
     if (sr.error.empty() && !wl.ok()) sr.error = std::string(wl.status().message());
     std::vector<fb::LoadPoint> points;
     (void)make_points(spec.concurrency, &points);  // checked above

@@ -84,8 +84,9 @@ std::string FormatTable(const std::vector<ScenarioResult>& results) {
     for (const auto& n : sc.notes) notes.push_back(absl::StrCat(sc.name, ": ", n));
     for (const auto& p : sc.points) {
       const auto& m = p.m;
+      const char* unit = sc.unit == "rows" ? "rows" : sc.unit == "requests" ? "req" : "tok";
       std::vector<std::string> row = {sc.name, p.load.Label(), FmtRate(m.rps()),
-                                      absl::StrCat(FmtRate(m.units_per_s()), " ", sc.unit == "rows" ? "rows" : "tok")};
+                                      absl::StrCat(FmtRate(m.units_per_s()), " ", unit)};
       for (double q : kPcts) row.push_back(FmtMs(Ms(m.latency.Percentile(q))));
       std::string err = absl::StrCat(m.error_count());
       if (m.error_count()) {
@@ -148,6 +149,10 @@ std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& resul
   absl::StrAppend(&s, "  \"endpoints\": [", absl::StrJoin(eps, ", "), "],\n  \"spawned_server\": ",
                   info.spawned_server ? "true" : "false", ",\n  \"server_backend\": ", Json(info.server_backend),
                   ",\n  \"shared_memory\": ", Json(info.shared_memory), ",\n");
+  std::vector<std::string> hdrs;
+  for (auto& h : info.header_names) hdrs.push_back(Json(h));
+  absl::StrAppend(&s, "  \"security\": ", Json(info.security), ",\n  \"compression\": ", Json(info.compression),
+                  ",\n  \"headers\": [", absl::StrJoin(hdrs, ", "), "],\n");
   const auto& mo = info.measure;
   absl::StrAppend(&s, "  \"measurement\": {\"window_s\": ", Num(mo.window_s), ", \"stability_pct\": ", Num(mo.stability_pct),
                   ", \"stable_windows\": ", mo.stable_windows,

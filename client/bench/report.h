@@ -31,6 +31,9 @@ struct RunInfo {
   bool spawned_server = false;
   std::string server_backend;
   std::string shared_memory = "none";  // --shared-memory
+  std::string security = "plaintext";  // plaintext, tls or mutual tls
+  std::string compression = "none";    // of requests: none, gzip or deflate
+  std::vector<std::string> header_names;  // --header names; values stay out of reports (they hold tokens)
   MeasureOptions measure;
 };
 

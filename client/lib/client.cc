@@ -27,10 +27,44 @@ absl::Status ToAbsl(const grpc::Status& s) {
   return s.ok() ? absl::OkStatus() : absl::Status(absl::StatusCode(int(s.error_code())), s.error_message());
 }
 
+namespace {
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeCredentials(const TlsOptions& tls) {
+  const bool has_key = !tls.private_key_pem.empty(), has_chain = !tls.cert_chain_pem.empty();
+  if (!tls.enabled) {
+    if (has_key || has_chain || !tls.root_certs_pem.empty())
+      return absl::InvalidArgumentError("TLS certificates or keys are given but TLS is off");
+    return grpc::InsecureChannelCredentials();
+  }
+  if (has_key != has_chain)
+    return absl::InvalidArgumentError("a client private key and certificate chain must be given together");
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = tls.root_certs_pem;
+  ssl.pem_private_key = tls.private_key_pem;
+  ssl.pem_cert_chain = tls.cert_chain_pem;
+  return grpc::SslCredentials(ssl);
+}
+
+grpc_compression_algorithm GrpcAlgorithm(Compression c) {
+  switch (c) {
+    case Compression::kGzip: return GRPC_COMPRESS_GZIP;
+    case Compression::kDeflate: return GRPC_COMPRESS_DEFLATE;
+    case Compression::kNone: break;
+  }
+  return GRPC_COMPRESS_NONE;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   if (options.endpoints.empty()) return absl::InvalidArgumentError("no endpoints given");
   if (options.channels_per_endpoint < 1) return absl::InvalidArgumentError("channels_per_endpoint < 1");
+  for (const auto& h : options.headers)
+    if (absl::Status s = CheckHeader(h); !s.ok()) return s;
+  auto credentials = MakeCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
   std::unique_ptr<Client> c(new Client());
+  c->headers_ = options.headers;
   c->endpoints_ = options.endpoints;
   c->channels_per_endpoint_ = options.channels_per_endpoint;
   c->ring_ = HashRing(options.virtual_nodes);
@@ -46,7 +80,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
       // Responses are megabytes: open each stream with a large HTTP/2 window rather than
       // letting the first big response crawl through 64 KB windows while BDP probing grows it.
       args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
-      auto channel = grpc::CreateCustomChannel(ep, grpc::InsecureChannelCredentials(), args);
+      if (options.compression != Compression::kNone) args.SetCompressionAlgorithm(GrpcAlgorithm(options.compression));
+      auto channel = grpc::CreateCustomChannel(ep, *credentials, args);
       c->stubs_.push_back(inference::GRPCInferenceService::NewStub(channel));
     }
   }
@@ -56,6 +91,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
 Client::~Client() {
   // Callbacks refer to nothing in Client, but their stubs must outlive them.
   while (in_flight_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+void Client::Prepare(grpc::ClientContext& ctx) const {
+  for (const auto& [name, value] : headers_) ctx.AddMetadata(name, value);
 }
 
 inference::GRPCInferenceService::Stub& Client::stub(int endpoint) {
@@ -75,6 +114,7 @@ int Client::Route(const inference::ModelInferRequest& req, const CallOptions& op
 grpc::Status Client::Infer(const inference::ModelInferRequest& req, inference::ModelInferResponse* resp,
                            const CallOptions& opts) {
   grpc::ClientContext ctx;
+  Prepare(ctx);
   ApplyDeadline(ctx, opts);
   return stub(Route(req, opts)).ModelInfer(&ctx, req, resp);
 }
@@ -85,6 +125,7 @@ void Client::AsyncInfer(std::shared_ptr<const inference::ModelInferRequest> req,
   call->req = std::move(req);
   call->done = std::move(done);
   ApplyDeadline(call->ctx, opts);
+  Prepare(call->ctx);
   in_flight_.fetch_add(1, std::memory_order_relaxed);
   stub(Route(*call->req, opts))
       .async()
@@ -98,11 +139,12 @@ void Client::AsyncInfer(std::shared_ptr<const inference::ModelInferRequest> req,
 std::unique_ptr<InferStream> Client::OpenStream(int endpoint, const CallOptions& opts) {
   if (endpoint < 0 || endpoint >= num_endpoints())
     endpoint = int(rr_.fetch_add(1, std::memory_order_relaxed) % endpoints_.size());
-  return std::make_unique<InferStream>(stub(endpoint), opts);
+  return std::make_unique<InferStream>(stub(endpoint), opts, headers_);
 }
 
 grpc::Status Client::ServerReady(int endpoint, bool* ready) {
   grpc::ClientContext ctx;
+  Prepare(ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   inference::ServerReadyRequest req;
   inference::ServerReadyResponse resp;
@@ -113,6 +155,7 @@ grpc::Status Client::ServerReady(int endpoint, bool* ready) {
 
 grpc::Status Client::ModelReady(int endpoint, std::string_view model, bool* ready) {
   grpc::ClientContext ctx;
+  Prepare(ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   inference::ModelReadyRequest req;
   req.set_name(std::string(model));
@@ -124,6 +167,7 @@ grpc::Status Client::ModelReady(int endpoint, std::string_view model, bool* read
 
 grpc::Status Client::ModelMetadata(int endpoint, std::string_view model, inference::ModelMetadataResponse* resp) {
   grpc::ClientContext ctx;
+  Prepare(ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   inference::ModelMetadataRequest req;
   req.set_name(std::string(model));
@@ -133,6 +177,7 @@ grpc::Status Client::ModelMetadata(int endpoint, std::string_view model, inferen
 grpc::Status Client::ModelStatistics(int endpoint, std::string_view model,
                                      inference::ModelStatisticsResponse* resp) {
   grpc::ClientContext ctx;
+  Prepare(ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   inference::ModelStatisticsRequest req;
   req.set_name(std::string(model));
@@ -151,6 +196,7 @@ void AdminDeadline(grpc::ClientContext& ctx) {
 grpc::Status Client::SystemSharedMemoryRegister(int endpoint, std::string_view name, std::string_view key,
                                                 uint64_t offset, uint64_t byte_size) {
   grpc::ClientContext ctx;
+  Prepare(ctx);
   AdminDeadline(ctx);
   inference::SystemSharedMemoryRegisterRequest req;
   req.set_name(std::string(name));
@@ -163,6 +209,7 @@ grpc::Status Client::SystemSharedMemoryRegister(int endpoint, std::string_view n
 
 grpc::Status Client::SystemSharedMemoryUnregister(int endpoint, std::string_view name) {
   grpc::ClientContext ctx;
+  Prepare(ctx);
   AdminDeadline(ctx);
   inference::SystemSharedMemoryUnregisterRequest req;
   req.set_name(std::string(name));
@@ -173,6 +220,7 @@ grpc::Status Client::SystemSharedMemoryUnregister(int endpoint, std::string_view
 grpc::Status Client::SystemSharedMemoryStatus(int endpoint, std::string_view name,
                                               inference::SystemSharedMemoryStatusResponse* resp) {
   grpc::ClientContext ctx;
+  Prepare(ctx);
   AdminDeadline(ctx);
   inference::SystemSharedMemoryStatusRequest req;
   req.set_name(std::string(name));
@@ -182,6 +230,7 @@ grpc::Status Client::SystemSharedMemoryStatus(int endpoint, std::string_view nam
 grpc::Status Client::CudaSharedMemoryRegister(int endpoint, std::string_view name, std::string_view raw_handle,
                                               int64_t device_id, uint64_t byte_size) {
   grpc::ClientContext ctx;
+  Prepare(ctx);
   AdminDeadline(ctx);
   inference::CudaSharedMemoryRegisterRequest req;
   req.set_name(std::string(name));
@@ -194,6 +243,7 @@ grpc::Status Client::CudaSharedMemoryRegister(int endpoint, std::string_view nam
 
 grpc::Status Client::CudaSharedMemoryUnregister(int endpoint, std::string_view name) {
   grpc::ClientContext ctx;
+  Prepare(ctx);
   AdminDeadline(ctx);
   inference::CudaSharedMemoryUnregisterRequest req;
   req.set_name(std::string(name));
@@ -204,6 +254,7 @@ grpc::Status Client::CudaSharedMemoryUnregister(int endpoint, std::string_view n
 grpc::Status Client::CudaSharedMemoryStatus(int endpoint, std::string_view name,
                                             inference::CudaSharedMemoryStatusResponse* resp) {
   grpc::ClientContext ctx;
+  Prepare(ctx);
   AdminDeadline(ctx);
   inference::CudaSharedMemoryStatusRequest req;
   req.set_name(std::string(name));
@@ -227,8 +278,10 @@ absl::Status Client::WaitUntilReady(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-InferStream::InferStream(inference::GRPCInferenceService::Stub& stub, const CallOptions& opts) {
+InferStream::InferStream(inference::GRPCInferenceService::Stub& stub, const CallOptions& opts,
+                         const std::vector<Header>& headers) {
   ApplyDeadline(ctx_, opts);
+  for (const auto& [name, value] : headers) ctx_.AddMetadata(name, value);
   rw_ = stub.ModelStreamInfer(&ctx_);
 }
 

@@ -5,6 +5,10 @@
 // endpoint that owns that id on a consistent-hash ring (its KV cache lives there);
 // every other request goes round-robin. A caller can also pin a call to an endpoint.
 //
+// Security (connection.h): TLS or mutual TLS for every channel, and headers (such as
+// `authorization: Bearer <token>`) that every call carries, probes included, so that
+// one client works whichever RPCs the server guards.
+//
 //   auto client = flashq::client::Client::Create({.endpoints = {"a:8001", "b:8001"}});
 //   inference::ModelInferRequest req;  req.set_model_name("attention");
 //   AddFloatInput(req, "Q", DType::kF16, shape, q); ...
@@ -23,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/lib/connection.h"
 #include "client/lib/hash_ring.h"
 #include "grpc_service.grpc.pb.h"
 
@@ -34,6 +39,9 @@ struct ClientOptions {
   // More than one channel per endpoint opens several HTTP/2 connections, which
   // spreads load over the server's completion queues at high concurrency.
   int channels_per_endpoint = 1;
+  TlsOptions tls;                // off: plaintext
+  std::vector<Header> headers;   // metadata sent with every call
+  Compression compression = Compression::kNone;  // of requests; the server answers uncompressed
 };
 
 struct CallOptions {
@@ -94,10 +102,13 @@ class Client {
 
  private:
   Client() = default;
+  // Every call's context gets the headers.
+  void Prepare(grpc::ClientContext& ctx) const;
   int Route(const inference::ModelInferRequest& req, const CallOptions& opts);
 
   std::vector<std::string> endpoints_;
   int channels_per_endpoint_ = 1;
+  std::vector<Header> headers_;
   // stubs_[endpoint * channels_per_endpoint_ + c]
   std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> stubs_;
   HashRing ring_;
@@ -109,7 +120,8 @@ class Client {
 // flashq's server). Used by one thread for sending and one for receiving at most.
 class InferStream {
  public:
-  InferStream(inference::GRPCInferenceService::Stub& stub, const CallOptions& opts);
+  InferStream(inference::GRPCInferenceService::Stub& stub, const CallOptions& opts,
+              const std::vector<Header>& headers = {});
   bool Send(const inference::ModelInferRequest& req);
   // False at the end of the stream. A per-request error arrives as a response with
   // error_message set.

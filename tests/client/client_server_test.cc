@@ -1,8 +1,9 @@
 // The client library against a real flashq-server (CPU backend, demo models):
 // sync, async and streaming calls, FP16/BF16 tensors, kv_attention sessions over
 // a stream (every output checked against a float64 reference written here), round-
-// robin and sequence routing over two endpoint names of one server, ModelStatistics.
-// Label: integration (starts a server, ~10 s).
+// robin and sequence routing over two endpoint names of one server, ModelStatistics;
+// and headers (a bearer token) on every kind of call, against a second server.
+// Label: integration (starts two servers, ~10 s).
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
@@ -20,7 +21,7 @@ namespace flashq::client {
 namespace {
 
 class ClientServerTest : public ::testing::Test {
- protected:
+ public:  // Attention() is shared with ClientTokenTest
   static void SetUpTestSuite() {
     bench::SpawnOptions o;
     o.binary = FLASHQ_SERVER_BIN;
@@ -239,6 +240,62 @@ TEST_F(ClientServerTest, StatisticsCountRequests) {
   bool ready = false;
   EXPECT_TRUE(client_->ModelReady(1, "kv_attention", &ready).ok());
   EXPECT_TRUE(ready);
+}
+
+// A server that requires a bearer token: the client's headers reach it on unary, async
+// and streaming calls (here with deflate-compressed requests); without them every kind
+// of call is refused with the server's reason, while the readiness probe stays open.
+TEST(ClientTokenTest, HeadersReachEveryKindOfCall) {
+  bench::SpawnOptions o;
+  o.binary = FLASHQ_SERVER_BIN;
+  o.backend = "cpu";
+  o.log_path = ::testing::TempDir() + "/flashq_client_token_test.log";
+  o.extra_args = {std::string("--demo-cache-dir=") + FLASHQ_DEMO_CACHE, "--auth-token=client-test-token"};
+  auto server = bench::ServerProcess::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ClientOptions with;
+  with.endpoints = {(*server)->endpoint()};
+  with.headers = {{"authorization", "Bearer client-test-token"}};
+  with.compression = Compression::kDeflate;
+  ClientOptions without = with;
+  without.headers.clear();
+  auto good = Client::Create(with), bad = Client::Create(without);
+  ASSERT_TRUE(good.ok() && bad.ok());
+  ASSERT_TRUE((*bad)->WaitUntilReady(absl::Seconds(30)).ok());  // ServerReady needs no token
+
+  const inference::ModelInferRequest req = ClientServerTest::Attention(DType::kF16, 8);
+  inference::ModelInferResponse resp;
+  EXPECT_TRUE((*good)->Infer(req, &resp).ok());
+  grpc::Status refused = (*bad)->Infer(req, &resp);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(refused.error_message().find("requires a token"), std::string::npos) << refused.error_message();
+
+  for (Client* c : {good->get(), bad->get()}) {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status status;
+    c->AsyncInfer(std::make_shared<const inference::ModelInferRequest>(req),
+                  [&](const grpc::Status& s, inference::ModelInferResponse&) {
+                    std::lock_guard<std::mutex> l(mu);
+                    status = s;
+                    done = true;
+                    cv.notify_all();
+                  });
+    std::unique_lock<std::mutex> lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return done; }));
+    EXPECT_EQ(status.error_code(), c == good->get() ? grpc::StatusCode::OK : grpc::StatusCode::UNAUTHENTICATED);
+
+    auto stream = c->OpenStream();
+    stream->Send(req);
+    stream->CloseSend();
+    inference::ModelStreamInferResponse r;
+    int answers = 0;
+    while (stream->Recv(&r)) answers += r.error_message().empty();
+    EXPECT_EQ(stream->Finish().error_code(), c == good->get() ? grpc::StatusCode::OK : grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(answers, c == good->get() ? 1 : 0);
+  }
+  EXPECT_EQ((*server)->Stop(), "exited with status 0");
 }
 
 }  // namespace

@@ -47,5 +47,15 @@ TEST(Flags, HelpDocumentsEveryFlag) {
     EXPECT_NE(help.find(n), std::string::npos) << n;
 }
 
+TEST(Flags, ShortHeaderForm) {
+  // perf_analyzer's -H 'name: value', separate or attached, is --header.
+  Flags f = Make();
+  f.Add({"header", "'NAME: VALUE'", "", "Metadata.", "Target", true});
+  const char* argv[] = {"x", "-H", "authorization: Bearer t", "-Hx-a:1", "--header=x-b: 2", "--server-arg", "-Hkept"};
+  ASSERT_TRUE(f.Parse(7, const_cast<char**>(argv)).ok());
+  EXPECT_EQ(f.GetAll("header"), (std::vector<std::string>{"authorization: Bearer t", "x-a:1", "x-b: 2"}));
+  EXPECT_EQ(f.GetAll("server-arg"), (std::vector<std::string>{"-Hkept"}));
+}
+
 }  // namespace
 }  // namespace flashq::bench
