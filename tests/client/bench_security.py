@@ -19,10 +19,8 @@ security, compression and header names used (never the token).
 """
 import base64
 import json
-import os
 import pathlib
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -31,8 +29,10 @@ import threading
 import time
 import urllib.request
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
+from server_process import FlashqServer  # noqa: E402
+
 TOKEN = "bench-test-token.0123"
-READY_LINE = "flashq-server ready"
 # A short closed-loop run: one load point, small windows.
 RUN = ["--concurrency=2", "--window=0.4", "--warmup=0.2", "--max-time=1.5", "--min-requests=3", "--no-plot",
        "--progress=off"]
@@ -56,41 +56,26 @@ def make_pki(d):
     (d / "token").write_text(TOKEN + "\n")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server(FlashqServer):
+    """A flashq-server with TLS or a token, as a context manager. It is ready at its log line:
+    the plaintext gRPC probe cannot reach a TLS port."""
 
-
-class Server:
     def __init__(self, binary, work, name, flags):
-        self.port, self.metrics_port = free_port(), free_port()
-        self.log_path = work / f"{name}-server.log"
-        self.cmd = [binary, "--host=127.0.0.1", f"--grpc-port={self.port}", f"--metrics-port={self.metrics_port}", *flags]
+        super().__init__(binary, flags, name, work)
+
+    @property
+    def port(self):
+        return self.grpc_port
 
     def __enter__(self):
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 180
-        while READY_LINE not in self.log_path.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                raise AssertionError(f"flashq-server did not start:\n{' '.join(self.cmd)}\n{self.log_path.read_text()}")
-            time.sleep(0.05)
-        return self
+        return self.start(timeout=180, probe=False)
 
     def __exit__(self, *exc):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+        self.stop()
 
     def requests(self, model):
         """Requests the server finished for `model`, any status (its Prometheus counter)."""
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
+        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith("flashq_requests_total{") and f'model="{model}"' in line)
 

@@ -1,14 +1,12 @@
 """One flashq-server process on free loopback ports: what the integration suite's fixtures
-(conftest.py) and the reliability suite (tests/reliability/rel.py) start, each with its own
-default flags."""
+(conftest.py), the reliability suite (tests/reliability/rel.py) and tests/client/bench_security.py
+start, each with its own default flags."""
 import os
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-
-import grpc
 
 READY_LINE = "flashq-server ready"
 
@@ -63,6 +61,7 @@ class FlashqServer:
             self.proc.kill()
             raise AssertionError(f"flashq-server not ready after {timeout}s:\n{self.log()}")
         if probe:  # the ready line comes once the gRPC port is open; confirm over the wire too
+            import grpc  # here, so that stdlib-only scripts can start servers with probe=False
             ch = grpc.insecure_channel(self.url)
             grpc.channel_ready_future(ch).result(timeout=30)
             ch.close()
