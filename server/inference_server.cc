@@ -223,7 +223,8 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
     }
     const uint64_t total_ns = Ns(Clock::now() - start);
     if (st.ok()) {
-      s.stats->RecordSuccess(total_ns, queue_ns, compute_ns);
+      s.stats->RecordSuccess(total_ns, queue_ns,
+                             ModelStats::Compute::Split(compute_ns, work ? work->input_ns : 0, work ? work->output_ns : 0));
       s.metrics->total_seconds->Observe(double(total_ns) * 1e-9);
     } else {
       s.stats->RecordFailure(total_ns);

@@ -7,6 +7,8 @@
 // buffer or a shared-memory region), so that a backend moves every byte once each way.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -58,6 +60,29 @@ inline Scatter IntoString(std::string* out, size_t bytes) {
   return s;
 }
 
+// Where an executor adds the host time of a batch's input and output copies (staging,
+// conversion, scatter), which ModelStatistics reports as compute_input and compute_output.
+// Atomic: a batch may run on several GPUs' threads at once.
+struct StageTimes {
+  std::atomic<uint64_t> input_ns{0}, output_ns{0};
+};
+
+// Adds the time from construction to destruction to `*to` (nothing when `to` is null).
+class StageTimer {
+ public:
+  explicit StageTimer(std::atomic<uint64_t>* to) : to_(to), start_(std::chrono::steady_clock::now()) {}
+  ~StageTimer() {
+    if (to_) to_->fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now() - start_).count()));
+  }
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+
+ private:
+  std::atomic<uint64_t>* to_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 // ---- attention over a ragged batch (varlen) --------------------------------
 struct AttentionBatch {
   DType dtype = DType::kF16;  // of Q, K, V and O
@@ -69,6 +94,7 @@ struct AttentionBatch {
   int max_seqlen_q = 0, max_seqlen_k = 0;
   Gather q, k, v;                                   // [total_q, Hq, D], [total_k, Hkv, D]
   Scatter o;                                        // [total_q, Hq, D]
+  StageTimes* times = nullptr;                      // may be null
 };
 
 class AttentionExecutor {
@@ -107,6 +133,7 @@ struct KvBatch {
   DType dtype = DType::kF16;
   float softmax_scale = 1.0f;
   std::vector<KvItem> items;           // distinct sequences
+  StageTimes* times = nullptr;         // may be null
 };
 
 class KvAttentionExecutor {
@@ -149,11 +176,12 @@ class LinearExecutor {
  public:
   explicit LinearExecutor(int N) : N_(N) {}
   virtual ~LinearExecutor() = default;
-  // y[M][N] = x[M][K] · Wᵀ (+ bias); x and y in `dtype` (FP16, BF16 or FP32).
-  virtual absl::Status Run(DType dtype, int M, const Gather& x, const Scatter& y) = 0;
+  // y[M][N] = x[M][K] · Wᵀ (+ bias); x and y in `dtype` (FP16, BF16 or FP32). Copy times go
+  // to `times` unless it is null.
+  virtual absl::Status Run(DType dtype, int M, const Gather& x, const Scatter& y, StageTimes* times) = 0;
   // The same with y in one host string.
   absl::Status Run(DType dtype, int M, std::string_view x, std::string* y) {
-    return Run(dtype, M, Gather(x), IntoString(y, size_t(M) * N_ * DTypeSize(dtype)));
+    return Run(dtype, M, Gather(x), IntoString(y, size_t(M) * N_ * DTypeSize(dtype)), nullptr);
   }
   int N() const { return N_; }
 

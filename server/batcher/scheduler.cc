@@ -193,7 +193,8 @@ void Scheduler::Run(std::vector<std::unique_ptr<Pending>>& batch) {
   const uint64_t compute_ns = Ns(Clock::now() - start);
   metrics_.batch_requests->Observe(double(batch.size()));
   metrics_.batch_tokens->Observe(double(tokens));
-  stats_.RecordBatch(batch.size(), compute_ns);
+  const Work& first = *batch[0]->work;  // a batch's works carry its copy times alike
+  stats_.RecordBatch(batch.size(), ModelStats::Compute::Split(compute_ns, first.input_ns, first.output_ns));
   for (auto& p : batch) {
     p->compute_ns = compute_ns;
     metrics_.queue_seconds->Observe(Seconds(p->queue_ns));

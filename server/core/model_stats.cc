@@ -1,5 +1,6 @@
 #include "server/core/model_stats.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace flashq::server {
@@ -14,11 +15,19 @@ uint64_t NowMs() {
 }
 }  // namespace
 
-void ModelStats::RecordSuccess(uint64_t total_ns, uint64_t queue_ns, uint64_t compute_ns) {
+ModelStats::Compute ModelStats::Compute::Split(uint64_t compute_ns, uint64_t input_ns, uint64_t output_ns) {
+  Compute c;
+  c.input_ns = std::min(input_ns, compute_ns);
+  c.output_ns = std::min(output_ns, compute_ns - c.input_ns);
+  c.infer_ns = compute_ns - c.input_ns - c.output_ns;
+  return c;
+}
+
+void ModelStats::RecordSuccess(uint64_t total_ns, uint64_t queue_ns, const Compute& compute) {
   std::lock_guard<std::mutex> l(mu_);
   success_.Add(total_ns);
   queue_.Add(queue_ns);
-  compute_.Add(compute_ns);
+  compute_.Add(compute);
   ++inference_count_;
   last_inference_ms_ = NowMs();
 }
@@ -28,10 +37,10 @@ void ModelStats::RecordFailure(uint64_t total_ns) {
   fail_.Add(total_ns);
 }
 
-void ModelStats::RecordBatch(uint64_t batch_size, uint64_t compute_ns) {
+void ModelStats::RecordBatch(uint64_t batch_size, const Compute& compute) {
   std::lock_guard<std::mutex> l(mu_);
   ++execution_count_;
-  batches_[batch_size].Add(compute_ns);
+  batches_[batch_size].Add(compute);
 }
 
 void ModelStats::Fill(inference::ModelStatistics* out) const {
@@ -43,15 +52,15 @@ void ModelStats::Fill(inference::ModelStatistics* out) const {
   Put(s->mutable_success(), success_.count, success_.ns);
   Put(s->mutable_fail(), fail_.count, fail_.ns);
   Put(s->mutable_queue(), queue_.count, queue_.ns);
-  Put(s->mutable_compute_input(), compute_.count, 0);
-  Put(s->mutable_compute_infer(), compute_.count, compute_.ns);
-  Put(s->mutable_compute_output(), compute_.count, 0);
+  Put(s->mutable_compute_input(), compute_.input.count, compute_.input.ns);
+  Put(s->mutable_compute_infer(), compute_.infer.count, compute_.infer.ns);
+  Put(s->mutable_compute_output(), compute_.output.count, compute_.output.ns);
   for (const auto& [size, d] : batches_) {
     auto* b = out->add_batch_stats();
     b->set_batch_size(size);
-    Put(b->mutable_compute_input(), d.count, 0);
-    Put(b->mutable_compute_infer(), d.count, d.ns);
-    Put(b->mutable_compute_output(), d.count, 0);
+    Put(b->mutable_compute_input(), d.input.count, d.input.ns);
+    Put(b->mutable_compute_infer(), d.infer.count, d.infer.ns);
+    Put(b->mutable_compute_output(), d.output.count, d.output.ns);
   }
 }
 

@@ -68,6 +68,9 @@ struct Work {
   // Filled by the model's Execute.
   absl::Status status;
   std::vector<OutputTensor> outputs;
+  // Host time its batch spent moving inputs in and outputs out (Triton's compute_input and
+  // compute_output); the rest of the batch's compute time is compute_infer.
+  uint64_t input_ns = 0, output_ns = 0;
 };
 
 }  // namespace flashq::server

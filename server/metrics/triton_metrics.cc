@@ -48,6 +48,12 @@ std::vector<prometheus::MetricFamily> TritonCompatMetrics::Collect() const {
       Family("nv_inference_compute_infer_duration_us",
              "Cumulative compute inference duration in microseconds (does not include cached requests)",
              MetricType::Counter),
+      Family("nv_inference_compute_input_duration_us",
+             "Cumulative compute input duration in microseconds (does not include cached requests)",
+             MetricType::Counter),
+      Family("nv_inference_compute_output_duration_us",
+             "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+             MetricType::Counter),
       Family("nv_inference_pending_request_count",
              "Instantaneous number of pending requests awaiting execution per-model.", MetricType::Gauge),
   };
@@ -64,7 +70,9 @@ std::vector<prometheus::MetricFamily> TritonCompatMetrics::Collect() const {
     Add(out[4], m, Us(s.success()));
     Add(out[5], m, Us(s.queue()));
     Add(out[6], m, Us(s.compute_infer()));
-    Add(out[7], m, pending_ ? pending_(m.name()) : 0.0);
+    Add(out[7], m, Us(s.compute_input()));
+    Add(out[8], m, Us(s.compute_output()));
+    Add(out[9], m, pending_ ? pending_(m.name()) : 0.0);
   }
   return out;
 }

@@ -218,6 +218,8 @@ void AttentionModel::Execute(const std::vector<Work*>& batch) {
     }
   }
   std::vector<float> lse;
+  StageTimes times;
+  b.times = &times;
   const absl::Status s = executor_->Run(b, &lse);
   const int64_t total_q = b.cu_seqlens_q.back();
   int64_t q_off = 0;
@@ -225,6 +227,7 @@ void AttentionModel::Execute(const std::vector<Work*>& batch) {
     auto& w = static_cast<AttentionWork&>(*wp);
     const int64_t tq = w.q->shape[0];
     w.status = s;
+    w.input_ns = times.input_ns, w.output_ns = times.output_ns;
     if (!s.ok()) {
       w.outputs.clear();
     } else if (w.want_lse) {

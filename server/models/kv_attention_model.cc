@@ -182,9 +182,12 @@ void KvAttentionModel::Execute(const std::vector<Work*>& batch) {
     b.items.push_back({w->exclusive_key, w->q->bytes(), w->k->bytes(), w->v->bytes(), w->n, w->reservation.start_pos,
                        &w->reservation.blocks, w->OutputDestination("O", &w->outputs.back().data, bytes)});
   }
+  StageTimes times;
+  b.times = &times;
   const absl::Status s = executor_->Run(b);
   for (KvWork* w : run) {
     w->status = s;
+    w->input_ns = times.input_ns, w->output_ns = times.output_ns;
     if (s.ok()) {
       sessions_->Commit(w->reservation);
     } else {

@@ -80,9 +80,11 @@ void LinearModel::Execute(const std::vector<Work*>& batch) {
     w.outputs.push_back({"Y", dtype, {m, N_}, std::string()});
     y.pieces.push_back(w.OutputDestination("Y", &w.outputs.back().data, size_t(m * row_bytes)));
   }
-  const absl::Status s = executor_->Run(dtype, M, x, y);
+  StageTimes times;
+  const absl::Status s = executor_->Run(dtype, M, x, y, &times);
   for (Work* wp : batch) {
     wp->status = s;
+    wp->input_ns = times.input_ns, wp->output_ns = times.output_ns;
     if (!s.ok()) wp->outputs.clear();
   }
 }

@@ -237,6 +237,11 @@ TEST_F(ClientServerTest, StatisticsCountRequests) {
   EXPECT_EQ(a.success().count() - b.success().count(), 3u);
   EXPECT_GE(a.compute_infer().count() - b.compute_infer().count(), 1u);
   EXPECT_GT(a.compute_infer().ns(), b.compute_infer().ns());
+  // compute_input and compute_output are the copies in and out (here the CPU backend's
+  // conversions of Q, K, V to float and of O back), counted beside compute_infer.
+  EXPECT_EQ(a.compute_input().count() - b.compute_input().count(), a.compute_infer().count() - b.compute_infer().count());
+  EXPECT_GT(a.compute_input().ns(), b.compute_input().ns());
+  EXPECT_GT(a.compute_output().ns(), b.compute_output().ns());
   bool ready = false;
   EXPECT_TRUE(client_->ModelReady(1, "kv_attention", &ready).ok());
   EXPECT_TRUE(ready);

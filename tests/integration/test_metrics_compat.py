@@ -25,6 +25,7 @@ TRITON = {
     "nv_inference_count": "counter", "nv_inference_exec_count": "counter",
     "nv_inference_request_duration_us": "counter", "nv_inference_queue_duration_us": "counter",
     "nv_inference_compute_infer_duration_us": "counter", "nv_inference_pending_request_count": "gauge",
+    "nv_inference_compute_input_duration_us": "counter", "nv_inference_compute_output_duration_us": "counter",
 }
 GPU_GAUGES = ["nv_gpu_utilization", "nv_gpu_power_usage", "nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes"]
 

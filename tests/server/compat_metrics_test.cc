@@ -41,6 +41,10 @@ void Stats(inference::ModelStatisticsResponse* out, const std::string& name, uin
   s->mutable_queue()->set_ns(queue_ns);
   s->mutable_compute_infer()->set_count(ok);
   s->mutable_compute_infer()->set_ns(compute_ns);
+  s->mutable_compute_input()->set_count(ok);
+  s->mutable_compute_input()->set_ns(compute_ns / 10);
+  s->mutable_compute_output()->set_count(ok);
+  s->mutable_compute_output()->set_ns(compute_ns / 20);
 }
 
 TEST(TritonCompatMetricsTest, NamesLabelsAndValuesFollowModelStatistics) {
@@ -62,6 +66,7 @@ TEST(TritonCompatMetricsTest, NamesLabelsAndValuesFollowModelStatistics) {
       {"nv_inference_count", "7"},                 {"nv_inference_exec_count", "4"},
       {"nv_inference_request_duration_us", "35000"}, {"nv_inference_queue_duration_us", "3500"},
       {"nv_inference_compute_infer_duration_us", "21000"}, {"nv_inference_pending_request_count", "3"},
+      {"nv_inference_compute_input_duration_us", "2100"}, {"nv_inference_compute_output_duration_us", "1050"},
   };
   for (const auto& [name, value] : want) {
     EXPECT_TRUE(Has(t, name + "{model=\"attention\",version=\"1\"} " + value + "\n")) << name << "\n" << t;

@@ -302,6 +302,7 @@ TEST(SchedulerTest, MergesRequestsWithinTheDelay) {
   ASSERT_EQ(st.batch_stats_size(), 1);
   EXPECT_EQ(st.batch_stats(0).batch_size(), 8u);
   EXPECT_EQ(st.batch_stats(0).compute_infer().count(), 1u);
+  EXPECT_EQ(st.batch_stats(0).compute_input().count(), 1u);
 }
 
 TEST(SchedulerTest, TokenBudgetSplitsBatches) {
@@ -633,6 +634,28 @@ TEST(SchedulerTest, IdleSpinTakesRequestsAndStopsForShutdown) {
   ids.push_back(100);
   ids.push_back(101);
   h.answers.ExpectEachOnce(ids);
+}
+
+// Triton's split of a batch's compute: the copy times a backend measured, capped so that the
+// three parts add up to the whole even when copies on several threads overlapped.
+TEST(ModelStatsTest, ComputeSplitsIntoInputInferOutput) {
+  auto c = ModelStats::Compute::Split(1000, 200, 300);
+  EXPECT_EQ(c.input_ns, 200u);
+  EXPECT_EQ(c.infer_ns, 500u);
+  EXPECT_EQ(c.output_ns, 300u);
+  c = ModelStats::Compute::Split(1000, 900, 300);  // copies counted on two threads at once
+  EXPECT_EQ(c.input_ns, 900u);
+  EXPECT_EQ(c.output_ns, 100u);
+  EXPECT_EQ(c.infer_ns, 0u);
+  ModelStats stats;
+  stats.RecordSuccess(5000, 1000, ModelStats::Compute::Split(4000, 1000, 500));
+  stats.RecordBatch(1, ModelStats::Compute::Split(4000, 1000, 500));
+  inference::ModelStatistics st;
+  stats.Fill(&st);
+  EXPECT_EQ(st.inference_stats().compute_input().ns(), 1000u);
+  EXPECT_EQ(st.inference_stats().compute_infer().ns(), 2500u);
+  EXPECT_EQ(st.inference_stats().compute_output().ns(), 500u);
+  EXPECT_EQ(st.batch_stats(0).compute_output().ns(), 500u);
 }
 
 TEST(SchedulerTest, ShutdownOfAnIdleSchedulerReturns) {

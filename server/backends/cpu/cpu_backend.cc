@@ -40,8 +40,11 @@ class CpuAttention : public AttentionExecutor {
 
   using AttentionExecutor::Run;
   absl::Status Run(const AttentionBatch& b, std::vector<float>* lse) override {
-    const std::vector<float> q = GatherAsFloat(b.dtype, b.q), k = GatherAsFloat(b.dtype, b.k),
-                             v = GatherAsFloat(b.dtype, b.v);
+    std::vector<float> q, k, v;
+    {
+      StageTimer t(b.times ? &b.times->input_ns : nullptr);
+      q = GatherAsFloat(b.dtype, b.q), k = GatherAsFloat(b.dtype, b.k), v = GatherAsFloat(b.dtype, b.v);
+    }
     const int batch = int(b.cu_seqlens_q.size()) - 1;
     const int64_t total_q = b.cu_seqlens_q.back();
     const int64_t q_row = int64_t(b.num_heads_q) * b.head_dim, kv_row = int64_t(b.num_heads_kv) * b.head_dim;
@@ -62,6 +65,7 @@ class CpuAttention : public AttentionExecutor {
         }
       }
     });
+    StageTimer t(b.times ? &b.times->output_ns : nullptr);
     ScatterFromFloat(b.dtype, out.data(), int64_t(out.size()), b.o);
     return absl::OkStatus();
   }
@@ -83,6 +87,8 @@ class CpuKvAttention : public KvAttentionExecutor {
     // Items are distinct sequences with disjoint blocks, so they run independently.
     pool_->ParallelFor(int(b.items.size()), [&](int i) {
       const KvItem& it = b.items[i];
+      // Each sequence's copies run inside its own task, beside the others' compute: they are
+      // not counted as the batch's input or output time.
       const std::vector<float> q = GatherAsFloat(b.dtype, Gather(it.q)), k = GatherAsFloat(b.dtype, Gather(it.k)),
                                v = GatherAsFloat(b.dtype, Gather(it.v));
       for (int t = 0; t < it.n; ++t) {  // append the new tokens to their pages
@@ -158,8 +164,12 @@ class CpuLinear : public LinearExecutor {
   }
 
   using LinearExecutor::Run;
-  absl::Status Run(DType dtype, int M, const Gather& x_in, const Scatter& y_out) override {
-    const std::vector<float> x = GatherAsFloat(dtype, x_in);
+  absl::Status Run(DType dtype, int M, const Gather& x_in, const Scatter& y_out, StageTimes* times) override {
+    std::vector<float> x;
+    {
+      StageTimer t(times ? &times->input_ns : nullptr);
+      x = GatherAsFloat(dtype, x_in);
+    }
     const int N = this->N();
     std::vector<float> y(size_t(M) * N);
     pool_->ParallelFor(int(slices_.size()), [&](int p) {
@@ -185,6 +195,7 @@ class CpuLinear : public LinearExecutor {
     if (!bias_.empty()) {  // in Y's type: round, add through float, round again
       for (size_t i = 0; i < y.size(); ++i) y[i] = RoundThrough(dtype, RoundThrough(dtype, y[i]) + bias_[i % N]);
     }
+    StageTimer t(times ? &times->output_ns : nullptr);
     ScatterFromFloat(dtype, y.data(), int64_t(y.size()), y_out);
     return absl::OkStatus();
   }

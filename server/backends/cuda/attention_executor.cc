@@ -74,7 +74,7 @@ class CudaAttention : public AttentionExecutor {
       cu[n + 1 + i] = b.cu_seqlens_k[s0 + i] - k0;
       if (i) max_q = std::max(max_q, cu[i] - cu[i - 1]);
     }
-    BatchStaging st(slot);
+    BatchStaging st(slot, b.times);
     char* cu_d = st.Take(cu.size() * 4);
     if (!cu_d) return absl::ResourceExhaustedError("attention chunk exceeds the GPU staging buffer");
     if (auto s = st.UploadHost(cu.data(), cu.size() * 4, cu_d); !s.ok()) return s;

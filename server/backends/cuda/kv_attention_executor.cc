@@ -123,7 +123,7 @@ class CudaKvAttention : public KvAttentionExecutor {
     const int64_t q_row = int64_t(g_.num_heads_q) * g_.head_dim, kv_row = int64_t(g_.num_heads_kv) * g_.head_dim;
     const size_t ws = attention::paged_decode_workspace_size(total, g_.num_heads_q, g_.head_dim, max_k);
     SlotLease slot(*ctx_[dev]);
-    BatchStaging st(*slot);
+    BatchStaging st(*slot, b.times);
     char* tables_d = st.Take(tables.size() * 4);
     if (!tables_d) return absl::ResourceExhaustedError("kv_attention batch exceeds the GPU staging buffer");
     if (auto s = st.UploadHost(tables.data(), tables.size() * 4, tables_d); !s.ok()) return s;

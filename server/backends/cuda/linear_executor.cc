@@ -82,11 +82,11 @@ class CudaLinear : public LinearExecutor {
   }
 
   using LinearExecutor::Run;
-  absl::Status Run(DType dtype, int M, const Gather& x, const Scatter& y) override {
-    return RunOn(next_++ % replicas_.size(), dtype, M, x, y);
+  absl::Status Run(DType dtype, int M, const Gather& x, const Scatter& y, StageTimes* times) override {
+    return RunOn(next_++ % replicas_.size(), dtype, M, x, y, times);
   }
 
-  absl::Status RunOn(size_t dev, DType dtype, int M, const Gather& x_in, const Scatter& y_out) {
+  absl::Status RunOn(size_t dev, DType dtype, int M, const Gather& x_in, const Scatter& y_out, StageTimes* times) {
     DeviceContext& d = *ctx_[dev];
     Replica& r = replicas_[dev];
     // BF16 weights go through cuBLASLt in BF16, so other activations are converted to it.
@@ -99,7 +99,7 @@ class CudaLinear : public LinearExecutor {
     SlotLease slot(d);
     for (int r0 = 0; r0 < M; r0 += max_rows_) {
       const int m = std::min(max_rows_, M - r0);
-      BatchStaging st(*slot);
+      BatchStaging st(*slot, times);
       auto xd = st.UploadAs(x_in, dtype, size_t(r0) * K_, size_t(m) * K_, kdt);
       if (!xd.ok()) return xd.status();
       char* yd = st.Take(size_t(m) * N * 2);
@@ -216,7 +216,7 @@ absl::StatusOr<std::unique_ptr<LinearExecutor>> CreateCudaLinear(Contexts& ctx, 
       std::string xb, y;
       AppendFromFloat(t, x.data(), int64_t(x.size()), &xb);
       for (size_t dev = 0; dev < ctx.size(); ++dev) {
-        if (auto s = (*e)->RunOn(dev, t, m, Gather(xb), IntoString(&y, size_t(m) * w.N * DTypeSize(t))); !s.ok()) {
+        if (auto s = (*e)->RunOn(dev, t, m, Gather(xb), IntoString(&y, size_t(m) * w.N * DTypeSize(t)), nullptr); !s.ok()) {
           return s;
         }
       }

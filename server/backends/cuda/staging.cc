@@ -124,6 +124,11 @@ absl::Status BatchStaging::Download(const char* src, const Scatter& dst, size_t 
 
 absl::StatusOr<cudaStream_t> BatchStaging::stream() {
   if (auto s = Flush(up_); !s.ok()) return s;
+  if (times_ && !input_counted_) {
+    times_->input_ns.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            std::chrono::steady_clock::now() - start_).count()));
+    input_counted_ = true;
+  }
   queued_ = true;  // the caller launches on it
   return slot_.stream;
 }
@@ -133,9 +138,14 @@ absl::Status BatchStaging::Finish() {
   if (auto s = Flush(down_); !s.ok()) return s;
   queued_ = false;
   FQ_CUDA_OK(cudaStreamSynchronize(slot_.stream));
-  for (const HostCopy& c : host_copies_) std::memcpy(c.dst, c.src, c.n);
+  {
+    StageTimer t(times_ ? &times_->output_ns : nullptr);
+    for (const HostCopy& c : host_copies_) std::memcpy(c.dst, c.src, c.n);
+  }
   host_copies_.clear();
   carver_ = Carver(slot_.device, slot_.bytes);
+  start_ = std::chrono::steady_clock::now();
+  input_counted_ = false;
   return absl::OkStatus();
 }
 

@@ -12,6 +12,7 @@
 // each batch (or chunk of one) with Finish().
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,10 @@ inline DType KernelDType(DType t) { return t == DType::kF32 ? DType::kF16 : t; }
 
 class BatchStaging {
  public:
-  explicit BatchStaging(StreamSlot& slot) : slot_(slot), carver_(slot.device, slot.bytes) {}
+  // Input time (construction until kernels can launch) and output time (the host copies
+  // after the stream synchronizes) go to `times` unless it is null.
+  BatchStaging(StreamSlot& slot, StageTimes* times)
+      : slot_(slot), carver_(slot.device, slot.bytes), times_(times), start_(std::chrono::steady_clock::now()) {}
   // A batch that stops on an error after queueing work waits for that work here, so that
   // nothing of it still runs when the slot's next batch reuses the staging (or the KV pages
   // of a sequence that the error ends are handed to another).
@@ -86,6 +90,9 @@ class BatchStaging {
   };
   std::vector<HostCopy> host_copies_;  // done by Finish
   bool queued_ = false;                 // work queued on the stream since the last Finish
+  StageTimes* times_;
+  std::chrono::steady_clock::time_point start_;  // of the current input stage; reset by Finish
+  bool input_counted_ = false;
 };
 
 // flashq_kernel_seconds{kernel, gpu}, one series per GPU of the process.
