@@ -260,7 +260,7 @@ def test_mtls_and_token_together(pki):
 ])
 def test_bad_security_flags_stop_the_server(pki, flags, words):
     (pki / "empty").write_text("\n")
-    cmd = [rel.SERVER_BIN, "--grpc-port=0", "--metrics-port=0", "--backend=cpu",
+    cmd = [rel.SERVER_BIN, "--grpc-port=0", "--metrics-port=0", "--http-port=0", "--backend=cpu",
            f"--model-repository={rel.shared_repository()}"] + [f.format(pki=pki) for f in flags]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, (p.returncode, p.stderr)
