@@ -2,8 +2,13 @@
 
 #include <httplib.h>
 
+#include <pthread.h>
+
 #include <condition_variable>
+#include <cstring>
+#include <deque>
 #include <mutex>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
@@ -45,6 +50,78 @@ absl::StatusOr<json> ParseBody(const std::string& body) {
   }
 }
 
+// The handler threads. cpp-httplib's own pool makes std::threads, whose stack size follows
+// `ulimit -s`; this one sets it, so that every handler's stack holds cuBLASLt's static TLS
+// block whatever the limit, and a thread that cannot start fails Start() with its errno.
+class HandlerPool final : public httplib::TaskQueue {
+ public:
+  static constexpr size_t kStackBytes = size_t(8) << 20;  // reserved, touched only as used
+
+  static absl::StatusOr<std::unique_ptr<HandlerPool>> Create(int threads) {
+    std::unique_ptr<HandlerPool> pool(new HandlerPool);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, kStackBytes);
+    int err = 0;
+    for (int i = 0; i < threads && err == 0; ++i) {
+      pthread_t t;
+      err = pthread_create(&t, &attr, &HandlerPool::Run, pool.get());
+      if (err == 0) pool->threads_.push_back(t);
+    }
+    pthread_attr_destroy(&attr);
+    if (err != 0) {
+      pool->shutdown();
+      return absl::ResourceExhaustedError(absl::StrCat("cannot start HTTP threads (", kStackBytes >> 20,
+                                                       " MiB stacks): ", std::strerror(err)));
+    }
+    return pool;
+  }
+  ~HandlerPool() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      jobs_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (pthread_t t : threads_) pthread_join(t, nullptr);
+    threads_.clear();
+  }
+
+ private:
+  HandlerPool() = default;
+  static void* Run(void* self) {
+    static_cast<HandlerPool*>(self)->Loop();
+    return nullptr;
+  }
+  void Loop() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, and every accepted connection served
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      fn();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::vector<pthread_t> threads_;
+};
+
 }  // namespace
 
 int HttpStatusOf(absl::StatusCode code) {
@@ -85,9 +162,10 @@ absl::StatusOr<std::unique_ptr<HttpInferenceService>> HttpInferenceService::Star
   } else {
     s->http_ = std::make_unique<httplib::Server>();
   }
-  // The pool's threads are std::threads with the default (full-size) stack: see the header.
-  const int threads = std::max(1, options.threads);
-  s->http_->new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  // cpp-httplib asks for its task queue once, when it starts listening, and owns it from then on.
+  auto pool = HandlerPool::Create(std::max(1, options.threads));
+  if (!pool.ok()) return pool.status();
+  s->http_->new_task_queue = [queue = pool->release()]() -> httplib::TaskQueue* { return queue; };
   s->http_->set_payload_max_length(options.max_body_bytes);
   s->http_->set_keep_alive_max_count(1000);
   s->Route();

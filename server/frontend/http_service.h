@@ -3,10 +3,10 @@
 // body becomes an inference::ModelInferRequest (http_json.h) and the same decoder checks it.
 //
 // Threads: cpp-httplib answers each connection on one thread of a pool that this class
-// creates (Server::new_task_queue), as std::threads with the default stack (8 MB from the
-// stack rlimit). libcublasLt.so.13's 94 KB static TLS block is carved from every thread's
-// stack, so libraries that start threads with small stacks (civetweb: about 100 KB) fail
-// with EINVAL in a process that links cuBLASLt; full-size stacks hold it. A handler waits
+// creates (Server::new_task_queue) with pthreads of an explicit 8 MB stack. libcublasLt.so.13's
+// 94 KB static TLS block is carved from every thread's stack, so libraries that start threads
+// with small stacks (civetweb: about 100 KB) fail with EINVAL in a process that links
+// cuBLASLt; these stacks hold it whatever `ulimit -s` says. A handler waits
 // for its request's answer, so a connection holds a thread while its request runs and while
 // it is kept alive between requests: `threads` bounds the concurrent HTTP clients.
 //
