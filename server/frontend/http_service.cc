@@ -166,6 +166,12 @@ absl::StatusOr<std::unique_ptr<HttpInferenceService>> HttpInferenceService::Star
   auto pool = HandlerPool::Create(std::max(1, options.threads));
   if (!pool.ok()) return pool.status();
   s->http_->new_task_queue = [queue = pool->release()]() -> httplib::TaskQueue* { return queue; };
+  // SO_REUSEADDR only: cpp-httplib's default also sets SO_REUSEPORT, with which a second server
+  // on the same port would start and silently take half of the connections.
+  s->http_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   s->http_->set_payload_max_length(options.max_body_bytes);
   s->http_->set_keep_alive_max_count(1000);
   s->Route();

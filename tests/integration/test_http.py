@@ -302,6 +302,15 @@ def test_bearer_token(start_server, tmp_dir):
     assert get_json(s, "/v2", headers=ok)["name"] == "flashq"
 
 
+def test_port_in_use_stops_the_server(server):
+    """A second server on a taken HTTP port exits 1 naming it, rather than sharing the port."""
+    s = ServerProcess([f"--http-port={server.http_port}"], name="http-port-taken")
+    with pytest.raises(AssertionError, match=f"cannot listen on 127.0.0.1:{server.http_port}"):
+        s.start(timeout=60)
+    assert s.stop() == 1
+    assert_still_serving(server)
+
+
 # ---- shared memory through tritonclient.http ------------------------------------------------------
 
 def test_system_shared_memory_over_http(server):
