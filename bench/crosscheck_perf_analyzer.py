@@ -54,7 +54,7 @@ def start_server(args, outdir):
         mport = free_port()
     logf = open(os.path.join(outdir, "server.log"), "w")
     cmd = [os.path.join(args.build_dir, "bin", "flashq-server"), "--backend=cpu", "--host=127.0.0.1",
-           "--grpc-port=%d" % gport, "--metrics-port=%d" % mport,
+           "--grpc-port=%d" % gport, "--metrics-port=%d" % mport, "--http-port=0",
            # shared with the other integration tests: generated once per build tree
            "--demo-cache-dir=" + os.path.join(args.build_dir, "integration", "demo-cache")] + args.server_arg
     log("$ " + " ".join(cmd))

@@ -9,7 +9,7 @@
 #   scripts/setup.sh            # install what is missing
 #   FLASHQ_SKIP_APT=1 ...       # skip the Debian packages (e.g. no root, already provisioned)
 #
-# Why tritonclient[grpc]==2.50.0: the PyPI package `perf-analyzer` is an empty
+# Why tritonclient[grpc,http]==2.50.0: the PyPI package `perf-analyzer` is an empty
 # placeholder; the real perf_analyzer binary ships inside the tritonclient wheel,
 # and 2.50.0 is the newest whose binary runs on Debian 12's glibc 2.36 (2.52+ need
 # GLIBC_2.38). It links libb64.so.0d (Debian libb64-0d) and libcudart.so.12 (from the
@@ -21,11 +21,11 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libssl-dev
-  prometheus-cpp-dev libgtest-dev googletest libbenchmark-dev libgoogle-perftools-dev
+  prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev libgtest-dev googletest libbenchmark-dev libgoogle-perftools-dev
   prometheus libb64-0d python3-venv python3-pip curl
   clang libclang-rt-14-dev openssl debootstrap docker-compose
 )
-PY_PACKAGES=(numpy pytest matplotlib "tritonclient[grpc]==2.50.0" nvidia-cuda-runtime-cu12 grpcio-health-checking grpcio-reflection kubernetes-validate safetensors)
+PY_PACKAGES=(numpy pytest matplotlib "tritonclient[grpc,http]==2.50.0" nvidia-cuda-runtime-cu12 grpcio-health-checking grpcio-reflection kubernetes-validate safetensors)
 
 log() { echo "setup: $*"; }
 
@@ -69,7 +69,7 @@ for name, ver in need.items():
     v = md.version(name)
     if ver and v != ver:
         sys.exit(1)
-import tritonclient.grpc, numpy, grpc_health.v1.health_pb2, grpc_reflection.v1alpha.reflection_pb2, safetensors
+import tritonclient.grpc, tritonclient.http, numpy, grpc_health.v1.health_pb2, grpc_reflection.v1alpha.reflection_pb2, safetensors
 PY
 then
   log "Python venv: all packages present ($VENV)"

@@ -21,6 +21,7 @@
 #include "server/frontend/auth.h"
 #include "server/frontend/grpc_keepalive.h"
 #include "server/frontend/grpc_service.h"
+#include "server/frontend/http_service.h"
 #include "server/metrics/gpu_metrics.h"
 #include "server/metrics/http_exposer.h"
 #include "server/metrics/triton_metrics.h"
@@ -36,7 +37,8 @@ constexpr int64_t kMaxQueueDelayUs = 60'000'000, kMaxQueueSize = 10'000'000;
 
 struct Options {
   std::string host = "0.0.0.0";
-  int64_t grpc_port = 8001, metrics_port = 8002;
+  int64_t http_port = 8000, grpc_port = 8001, metrics_port = 8002;
+  int64_t http_thread_count = HttpOptions().threads;
   std::string model_repository, demo_cache_dir, backend = "auto";
   std::string metrics_compat = "none";
   int64_t max_queue_delay_us = -1, max_queue_size = -1, max_batch_tokens = -1;
@@ -56,7 +58,13 @@ struct Options {
 };
 
 void AddFlags(FlagSet& f, Options& o) {
-  f.Add("host", &o.host, "Address to listen on (gRPC and metrics).");
+  f.Add("host", &o.host, "Address to listen on (HTTP, gRPC and metrics).");
+  f.Add("http-port", &o.http_port,
+        "HTTP/REST port (KServe v2 inference protocol: JSON and binary tensors); 0 disables.", 0, 65535);
+  f.Add("http-thread-count", &o.http_thread_count,
+        "HTTP threads; each open HTTP connection holds one while it runs a request or is kept alive, so this bounds "
+        "the concurrent HTTP clients.",
+        1, 1024);
   f.Add("grpc-port", &o.grpc_port, "gRPC port (KServe v2 inference protocol, health, reflection).", 0, 65535);
   f.Add("metrics-port", &o.metrics_port, "HTTP port serving Prometheus metrics at /metrics; 0 disables.", 0, 65535);
   f.Add("metrics-compat", &o.metrics_compat,
@@ -76,7 +84,7 @@ void AddFlags(FlagSet& f, Options& o) {
         -1, INT32_MAX);
   f.Add("grpc-max-message-bytes", &o.grpc_max_message_bytes,
         "Largest gRPC message accepted or sent; a larger request gets RESOURCE_EXHAUSTED, and so does a request whose "
-        "response would be larger, before it is computed.",
+        "response would be larger, before it is computed. It bounds HTTP request bodies too (413 past it).",
         4096, INT32_MAX);
   AddGrpcKeepaliveFlags(f, o.keepalive);
   f.Add("stream-max-unanswered", &o.stream_max_unanswered,
@@ -100,16 +108,19 @@ void AddFlags(FlagSet& f, Options& o) {
         "Most system shared-memory regions registered at once (each holds a file descriptor and a mapping); "
         "0 turns the system shared-memory extension off.",
         0, 65536);
-  f.Add("tls-cert", &o.tls_cert, "PEM certificate chain of the gRPC server; with --tls-key, gRPC is served over TLS only.");
+  f.Add("tls-cert", &o.tls_cert,
+        "PEM certificate chain of the gRPC and HTTP servers; with --tls-key, both are served over TLS only (HTTPS).");
   f.Add("tls-key", &o.tls_key, "PEM private key for --tls-cert.");
   f.Add("tls-ca", &o.tls_ca,
         "PEM CA bundle: mutual TLS, every client must present a certificate signed by it (needs --tls-cert/--tls-key).");
   f.Add("auth-token", &o.auth_token,
-        "Bearer token (gRPC metadata 'authorization: Bearer <token>') required on inference, metadata, config and "
-        "statistics RPCs; liveness, readiness and grpc.health.v1 stay open. Prefer --auth-token-file (argv is visible).");
+        "Bearer token (gRPC metadata or HTTP header 'authorization: Bearer <token>') required on inference, metadata, "
+        "config and statistics requests; liveness, readiness and grpc.health.v1 stay open. Prefer --auth-token-file "
+        "(argv is visible).");
   f.Add("auth-token-file", &o.auth_token_file, "File whose first line is the bearer token (see --auth-token).");
   f.Add("auth-inference", &o.auth_inference,
-        "With a token: require it on ModelInfer/ModelStreamInfer too (false: only the administrative RPCs need it).");
+        "With a token: require it on ModelInfer/ModelStreamInfer and HTTP /infer too (false: only the administrative "
+        "requests need it).");
   f.Add("kv-cache-blocks", &o.kv_cache_blocks, "Override kv_attention's number of KV-cache blocks (0: the model's config).",
         0, INT32_MAX);
   f.Add("batch-invariant", &o.batch_invariant,
@@ -261,6 +272,23 @@ int Run(const Options& o) {
     std::cerr << "flashq-server: cannot listen on " << host << ":" << o.grpc_port << "\n";
     return 1;
   }
+  // HTTP/REST beside gRPC, with the same TLS, token and shared-memory registry.
+  std::unique_ptr<HttpInferenceService> http;
+  if (o.http_port > 0) {
+    HttpOptions hopts;
+    hopts.threads = int(o.http_thread_count);
+    hopts.max_body_bytes = size_t(o.grpc_max_message_bytes);
+    hopts.tls = {o.tls_cert, o.tls_key, o.tls_ca};
+    hopts.auth = auth->get();
+    hopts.auth_inference = o.auth_inference;
+    hopts.shared_memory = shared_memory.get();
+    auto h = HttpInferenceService::Start(host, int(o.http_port), FLASHQ_VERSION, hopts);
+    if (!h.ok()) {
+      std::cerr << "flashq-server: HTTP: " << h.status() << "\n";
+      return 1;
+    }
+    http = std::move(*h);
+  }
   auto* health = grpc_server->GetHealthCheckService();
   // "" is the whole server; the service's own name is what Kubernetes and grpc_health_probe
   // ask for with -service. SetServingStatus(bool) then switches every registered name.
@@ -268,7 +296,8 @@ int Run(const Options& o) {
   health->SetServingStatus(false);
   std::cerr << "flashq-server: gRPC on " << host << ":" << bound_port
             << (o.tls_cert.empty() ? "" : o.tls_ca.empty() ? " (TLS)" : " (mutual TLS)")
-            << ((*auth)->enabled() ? " (bearer token)" : "") << ", metrics on :"
+            << ((*auth)->enabled() ? " (bearer token)" : "") << ", HTTP on :" << (http ? http->port() : 0)
+            << ", metrics on :"
             << (metrics_http ? metrics_http->port() : 0) << "\n";
   std::cerr << "flashq-server: gRPC channel arguments: " << DescribeChannelArgs(channel_args) << "\n";
 
@@ -331,7 +360,9 @@ int Run(const Options& o) {
   triton_metrics->SetSources(
       [served](inference::ModelStatisticsResponse* out) { served->FillStatistics("", out); },
       [&metrics](const std::string& model) { return metrics.ForModel(model).queue_depth->Value(); });
+  if (http) http->SetServer(served);
   service.SetReady(true);
+  if (http) http->SetReady(true);
   health->SetServingStatus(true);
   for (const auto& [name, seconds] : (*server)->load_seconds()) {
     std::cerr << "flashq-server: model " << name << " loaded and warmed up in " << seconds << " s\n";
@@ -346,10 +377,12 @@ int Run(const Options& o) {
   std::cerr << "flashq-server: signal " << sig << ", draining\n";
   // Stop admitting, answer everything queued, then close gRPC.
   service.SetReady(false);
+  if (http) http->SetReady(false);
   health->SetServingStatus(false);
   (*server)->Drain();
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   grpc_server->Wait();
+  if (http) http->Stop();  // its handlers have their answers: Drain answered every request
   triton_metrics->SetSources({}, {});  // waits for a scrape that reads the server
   server->reset();
   // Regions page-locked or opened by the backend are released while it still runs.
@@ -371,7 +404,7 @@ int main(int argc, char** argv) {
   flashq::server::Options options;
   flashq::server::FlagSet flags(
       "flashq-server: KServe v2 gRPC server for fused attention and quantized linear layers.\n"
-      "Usage: flashq-server [--model-repository=DIR] [--grpc-port=8001] [--metrics-port=8002] [--backend=auto] ...");
+      "Usage: flashq-server [--model-repository=DIR] [--http-port=8000] [--grpc-port=8001] [--metrics-port=8002] [--backend=auto] ...");
   flashq::server::AddFlags(flags, options);
   bool help = false;
   std::string error;

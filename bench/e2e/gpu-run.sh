@@ -73,7 +73,7 @@ fi
 # then SIGTERM (the exit status shows a clean drain); tables land in $OUT/NAME.{json,md}.
 serve_and_load() {
   local name=$1 port=$2
-  "$B/libexec/flashq-server" --backend=cuda --demo-cache-dir=$CACHE --grpc-port=$port --metrics-port=$((port + 1)) \
+  "$B/libexec/flashq-server" --backend=cuda --demo-cache-dir=$CACHE --grpc-port=$port --metrics-port=$((port + 1)) --http-port=0 \
     --kv-cache-blocks=40000 --gpu-arena-mb=12288 --workers-per-model=$3 ${E2E_SERVER_ARGS:-} > "$OUT/server-$name.log" 2>&1 &
   local spid=$!
   for _ in $(seq 1 240); do grep -q "flashq-server ready" "$OUT/server-$name.log" && break; sleep 0.5; done

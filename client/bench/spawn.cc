@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(const SpawnO
   std::vector<std::string> args = {bin,
                                    absl::StrCat("--grpc-port=", sp->grpc_port_),
                                    absl::StrCat("--metrics-port=", sp->metrics_port_),
+                                   "--http-port=0",  // the load runs over gRPC
                                    absl::StrCat("--host=", opts.host),
                                    absl::StrCat("--backend=", opts.backend)};
   for (auto& a : opts.extra_args) args.push_back(a);

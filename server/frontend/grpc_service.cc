@@ -61,6 +61,33 @@ void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
   }
 }
 
+void FillServerMetadata(const std::string& version, const SharedMemoryRegistry* shared_memory,
+                        inference::ServerMetadataResponse* resp) {
+  resp->set_name("flashq");
+  resp->set_version(version);
+  for (const char* e : {"model_configuration", "statistics", "sequence", "ragged_batching"}) resp->add_extensions(e);
+  if (shared_memory) resp->add_extensions("system_shared_memory");
+  if (shared_memory && shared_memory->cuda_capable()) resp->add_extensions("cuda_shared_memory");
+}
+
+void FillModelMetadata(const inference::ModelConfig& config, inference::ModelMetadataResponse* resp) {
+  resp->set_name(config.name());
+  resp->add_versions("1");
+  resp->set_platform(config.platform().empty() ? "flashq" : config.platform());
+  for (const auto& in : config.input()) {
+    auto* t = resp->add_inputs();
+    t->set_name(in.name());
+    t->set_datatype(ConfigDType(in.data_type()));
+    for (int64_t d : in.dims()) t->add_shape(d);
+  }
+  for (const auto& out : config.output()) {
+    auto* t = resp->add_outputs();
+    t->set_name(out.name());
+    t->set_datatype(ConfigDType(out.data_type()));
+    for (int64_t d : out.dims()) t->add_shape(d);
+  }
+}
+
 const inference::ModelConfig* GrpcInferenceService::FindConfig(const std::string& name, const std::string& version,
                                                                 grpc::Status* error) const {
   InferenceServer* s = server_.load();
@@ -107,11 +134,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ServerMetadata(grpc::CallbackSer
                                                                const inference::ServerMetadataRequest*,
                                                                inference::ServerMetadataResponse* resp) {
   if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
-  resp->set_name("flashq");
-  resp->set_version(version_);
-  for (const char* e : {"model_configuration", "statistics", "sequence", "ragged_batching"}) resp->add_extensions(e);
-  if (shared_memory_) resp->add_extensions("system_shared_memory");
-  if (shared_memory_ && shared_memory_->cuda_capable()) resp->add_extensions("cuda_shared_memory");
+  FillServerMetadata(version_, shared_memory_, resp);
   return Reply(ctx, grpc::Status::OK);
 }
 
@@ -122,21 +145,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelMetadata(grpc::CallbackServ
   grpc::Status err;
   const inference::ModelConfig* c = FindConfig(req->name(), req->version(), &err);
   if (!c) return Reply(ctx, err);
-  resp->set_name(c->name());
-  resp->add_versions("1");
-  resp->set_platform(c->platform().empty() ? "flashq" : c->platform());
-  for (const auto& in : c->input()) {
-    auto* t = resp->add_inputs();
-    t->set_name(in.name());
-    t->set_datatype(ConfigDType(in.data_type()));
-    for (int64_t d : in.dims()) t->add_shape(d);
-  }
-  for (const auto& out : c->output()) {
-    auto* t = resp->add_outputs();
-    t->set_name(out.name());
-    t->set_datatype(ConfigDType(out.data_type()));
-    for (int64_t d : out.dims()) t->add_shape(d);
-  }
+  FillModelMetadata(*c, resp);
   return Reply(ctx, grpc::Status::OK);
 }
 

@@ -105,5 +105,9 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
 void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
                        inference::ModelInferResponse* response);
 grpc::Status ToGrpc(const absl::Status& s);
+// The ServerMetadata and ModelMetadata answers, shared with the HTTP frontend.
+void FillServerMetadata(const std::string& version, const SharedMemoryRegistry* shared_memory,
+                        inference::ServerMetadataResponse* resp);
+void FillModelMetadata(const inference::ModelConfig& config, inference::ModelMetadataResponse* resp);
 
 }  // namespace flashq::server

@@ -100,7 +100,7 @@ else
   mkdir -p "$ROOTFS/var/cache/flashq-demo"
   log "demo repository will be generated in the root (first run)"
 fi
-SERVER_ARGS=(--backend=cpu --host=127.0.0.1 --grpc-port="$GRPC_PORT" --metrics-port="$METRICS_PORT"
+SERVER_ARGS=(--backend=cpu --host=127.0.0.1 --grpc-port="$GRPC_PORT" --metrics-port="$METRICS_PORT" --http-port=0
              --demo-cache-dir=/var/cache/flashq-demo ${FLASHQ_BUNDLE_TEST_SERVER_ARGS:-})
 INNER='mount -t proc proc "$R/proc"
 if [ -n "$C" ]; then mount --bind "$C" "$R/usr/local/cuda/lib64" && mount -o remount,bind,ro "$R/usr/local/cuda/lib64"; fi

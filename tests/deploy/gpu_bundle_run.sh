@@ -21,7 +21,7 @@ log "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/
 "$B/bin/flashq" env | tee -a "$OUT/summary.txt"
 grep -E '^(version|commit|flavour):' "$B/share/flashq/MANIFEST" | tee -a "$OUT/summary.txt"
 t0=$(date +%s.%N)
-"$B/bin/flashq" --backend=cuda --host=127.0.0.1 --grpc-port=18001 --metrics-port=18002 \
+"$B/bin/flashq" --backend=cuda --host=127.0.0.1 --grpc-port=18001 --metrics-port=18002 --http-port=0 \
   --demo-cache-dir="$DIR/demo" >"$OUT/server.log" 2>&1 &
 PID=$!
 "$B/bin/flashq-health" --addr 127.0.0.1:18001 --wait-s 300 --timeout-ms 1000 || { tail -n 30 "$OUT/server.log"; exit 1; }

@@ -40,8 +40,9 @@ class ServerProcess(FlashqServer):
     """A server on the demo repository with the suite's backend; the fixtures assert that it
     exits 0 on SIGTERM."""
 
-    def __init__(self, flags=(), name="server"):
-        super().__init__(SERVER_BIN, [f"--demo-cache-dir={DEMO_CACHE}", f"--backend={BACKEND}", *flags], name, TEST_TMP)
+    def __init__(self, flags=(), name="server", env=None):
+        super().__init__(SERVER_BIN, [f"--demo-cache-dir={DEMO_CACHE}", f"--backend={BACKEND}", *flags], name, TEST_TMP,
+                         env=env)
 
     def start(self, timeout=READY_TIMEOUT_S):
         return super().start(timeout)

@@ -23,10 +23,10 @@ class FlashqServer:
 
     def __init__(self, binary, flags, name, tmp_dir, env=None):
         os.makedirs(tmp_dir, exist_ok=True)
-        self.grpc_port, self.metrics_port = free_port(), free_port()
+        self.grpc_port, self.metrics_port, self.http_port = free_port(), free_port(), free_port()
         self.log_path = tempfile.mktemp(prefix=f"{name}-", suffix=".log", dir=str(tmp_dir))
         self.cmd = [str(binary), f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
-                    "--host=127.0.0.1", *flags]
+                    f"--http-port={self.http_port}", "--host=127.0.0.1", *flags]
         self.env = dict(os.environ, **(env or {}))
         self.proc = None
         self.returncode = None
@@ -34,6 +34,11 @@ class FlashqServer:
     @property
     def url(self):
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self):
+        """host:port of the HTTP/REST endpoint, as tritonclient.http and perf_analyzer -u take it."""
+        return f"127.0.0.1:{self.http_port}"
 
     @property
     def metrics_url(self):

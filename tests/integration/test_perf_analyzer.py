@@ -33,10 +33,12 @@ def b64(a):
     return {"b64": base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()}
 
 
-def test_attention_concurrency_sweep(server, tmp_dir):
-    """Two sequences per request (24 and 40 tokens). perf_analyzer asks for data for the
-    optional CU_SEQLENS inputs when it generates random data, and random INT32 would not
-    be valid cu_seqlens, so the tensors are given as --input-data."""
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_attention_concurrency_sweep(server, tmp_dir, protocol):
+    """Two sequences per request (24 and 40 tokens), over gRPC and over HTTP (binary tensors).
+    perf_analyzer asks for data for the optional CU_SEQLENS inputs when it generates random
+    data, and random INT32 would not be valid cu_seqlens, so the tensors are given as
+    --input-data."""
     rng = np.random.default_rng(0)
     q = rng.standard_normal((64, 32, 128)).astype(np.float16)
     kv = rng.standard_normal((64, 8, 128)).astype(np.float16)
@@ -47,7 +49,8 @@ def test_attention_concurrency_sweep(server, tmp_dir):
         "V": {"content": b64(kv), "shape": [64, 8, 128]},
         "CU_SEQLENS_Q": {"content": [0, 24, 64], "shape": [3]},
         "CU_SEQLENS_K": {"content": [0, 24, 64], "shape": [3]}}]}))
-    rows, text = run_pa(["-i", "grpc", "-u", server.url, "-m", "attention", "--input-data", str(data),
+    url = server.url if protocol == "grpc" else server.http_url
+    rows, text = run_pa(["-i", protocol, "-u", url, "-m", "attention", "--input-data", str(data),
                          "--concurrency-range", "1:4:2"], tmp_dir)
     assert "Throughput" in text
     assert sorted(int(r["Concurrency"]) for r in rows) == [1, 3], rows   # the CSV is sorted by throughput

@@ -17,7 +17,7 @@ from conftest import DEMO_CACHE, SERVER_BIN, ServerProcess
 
 DEMO_MODELS = ["attention", "kv_attention", "up_proj_bf16", "down_proj_bf16", "up_proj_int4",
                "down_proj_int4", "up_proj_fp8", "down_proj_fp8"]
-FLAGS = ["--grpc-port", "--metrics-port", "--host", "--model-repository", "--demo-cache-dir", "--backend",
+FLAGS = ["--http-port", "--http-thread-count", "--grpc-port", "--metrics-port", "--host", "--model-repository", "--demo-cache-dir", "--backend",
          "--max-queue-delay-us", "--max-queue-size", "--max-batch-tokens", "--grpc-max-message-bytes",
          "--kv-cache-blocks", "--batch-invariant"]
 
@@ -125,7 +125,7 @@ def test_server_starts_with_every_help_flag_at_its_default():
     """Every flag in --help given explicitly with its documented default (the listening
     address, ports, demo cache and backend take this test's values instead): the server
     starts, serves and stops cleanly."""
-    own = {"host", "grpc-port", "metrics-port", "demo-cache-dir", "backend"}  # set by ServerProcess
+    own = {"host", "grpc-port", "metrics-port", "http-port", "demo-cache-dir", "backend"}  # set by ServerProcess
     # An explicitly empty --auth-token is refused (it would turn authentication off without a word;
     # reliability.defects checks that): its default is given by leaving it out.
     unset = {"auth-token"}

@@ -1,6 +1,7 @@
-"""tritonclient.grpc against the real server: every RPC of the service, inference on
-every demo model with FP16 and BF16 raw tensors, streaming, and kv_attention
-sequences, checked against float64 references."""
+"""tritonclient.grpc and tritonclient.http against the real server: every RPC of the
+service (and its HTTP/REST endpoint), inference on every demo model with FP16 and BF16 raw
+(binary) tensors, streaming (gRPC), and kv_attention sequences, checked against float64
+references. Each test that takes `client` runs once per protocol."""
 import glob
 import os
 import queue
@@ -11,6 +12,7 @@ from importlib.metadata import version as package_version
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from conftest import DEMO_CACHE
@@ -36,17 +38,55 @@ def as_f32(a):
     return a.astype(np.float32) if a.dtype.name == "bfloat16" else a
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    c = grpcclient.InferenceServerClient(server.url)
+class HttpClient:
+    """tritonclient.http with tritonclient.grpc's call forms, so that one test body serves both:
+    as_json= is accepted (HTTP answers are JSON already) and the config comes as {"config": ...}."""
+    module = httpclient
+
+    def __init__(self, url):
+        self._c = httpclient.InferenceServerClient(url)
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+    def get_server_metadata(self, as_json=True):
+        return self._c.get_server_metadata()
+
+    def get_model_metadata(self, model_name, model_version="", as_json=True):
+        return self._c.get_model_metadata(model_name, model_version)
+
+    def get_model_config(self, model_name, model_version="", as_json=True):
+        return {"config": self._c.get_model_config(model_name, model_version)}
+
+    def get_inference_statistics(self, model_name="", model_version="", as_json=True):
+        return self._c.get_inference_statistics(model_name, model_version)
+
+
+@pytest.fixture(scope="module", params=["grpc", "http"])
+def client(server, request):
+    if request.param == "grpc":
+        c = grpcclient.InferenceServerClient(server.url)
+        c.module = grpcclient
+    else:
+        c = HttpClient(server.http_url)
     yield c
     c.close()
 
 
-def make_input(name, arr, dtype):
-    i = grpcclient.InferInput(name, list(arr.shape), dtype)
+def make_input(client, name, arr, dtype):
+    i = client.module.InferInput(name, list(arr.shape), dtype)
     i.set_data_from_numpy(np.ascontiguousarray(arr, NP_IN.get(dtype, arr.dtype)))
     return i
+
+
+def output_datatype(res, name):
+    o = res.get_output(name)
+    return o["datatype"] if isinstance(o, dict) else o.datatype
+
+
+def response_field(res, name):
+    r = res.get_response()
+    return r[name] if isinstance(r, dict) else getattr(r, name)
 
 
 def attention_call(client, rng, dtype, lens_q, lens_k=None, causal=False, scale=None, hq=32, hkv=8, d=128,
@@ -57,9 +97,9 @@ def attention_call(client, rng, dtype, lens_q, lens_k=None, causal=False, scale=
     v = round_to(rng.standard_normal((sum(lens_k), hkv, d)), dtype)
     cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
-    inputs = [make_input("Q", q, dtype), make_input("K", k, dtype), make_input("V", v, dtype),
-              make_input("CU_SEQLENS_Q", cu_q, "INT32"), make_input("CU_SEQLENS_K", cu_k, "INT32")]
-    outputs = [grpcclient.InferRequestedOutput("O")] + ([grpcclient.InferRequestedOutput("LSE")] if lse else [])
+    inputs = [make_input(client, "Q", q, dtype), make_input(client, "K", k, dtype), make_input(client, "V", v, dtype),
+              make_input(client, "CU_SEQLENS_Q", cu_q, "INT32"), make_input(client, "CU_SEQLENS_K", cu_k, "INT32")]
+    outputs = [client.module.InferRequestedOutput("O")] + ([client.module.InferRequestedOutput("LSE")] if lse else [])
     params = {"causal": causal}
     if scale is not None:
         params["softmax_scale"] = float(scale)
@@ -102,17 +142,17 @@ def test_unknown_model_not_ready(client):
     assert not ready
 
 
-def small_attention_inputs(seed=21):
+def small_attention_inputs(client, seed=21):
     rng = np.random.default_rng(seed)
     q = round_to(rng.standard_normal((3, 32, 128)), "FP16")
     kv = round_to(rng.standard_normal((3, 8, 128)), "FP16")
-    return [make_input("Q", q, "FP16"), make_input("K", kv, "FP16"), make_input("V", kv, "FP16")]
+    return [make_input(client, "Q", q, "FP16"), make_input(client, "K", kv, "FP16"), make_input(client, "V", kv, "FP16")]
 
 
 def assert_not_found(call, version):
     with pytest.raises(InferenceServerException) as e:
         call()
-    assert e.value.status() == "StatusCode.NOT_FOUND", (e.value.status(), e.value.message())
+    assert e.value.status() in ("StatusCode.NOT_FOUND", "404"), (e.value.status(), e.value.message())
     assert f"'{version}'" in e.value.message(), e.value.message()
 
 
@@ -120,7 +160,7 @@ def assert_not_found(call, version):
 def test_model_version_that_does_not_exist_is_not_found(client, server, version):
     """Each model serves version 1 (and "" means the latest, 1); any other version is NOT_FOUND
     on every RPC that takes one, inference included, instead of being answered as version 1."""
-    ins = small_attention_inputs()
+    ins = small_attention_inputs(client)
     assert_not_found(lambda: client.infer("attention", ins, model_version=version), version)
     assert not client.is_model_ready("attention", model_version=version)
     assert_not_found(lambda: client.get_model_metadata("attention", model_version=version), version)
@@ -129,10 +169,12 @@ def test_model_version_that_does_not_exist_is_not_found(client, server, version)
     # The versions that exist are answered, under their number.
     for v in ("1", ""):
         res = client.infer("attention", ins, model_version=v)
-        assert res.get_response().model_version == "1", res.get_response()
+        assert response_field(res, "model_version") == "1", res.get_response()
         assert client.is_model_ready("attention", model_version=v)
         assert client.get_model_metadata("attention", model_version=v, as_json=True)["versions"] == ["1"]
-    # Streaming: the error answers that request; the stream goes on.
+    if client.module is not grpcclient:
+        return
+    # Streaming (gRPC only): the error answers that request; the stream goes on.
     c = grpcclient.InferenceServerClient(server.url)
     results = queue.Queue()
     c.start_stream(callback=lambda result, error: results.put((result, error)))
@@ -174,11 +216,11 @@ def test_attention_matches_float64(client, dtype, causal):
     lens_k = lens_q if causal else [9, 17, 80, 33]
     res, (o_ref, lse_ref) = attention_call(client, rng, dtype, lens_q, lens_k, causal=causal)
     o = as_f32(res.as_numpy("O"))
-    out_dtype = res.get_output("O").datatype
+    out_dtype = output_datatype(res, "O")
     assert out_dtype == dtype, f"O datatype {out_dtype}, expected {dtype} (same as Q)"
     assert_close(o.reshape(o_ref.shape), o_ref, dtype, f"attention O {dtype} causal={causal}")
     lse = res.as_numpy("LSE")
-    assert res.get_output("LSE").datatype == "FP32"
+    assert output_datatype(res, "LSE") == "FP32"
     assert_close(lse.reshape(lse_ref.shape), lse_ref, "FP32", "attention LSE", atol=1e-3, rtol=1e-4)
 
 
@@ -194,8 +236,8 @@ def test_attention_without_cu_seqlens_is_one_sequence(client):
     q = round_to(rng.standard_normal((12, 32, 128)), "FP16")
     k = round_to(rng.standard_normal((12, 8, 128)), "FP16")
     v = round_to(rng.standard_normal((12, 8, 128)), "FP16")
-    res = client.infer("attention", [make_input("Q", q, "FP16"), make_input("K", k, "FP16"),
-                                     make_input("V", v, "FP16")], parameters={"causal": True})
+    res = client.infer("attention", [make_input(client, "Q", q, "FP16"), make_input(client, "K", k, "FP16"),
+                                     make_input(client, "V", v, "FP16")], parameters={"causal": True})
     o_ref, _ = attention_ref(q, k, v, causal=True)
     assert_close(as_f32(res.as_numpy("O")).reshape(o_ref.shape), o_ref, "FP16", "attention, no CU_SEQLENS")
 
@@ -205,11 +247,11 @@ def one_key_attention(client, v_value, np_dtype):
     BF16 value the server received for V, whatever the client did to it on the way."""
     ins = []
     for name, shape, value in (("Q", (1, 32, 128), 0.0), ("K", (1, 8, 128), 0.0), ("V", (1, 8, 128), v_value)):
-        i = grpcclient.InferInput(name, list(shape), "BF16")
+        i = client.module.InferInput(name, list(shape), "BF16")
         i.set_data_from_numpy(np.full(shape, value, np_dtype))
         ins.append(i)
     res = client.infer("attention", ins)
-    assert res.get_output("O").datatype == "BF16"
+    assert output_datatype(res, "O") == "BF16"
     return res.as_numpy("O")
 
 
@@ -222,13 +264,13 @@ def test_bf16_through_this_tritonclient(client):
     if BF16_NATIVE:                         # tritonclient >= 2.70
         import ml_dtypes
         with pytest.raises(InferenceServerException, match="ml_dtypes.bfloat16"):
-            grpcclient.InferInput("V", [1], "BF16").set_data_from_numpy(np.array([x], np.float32))
+            client.module.InferInput("V", [1], "BF16").set_data_from_numpy(np.array([x], np.float32))
         o = one_key_attention(client, x, ml_dtypes.bfloat16)
         assert o.dtype == ml_dtypes.bfloat16, o.dtype
         assert set(o.astype(np.float32).ravel()) == {nearest}, "ml_dtypes rounds to nearest"
     else:                                   # tritonclient <= 2.69
         with pytest.raises(InferenceServerException, match="float32"):
-            grpcclient.InferInput("V", [1], "BF16").set_data_from_numpy(np.array([x], np.float16))
+            client.module.InferInput("V", [1], "BF16").set_data_from_numpy(np.array([x], np.float16))
         o = one_key_attention(client, x, np.float32)
         assert o.dtype == np.float32, o.dtype
         assert set(o.ravel()) == {truncated}, "tritonclient truncates float32 to BF16"
@@ -245,9 +287,9 @@ def model_dir(model):
 
 
 def linear(client, model, x, dtype):
-    res = client.infer(model, [make_input("X", x, dtype)])
+    res = client.infer(model, [make_input(client, "X", x, dtype)])
     y = as_f32(res.as_numpy("Y"))
-    assert res.get_output("Y").datatype == dtype, f"{model}: Y datatype {res.get_output('Y').datatype}, X {dtype}"
+    assert output_datatype(res, "Y") == dtype, f"{model}: Y datatype {output_datatype(res, 'Y')}, X {dtype}"
     return y
 
 
@@ -312,8 +354,10 @@ def test_stream_infer_matches_unary(server):
     q = round_to(rng.standard_normal((3, 10, 32, 128)), "FP16")
     k = round_to(rng.standard_normal((3, 10, 8, 128)), "FP16")
     v = round_to(rng.standard_normal((3, 10, 8, 128)), "FP16")
+    c.module = grpcclient
+
     def inputs(i):
-        return [make_input("Q", q[i], "FP16"), make_input("K", k[i], "FP16"), make_input("V", v[i], "FP16")]
+        return [make_input(c, "Q", q[i], "FP16"), make_input(c, "K", k[i], "FP16"), make_input(c, "V", v[i], "FP16")]
     results = queue.Queue()
     c.start_stream(callback=lambda result, error: results.put((result, error)))
     for i in range(3):
@@ -360,14 +404,14 @@ def test_kv_attention_sequence(client, dtype, seq_id):
         v = round_to(rng.standard_normal((n, 8, 128)), dtype)
         ks.append(k)
         vs.append(v)
-        res = client.infer("kv_attention", [make_input("Q", q, dtype), make_input("K", k, dtype),
-                                            make_input("V", v, dtype)],
+        res = client.infer("kv_attention", [make_input(client, "Q", q, dtype), make_input(client, "K", k, dtype),
+                                            make_input(client, "V", v, dtype)],
                            sequence_id=seq_id, sequence_start=(i == 0), sequence_end=(i == len(steps) - 1))
         o = as_f32(res.as_numpy("O"))
         o_ref, _ = attention_ref(q, np.concatenate(ks), np.concatenate(vs), causal=True)
         assert_close(o.reshape(o_ref.shape), o_ref, dtype, f"kv_attention step {i} ({n} tokens)")
     # Ended: the id can be started again.
-    res = client.infer("kv_attention", [make_input("Q", q, dtype), make_input("K", k, dtype), make_input("V", v, dtype)],
+    res = client.infer("kv_attention", [make_input(client, "Q", q, dtype), make_input(client, "K", k, dtype), make_input(client, "V", v, dtype)],
                        sequence_id=seq_id, sequence_start=True, sequence_end=True)
     o_ref, _ = attention_ref(q, k, v, causal=True)
     assert_close(as_f32(res.as_numpy("O")).reshape(o_ref.shape), o_ref, dtype, "kv_attention restarted sequence")

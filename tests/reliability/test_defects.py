@@ -184,7 +184,7 @@ def test_model_versions_that_do_not_exist(server):
 
 
 def test_empty_auth_token_is_refused():
-    p = subprocess.run([rel.SERVER_BIN, "--auth-token=", "--grpc-port=0", "--metrics-port=0", "--backend=cpu",
+    p = subprocess.run([rel.SERVER_BIN, "--auth-token=", "--grpc-port=0", "--metrics-port=0", "--http-port=0", "--backend=cpu",
                         f"--model-repository={rel.shared_repository()}"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--auth-token is empty" in p.stderr, (p.returncode, p.stderr)
 
@@ -257,7 +257,7 @@ def test_bad_configs_are_refused_at_start(tmp_path, case):
     if change:
         change(repo)
     t0 = time.monotonic()
-    p = subprocess.run([rel.SERVER_BIN, "--grpc-port=0", "--metrics-port=0", "--backend=cpu", "--host=127.0.0.1",
+    p = subprocess.run([rel.SERVER_BIN, "--grpc-port=0", "--metrics-port=0", "--http-port=0", "--backend=cpu", "--host=127.0.0.1",
                         f"--model-repository={repo}", *flags], capture_output=True, text=True, timeout=120)
     assert p.returncode in (1, 2), f"{case}: exit {p.returncode} (a signal is negative)\n{p.stderr[-2000:]}"
     for w in words:

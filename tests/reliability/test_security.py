@@ -118,6 +118,40 @@ def test_mtls_refuses_missing_and_wrong_client_certificates(pki):
         assert srv.stop() == 0, srv.log()
 
 
+def curl_https(srv, pki, ca="ca_a", client=None, scheme="https"):
+    """The HTTP status of GET /v2/health/ready on the server's HTTP port, or curl's exit code as a
+    negative number when the connection or the handshake fails."""
+    cmd = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "20",
+           f"{scheme}://127.0.0.1:{srv.http_port}/v2/health/ready"]
+    if scheme == "https":
+        cmd += ["--cacert", str(pki / f"{ca}.pem")]
+    if client:
+        cmd += ["--cert", str(pki / f"{client}.pem"), "--key", str(pki / f"{client}.key")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    return int(p.stdout) if p.returncode == 0 else -p.returncode
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+def test_https_and_mutual_tls_on_the_http_port(pki):
+    """The HTTP port takes the same TLS files: HTTPS only, and with --tls-ca a client certificate
+    from that CA is required."""
+    srv = tls_server(pki, name="https")
+    try:
+        assert curl_https(srv, pki) == 200
+        assert curl_https(srv, pki, ca="ca_b") < 0              # cannot verify the server
+        assert curl_https(srv, pki, scheme="http") < 0          # plaintext to an HTTPS port
+    finally:
+        assert srv.stop() == 0, srv.log()
+    srv = tls_server(pki, f"--tls-ca={pki / 'ca_a.pem'}", name="https-mtls")
+    try:
+        assert curl_https(srv, pki, client="client") == 200
+        assert curl_https(srv, pki) < 0                         # no client certificate
+        assert curl_https(srv, pki, client="impostor") < 0      # signed by CA B
+        assert curl_https(srv, pki, client="client") == 200     # still serving
+    finally:
+        assert srv.stop() == 0, srv.log()
+
+
 def admin_calls(st, md):
     """Every non-probe RPC except inference: name -> status code."""
     calls = {
@@ -260,7 +294,7 @@ def test_mtls_and_token_together(pki):
 ])
 def test_bad_security_flags_stop_the_server(pki, flags, words):
     (pki / "empty").write_text("\n")
-    cmd = [rel.SERVER_BIN, "--grpc-port=0", "--metrics-port=0", "--backend=cpu",
+    cmd = [rel.SERVER_BIN, "--grpc-port=0", "--metrics-port=0", "--http-port=0", "--backend=cpu",
            f"--model-repository={rel.shared_repository()}"] + [f.format(pki=pki) for f in flags]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, (p.returncode, p.stderr)

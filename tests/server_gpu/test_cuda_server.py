@@ -271,11 +271,11 @@ def free_port():
 
 class Server:
     def __init__(self, binary, repo, backend, log_path):
-        self.port, self.metrics_port = free_port(), free_port()
+        self.port, self.metrics_port, self.http_port = free_port(), free_port(), free_port()
         self.log_path = log_path
         self.backend = backend
         self.cmd = [binary, f"--model-repository={repo}", f"--backend={backend}", "--host=127.0.0.1",
-                    f"--grpc-port={self.port}", f"--metrics-port={self.metrics_port}"]
+                    f"--grpc-port={self.port}", f"--metrics-port={self.metrics_port}", f"--http-port={self.http_port}"]
         if backend == "cuda":
             self.cmd += ["--gpu-arena-mb=2048", "--gpu-staging-mb=64"]
         self.proc = None
@@ -316,6 +316,40 @@ class Server:
             return "hung"
         finally:
             self.logf.close()
+
+
+def http_and_metrics(server, client):
+    """HTTP/REST and /metrics in this process, which links cuBLASLt (its 94 KB static TLS block
+    breaks libraries whose threads have small stacks): binary tensors over HTTP give the gRPC
+    result bitwise, and a scrape answers."""
+    import urllib.request
+    import tritonclient.grpc as grpcclient
+    base = f"http://127.0.0.1:{server.http_port}"
+    assert urllib.request.urlopen(base + "/v2/health/ready", timeout=30).status == 200
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((7, 8, 128)).astype(np.float16)
+    kv = rng.standard_normal((7, 2, 128)).astype(np.float16)
+    ins = []
+    for name, a in (("Q", q), ("K", kv), ("V", kv)):
+        i = grpcclient.InferInput(name, list(a.shape), "FP16")
+        i.set_data_from_numpy(a)
+        ins.append(i)
+    want = client.infer("attention", ins).as_numpy("O")
+    header = json.dumps({"inputs": [{"name": n, "shape": list(a.shape), "datatype": "FP16",
+                                     "parameters": {"binary_data_size": a.nbytes}}
+                                    for n, a in (("Q", q), ("K", kv), ("V", kv))],
+                         "outputs": [{"name": "O", "parameters": {"binary_data": True}}]}).encode()
+    req = urllib.request.Request(base + "/v2/models/attention/infer", method="POST",
+                                 data=header + q.tobytes() + kv.tobytes() + kv.tobytes(),
+                                 headers={"Inference-Header-Content-Length": str(len(header)),
+                                          "Content-Type": "application/octet-stream"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        n = int(r.headers["Inference-Header-Content-Length"])
+        body = r.read()
+    got = np.frombuffer(body[n:], np.float16).reshape(want.shape)
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), "HTTP and gRPC outputs differ"
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30).read()
+    assert b"flashq_" in metrics
 
 
 def gpu_visible():
@@ -803,7 +837,8 @@ def main():
     results = []
     steps = [("metadata", checks.metadata), ("attention ragged/causal/GQA", checks.attention),
              ("kv_attention prefill + decode", checks.kv), ("linear, every format", checks.linear),
-             ("system shared memory, bitwise as gRPC", lambda: checks.shared_memory(cuda=False))]
+             ("system shared memory, bitwise as gRPC", lambda: checks.shared_memory(cuda=False)),
+             ("HTTP/REST bitwise as gRPC, and /metrics", lambda: http_and_metrics(server, client))]
     if a.backend == "cuda":
         steps += [("CUDA shared memory, bitwise as gRPC", lambda: checks.shared_memory(cuda=True)),
                   ("CUDA shared memory, bad regions", checks.cuda_shared_memory_errors),
