@@ -83,12 +83,22 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
   grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(grpc::CallbackServerContext*,
                                                        const inference::CudaSharedMemoryUnregisterRequest*,
                                                        inference::CudaSharedMemoryUnregisterResponse*) override;
+  // Model control (Triton's model repository extension), through InferenceServer's
+  // LoadModel, UnloadModel and RepositoryIndex.
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext*, const inference::RepositoryIndexRequest*,
+                                            inference::RepositoryIndexResponse*) override;
+  grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext*,
+                                                const inference::RepositoryModelLoadRequest*,
+                                                inference::RepositoryModelLoadResponse*) override;
+  grpc::ServerUnaryReactor* RepositoryModelUnload(grpc::CallbackServerContext*,
+                                                  const inference::RepositoryModelUnloadRequest*,
+                                                  inference::RepositoryModelUnloadResponse*) override;
 
  private:
-  // The model's config; null with NOT_FOUND in `error` for an unknown model, or for a
-  // version other than "1" (or empty: the latest), the only one served.
-  const inference::ModelConfig* FindConfig(const std::string& name, const std::string& version,
-                                           grpc::Status* error) const;
+  // The served model (held for the caller's use); null with the error in `error`:
+  // NOT_FOUND for an unknown model or version, UNAVAILABLE for one not loaded.
+  std::shared_ptr<const Model> FindModel(const std::string& name, const std::string& version,
+                                         grpc::Status* error) const;
   grpc::Status Authenticate(const grpc::CallbackServerContext& ctx, bool inference) const;
   const std::string version_;
   std::atomic<InferenceServer*> server_{nullptr};
