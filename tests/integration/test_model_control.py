@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import TEST_TMP, ServerProcess
-from helpers import wait_for
+from helpers import metric, scrape, wait_for
 
 ATTENTION = """name: "{name}"
 max_batch_size: 0
@@ -59,14 +59,18 @@ def serve():
         s.assert_clean_stop()
 
 
-def infer(client, model, version=""):
-    q = np.random.default_rng(0).standard_normal((4, 2, 64)).astype(np.float16)
+def attention_inputs(tokens=4, heads=2):
+    q = np.random.default_rng(0).standard_normal((tokens, heads, 64)).astype(np.float16)
     inputs = []
     for n in "QKV":
         t = grpcclient.InferInput(n, list(q.shape), "FP16")
         t.set_data_from_numpy(q)
         inputs.append(t)
-    return client.infer(model, inputs, model_version=version)
+    return inputs
+
+
+def infer(client, model, version=""):
+    return client.infer(model, attention_inputs(), model_version=version)
 
 
 def index(client, ready=False):
@@ -174,6 +178,27 @@ def test_load_unload_and_reload_under_load_lose_no_request(repo, serve):
             t.join()
     assert not errors, errors[:5]
     assert done[0] > 20, done
+
+
+def test_unload_answers_the_requests_in_flight(repo, serve):
+    """Requests admitted before an unload are computed and answered OK; the unload returns
+    once they are; requests after it get UNAVAILABLE."""
+    add_model(repo, "slow")
+    s, c = serve(repo, "--model-control-mode=explicit", "--load-model=slow")
+    inputs, n, answers = attention_inputs(tokens=1024, heads=8), 4, []
+    for _ in range(n):
+        c.async_infer("slow", inputs, lambda result, error: answers.append((result, error)))
+
+    def in_flight():
+        return metric(scrape(s.metrics_url)[0], "flashq_inflight_requests", model="slow")
+    wait_for(lambda: in_flight() + len(answers) >= n, timeout=60, what="every request admitted")
+    unanswered = n - len(answers)
+    c.unload_model("slow")
+    wait_for(lambda: len(answers) == n, timeout=60, what="every request answered")
+    assert [e for _, e in answers if e is not None] == []
+    assert all(r.as_numpy("O").shape == (1024, 8, 64) for r, _ in answers)
+    assert unanswered >= 1, "every request finished before the unload: nothing was drained"
+    assert error_of(lambda: infer(c, "slow")).status() == "StatusCode.UNAVAILABLE"
 
 
 def test_versions_route_and_missing_versions_are_not_found(repo, serve):
