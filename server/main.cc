@@ -400,6 +400,7 @@ int Run(const Options& o) {
   (*server)->Drain();
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   grpc_server->Wait();
+  service.WaitForControlCalls();  // a load or unload still running uses the server
   triton_metrics->SetSources({}, {});  // waits for a scrape that reads the server
   server->reset();
   // Regions page-locked or opened by the backend are released while it still runs.

@@ -299,18 +299,25 @@ grpc::ServerUnaryReactor* GrpcInferenceService::RepositoryIndex(grpc::CallbackSe
   return Reply(ctx, grpc::Status::OK);
 }
 
-namespace {
-
-// Loading reads weights and warms a model up, which may take seconds: it runs on a
-// thread of its own rather than on one of gRPC's callback threads.
 template <typename Fn>
-grpc::ServerUnaryReactor* ReplyLater(grpc::CallbackServerContext* ctx, Fn fn) {
+grpc::ServerUnaryReactor* GrpcInferenceService::RunControl(grpc::CallbackServerContext* ctx, Fn fn) {
   auto* reactor = ctx->DefaultReactor();
-  std::thread([reactor, fn = std::move(fn)] { reactor->Finish(ToGrpc(fn())); }).detach();
+  {
+    std::lock_guard<std::mutex> l(control_mu_);
+    ++control_calls_;
+  }
+  std::thread([this, reactor, fn = std::move(fn)] {
+    reactor->Finish(ToGrpc(fn()));
+    std::lock_guard<std::mutex> l(control_mu_);
+    if (--control_calls_ == 0) control_cv_.notify_all();
+  }).detach();
   return reactor;
 }
 
-}  // namespace
+void GrpcInferenceService::WaitForControlCalls() {
+  std::unique_lock<std::mutex> l(control_mu_);
+  control_cv_.wait(l, [this] { return control_calls_ == 0; });
+}
 
 grpc::ServerUnaryReactor* GrpcInferenceService::RepositoryModelLoad(grpc::CallbackServerContext* ctx,
                                                                     const inference::RepositoryModelLoadRequest* req,
@@ -321,7 +328,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::RepositoryModelLoad(grpc::Callba
   if (grpc::Status p = CheckNoParameters(req->parameters(), "RepositoryModelLoad"); !p.ok()) return Reply(ctx, p);
   if (req->model_name().empty())
     return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "RepositoryModelLoad: model_name is empty"));
-  return ReplyLater(ctx, [s, name = req->model_name()] { return s->LoadModel(name); });
+  return RunControl(ctx, [s, name = req->model_name()] { return s->LoadModel(name); });
 }
 
 grpc::ServerUnaryReactor* GrpcInferenceService::RepositoryModelUnload(grpc::CallbackServerContext* ctx,
@@ -334,7 +341,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::RepositoryModelUnload(grpc::Call
   if (req->model_name().empty())
     return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "RepositoryModelUnload: model_name is empty"));
   // Draining waits for the model's queued requests to be answered.
-  return ReplyLater(ctx, [s, name = req->model_name()] { return s->UnloadModel(name); });
+  return RunControl(ctx, [s, name = req->model_name()] { return s->UnloadModel(name); });
 }
 
 namespace {

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 
 #include "grpc_service.grpc.pb.h"
@@ -83,8 +85,14 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
   grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(grpc::CallbackServerContext*,
                                                        const inference::CudaSharedMemoryUnregisterRequest*,
                                                        inference::CudaSharedMemoryUnregisterResponse*) override;
+  // Blocks until every RepositoryModelLoad/Unload still running has answered. Call it
+  // after the gRPC server has shut down and before the InferenceServer goes away.
+  void WaitForControlCalls();
+
   // Model control (Triton's model repository extension), through InferenceServer's
-  // LoadModel, UnloadModel and RepositoryIndex.
+  // LoadModel, UnloadModel and RepositoryIndex. Loads and unloads may take seconds
+  // (weights, warm-up, draining), so each runs on a thread of its own, not on one of
+  // gRPC's callback threads.
   grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext*, const inference::RepositoryIndexRequest*,
                                             inference::RepositoryIndexResponse*) override;
   grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext*,
@@ -107,6 +115,11 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
   bool auth_inference_ = true;
   StreamLimits stream_limits_;
   SharedMemoryRegistry* shared_memory_ = nullptr;
+  std::mutex control_mu_;
+  std::condition_variable control_cv_;
+  int control_calls_ = 0;  // RepositoryModelLoad/Unload threads still running
+  template <typename Fn>
+  grpc::ServerUnaryReactor* RunControl(grpc::CallbackServerContext* ctx, Fn fn);
 };
 
 // Moves a finished work's outputs into a response (raw_output_contents). An output
