@@ -116,6 +116,10 @@ std::string ModelFolderFingerprint(const std::string& dir) {
   std::vector<std::string> parts;
   for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code e2;
+    if (it->is_directory(e2)) {  // a new, still empty version folder is a change too
+      parts.push_back(fs::relative(it->path(), dir, e2).string() + "/");
+      continue;
+    }
     if (!it->is_regular_file(e2)) continue;
     const auto size = it->file_size(e2);
     const auto mtime = it->last_write_time(e2).time_since_epoch().count();

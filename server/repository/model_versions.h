@@ -29,8 +29,8 @@ absl::StatusOr<std::vector<std::string>> ListModelFolders(const std::string& roo
 // Reads `root`/`name`/config.pbtxt into an entry (ParseModelConfigFile's checks).
 absl::StatusOr<ModelEntry> ReadModelEntry(const std::string& root, const std::string& name);
 
-// A fingerprint of a model folder: its config and the names, sizes and modification
-// times of every file under it. Two equal fingerprints mean nothing to reload.
+// A fingerprint of a model folder: the names of its sub-folders and the names, sizes
+// and modification times of every file under it (the config included). Two equal fingerprints mean nothing to reload.
 std::string ModelFolderFingerprint(const std::string& dir);
 
 }  // namespace flashq::server

@@ -242,6 +242,9 @@ def test_poll_mode_follows_the_repository(repo, serve):
     assert infer(c, "c").get_response().model_name == "c"
     e = error_of(lambda: c.load_model("c"))
     assert "explicit" in e.message(), e
+    (repo / "c" / "2").mkdir()  # a version folder: the model reloads, serving version 2
+    wait_for(lambda: c.is_model_ready("c", "2"), timeout=30, what="poll reloads c with version 2")
+    assert infer(c, "c").get_response().model_version == "2"
     shutil.rmtree(repo / "a")
     wait_for(lambda: not c.is_model_ready("a"), timeout=30, what="poll unloads the removed folder a")
     assert infer(c, "c").get_response().model_name == "c"

@@ -97,8 +97,10 @@ TEST_F(ModelVersionsTest, ListsModelFoldersAndFingerprintsChange) {
   EXPECT_EQ(*names, (std::vector<std::string>{"m"}));
   const std::string before = ModelFolderFingerprint((root_ / "m").string());
   Folders({"2"});
+  const std::string with_folder = ModelFolderFingerprint((root_ / "m").string());
+  EXPECT_NE(with_folder, before) << "an empty version folder counts";
   std::ofstream(root_ / "m" / "2" / "model.safetensors") << "x";
-  EXPECT_NE(ModelFolderFingerprint((root_ / "m").string()), before);
+  EXPECT_NE(ModelFolderFingerprint((root_ / "m").string()), with_folder);
   EXPECT_FALSE(ReadModelEntry(root_.string(), "../m").ok()) << "names stay inside the repository";
   EXPECT_EQ(ReadModelEntry(root_.string(), "absent").status().code(), absl::StatusCode::kNotFound);
 }
