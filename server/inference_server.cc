@@ -30,6 +30,7 @@ std::string CodeName(absl::StatusCode c) {
 constexpr int64_t kMaxRequestIdBytes = 1024;
 constexpr int kDefaultLoadThreads = 8;
 constexpr int64_t kResponseOverheadBytes = 2048;
+constexpr auto kReleaseWait = std::chrono::seconds(2);
 
 uint64_t Ns(Clock::duration d) { return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); }
 
@@ -239,6 +240,19 @@ InferenceServer::VersionSet InferenceServer::Publish(const std::string& name, Ve
   return old;
 }
 
+void InferenceServer::Retire(VersionSet& versions) {
+  // No request can enter these queues any more (admission happens under mu_, and the
+  // versions left the map under it): answer what they hold and stop their workers.
+  for (auto& [v, s] : versions) s->scheduler->Shutdown();
+  // What still holds a model now is brief (a metadata call, the housekeeping tick): wait
+  // for it, so that unloads and reloads return with the memory freed. A holder that
+  // stays longer than kReleaseWait only delays the destruction until it lets go.
+  const auto until = Clock::now() + kReleaseWait;
+  for (auto& [v, s] : versions)
+    while (s.use_count() > 1 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  versions.clear();
+}
+
 absl::Status InferenceServer::LoadModel(const std::string& name) {
   if (control_ != ModelControlMode::kExplicit) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -274,11 +288,10 @@ absl::Status InferenceServer::LoadLocked(const std::string& name) {
   std::vector<std::string> versions;
   for (const auto& [v, s] : (*built)[0]) versions.insert(versions.begin(), std::to_string(v));
   VersionSet old = Publish(name, std::move((*built)[0]));
-  // The replaced versions answer what they admitted, then go (with their memory) once
-  // the last request holding them finishes, normally here.
-  for (auto& [v, s] : old) s->scheduler->Shutdown();
+  const bool reloaded = !old.empty();
+  Retire(old);
   if (log_) {
-    log_(name, absl::StrCat(old.empty() ? "loaded" : "reloaded", ", version(s) ", absl::StrJoin(versions, ", ")));
+    log_(name, absl::StrCat(reloaded ? "reloaded" : "loaded", ", version(s) ", absl::StrJoin(versions, ", ")));
   }
   return absl::OkStatus();
 }
@@ -307,10 +320,7 @@ absl::Status InferenceServer::UnloadLocked(const std::string& name, const std::s
     models_.erase(it);
     unavailable_[name] = reason;
   }
-  // No request can enter these queues any more (they were admitted under mu_); answer
-  // the ones they hold, stop their workers, then drop the models.
-  for (auto& [v, s] : old) s->scheduler->Shutdown();
-  old.clear();
+  Retire(old);
   if (log_) log_(name, reason);
   return absl::OkStatus();
 }

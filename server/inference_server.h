@@ -141,6 +141,8 @@ class InferenceServer {
   absl::StatusOr<std::shared_ptr<Served>> Wrap(const ModelEntry& entry, int64_t version, std::unique_ptr<Model> model);
   // Publishes `versions` as `name`'s served set; returns the set it replaced.
   VersionSet Publish(const std::string& name, VersionSet versions);
+  // Drains versions taken out of the served set and destroys them.
+  void Retire(VersionSet& versions);
   absl::Status LoadLocked(const std::string& name);
   absl::Status UnloadLocked(const std::string& name, const std::string& reason);
   std::vector<std::shared_ptr<Served>> Snapshot() const;
