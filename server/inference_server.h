@@ -99,13 +99,16 @@ class InferenceServer {
   // Every served model version.
   std::vector<std::shared_ptr<const Model>> models() const;
 
-  // Model control (explicit mode; FAILED_PRECONDITION in the others). LoadModel reads the
-  // model's folder from the repository, loads and warms up its versions, then publishes
-  // them (replacing a loaded model's versions at once). Errors name the model and the
-  // cause; the models already served are untouched.
+  // Model control (explicit mode; FAILED_PRECONDITION in the others). Both block for
+  // seconds (weights, warm-up, draining): call them from a thread that may wait. Loads
+  // and unloads run one at a time. LoadModel reads the model's folder from the
+  // repository, loads and warms up its versions, then publishes them (replacing a loaded
+  // model's versions at once). Errors name the model and the cause; the models already
+  // served are untouched.
   absl::Status LoadModel(const std::string& name);
-  // Stops admitting requests to `name`, answers those admitted, then frees the model.
-  // NOT_FOUND if it is not loaded.
+  // Stops admitting requests to `name`, answers those admitted, then destroys the model
+  // (returning once it is, after at most a short wait for transient holders). OK if it
+  // is already unloaded; NOT_FOUND for a name the server does not know.
   absl::Status UnloadModel(const std::string& name);
   // Every model of the repository (and any served model no longer in it), by name and
   // version, with its state. ready_only: only the served ones.
