@@ -465,62 +465,67 @@ void InferenceServer::CountRejected(const std::string& model, absl::StatusCode c
 void InferenceServer::Infer(const inference::ModelInferRequest& request, std::optional<Clock::time_point> deadline,
                             std::function<bool()> cancelled, Done done) {
   const auto start = Clock::now();
-  // Held until the request is admitted into its model's queue (see mu_).
-  absl::ReaderMutexLock l(&mu_);
-  absl::Status missing;
-  std::shared_ptr<Served> sp = LookupLocked(request.model_name(), request.model_version(), &missing);
-  if (!sp) {
-    const bool known = missing.code() != absl::StatusCode::kNotFound || models_.count(request.model_name());
-    metrics_.CountRequest(known ? request.model_name() : request.model_name().empty() ? "(none)" : "(unknown)",
-                          CodeName(missing.code()));
-    done(missing, nullptr);
-    return;
-  }
-  Served& s = *sp;
-  auto finish = [this, sp, start, deadline, cancelled](const absl::Status& status, Work* work, uint64_t queue_ns,
-                                                       uint64_t compute_ns, const Done& done) {
-    Served& s = *sp;
-    absl::Status st = status.ok() && work ? work->status : status;
-    // A client that gave up while its request computed never sees the result: count it
-    // as the client saw it, not as OK.
-    if (st.ok() && deadline && Clock::now() >= *deadline) {
-      st = absl::DeadlineExceededError("the request passed its deadline while it was computed");
-    } else if (st.ok() && cancelled && cancelled()) {
-      st = absl::CancelledError("the client cancelled the request while it was computed");
-    }
-    const uint64_t total_ns = Ns(Clock::now() - start);
-    if (st.ok()) {
-      s.stats->RecordSuccess(total_ns, queue_ns, compute_ns);
-      s.metrics->total_seconds->Observe(double(total_ns) * 1e-9);
+  std::shared_ptr<Served> sp;
+  absl::Status refused;  // answered once mu_ is released, so that `done` may call back in
+  std::string label;     // the metrics label of a request for no served model
+  Finish finish;
+  {
+    // Held until the request is admitted into its model's queue (see mu_).
+    absl::ReaderMutexLock l(&mu_);
+    sp = LookupLocked(request.model_name(), request.model_version(), &refused);
+    if (!sp) {
+      const bool known = refused.code() != absl::StatusCode::kNotFound || models_.count(request.model_name());
+      label = known ? request.model_name() : request.model_name().empty() ? "(none)" : "(unknown)";
     } else {
-      s.stats->RecordFailure(total_ns);
+      finish = [this, sp, start, deadline, cancelled](const absl::Status& status, Work* work, uint64_t queue_ns,
+                                                      uint64_t compute_ns, const Done& done) {
+        Served& s = *sp;
+        absl::Status st = status.ok() && work ? work->status : status;
+        // A client that gave up while its request computed never sees the result: count it
+        // as the client saw it, not as OK.
+        if (st.ok() && deadline && Clock::now() >= *deadline) {
+          st = absl::DeadlineExceededError("the request passed its deadline while it was computed");
+        } else if (st.ok() && cancelled && cancelled()) {
+          st = absl::CancelledError("the client cancelled the request while it was computed");
+        }
+        const uint64_t total_ns = Ns(Clock::now() - start);
+        if (st.ok()) {
+          s.stats->RecordSuccess(total_ns, queue_ns, compute_ns);
+          s.metrics->total_seconds->Observe(double(total_ns) * 1e-9);
+        } else {
+          s.stats->RecordFailure(total_ns);
+        }
+        metrics_.CountRequest(s.model->name(), CodeName(st.code()));
+        LogFault(s.model->name(), st);
+        s.metrics->inflight->Decrement();
+        UpdateKvGauges(s);
+        done(st, work);
+      };
+      sp->metrics->inflight->Increment();
+      refused = Admit(*sp, request, deadline, std::move(cancelled), finish, done);
     }
-    metrics_.CountRequest(s.model->name(), CodeName(st.code()));
-    LogFault(s.model->name(), st);
-    s.metrics->inflight->Decrement();
-    UpdateKvGauges(s);
-    done(st, work);
-  };
-  s.metrics->inflight->Increment();
-  if (draining_) {
-    finish(absl::UnavailableError("server is shutting down"), nullptr, 0, 0, done);
-    return;
   }
+  if (!sp) {
+    metrics_.CountRequest(label, CodeName(refused.code()));
+    done(refused, nullptr);
+  } else if (!refused.ok()) {
+    finish(refused, nullptr, 0, 0, done);
+  }
+}
+
+absl::Status InferenceServer::Admit(Served& s, const inference::ModelInferRequest& request,
+                                    std::optional<Clock::time_point> deadline, std::function<bool()> cancelled,
+                                    const Finish& finish, const Done& done) {
+  if (draining_) return absl::UnavailableError("server is shutting down");
   if (request.id().size() > kMaxRequestIdBytes) {
-    finish(absl::InvalidArgumentError(absl::StrCat("request id is ", request.id().size(), " bytes; the limit is ",
-                                                   kMaxRequestIdBytes)),
-           nullptr, 0, 0, done);
-    return;
+    return absl::InvalidArgumentError(absl::StrCat("request id is ", request.id().size(), " bytes; the limit is ",
+                                                   kMaxRequestIdBytes));
   }
   auto work = s.model->Prepare(request, shared_memory_);
-  if (!work.ok()) {
-    finish(work.status(), nullptr, 0, 0, done);
-    return;
-  }
+  if (!work.ok()) return work.status();
   if (absl::Status bound = BindSharedMemoryOutputs(request, shared_memory_, **work); !bound.ok()) {
     s.model->Drop(**work, bound);
-    finish(bound, nullptr, 0, 0, done);
-    return;
+    return bound;
   }
   // Refused before compute: a response over the frontend's message limit could not be sent.
   const int64_t message_bytes = (*work)->MessageBytes();
@@ -532,8 +537,7 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
         "the outputs of this request come to ", message_bytes, " bytes; responses are limited to ",
         max_response_bytes_, " bytes (--grpc-max-message-bytes); send fewer tokens or rows per request"));
     s.model->Drop(**work, too_big);
-    finish(too_big, nullptr, 0, 0, done);
-    return;
+    return too_big;
   }
   auto p = std::make_unique<Pending>();
   p->work = std::move(*work);
@@ -542,8 +546,7 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
   p->deadline = deadline;
   p->cancelled = std::move(cancelled);
   p->done = [finish, done](Pending& p, const absl::Status& st) { finish(st, p.work.get(), p.queue_ns, p.compute_ns, done); };
-  absl::Status admitted = s.scheduler->Enqueue(std::move(p));
-  if (!admitted.ok()) finish(admitted, nullptr, 0, 0, done);
+  return s.scheduler->Enqueue(std::move(p));  // a refusal has dropped the work
 }
 
 }  // namespace flashq::server

@@ -81,7 +81,8 @@ class InferenceServer {
                                                                  const InferenceServerOptions& options);
   ~InferenceServer();
 
-  // Called exactly once per request: with the finished work, or with an error (work may be null).
+  // Called exactly once per request: with the finished work, or with an error (work may be
+  // null); on the calling thread or a worker, never under the server's locks.
   using Done = std::function<void(const absl::Status&, Work* work)>;
   void Infer(const inference::ModelInferRequest& request, std::optional<Clock::time_point> deadline,
              std::function<bool()> cancelled, Done done);
@@ -144,6 +145,12 @@ class InferenceServer {
   absl::StatusOr<std::shared_ptr<Served>> Wrap(const ModelEntry& entry, int64_t version, std::unique_ptr<Model> model);
   // Publishes `versions` as `name`'s served set; returns the set it replaced.
   VersionSet Publish(const std::string& name, VersionSet versions);
+  using Finish = std::function<void(const absl::Status&, Work*, uint64_t queue_ns, uint64_t compute_ns, const Done&)>;
+  // Prepares a request and admits it into `s`'s queue, under mu_ (shared). An error:
+  // nothing was admitted, and the caller answers it.
+  absl::Status Admit(Served& s, const inference::ModelInferRequest& request, std::optional<Clock::time_point> deadline,
+                     std::function<bool()> cancelled, const Finish& finish, const Done& done)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Drains versions taken out of the served set and destroys them.
   void Retire(VersionSet& versions);
   absl::Status LoadLocked(const std::string& name);
