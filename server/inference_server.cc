@@ -4,8 +4,10 @@
 #include <atomic>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/core/client_text.h"
@@ -28,6 +30,7 @@ std::string CodeName(absl::StatusCode c) {
 constexpr int64_t kMaxRequestIdBytes = 1024;
 constexpr int kDefaultLoadThreads = 8;
 constexpr int64_t kResponseOverheadBytes = 2048;
+constexpr auto kReleaseWait = std::chrono::seconds(2);
 
 uint64_t Ns(Clock::duration d) { return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); }
 
@@ -60,30 +63,60 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
 
 }  // namespace
 
+absl::StatusOr<ModelControlMode> ParseModelControlMode(const std::string& s) {
+  if (s == "none") return ModelControlMode::kNone;
+  if (s == "explicit") return ModelControlMode::kExplicit;
+  if (s == "poll") return ModelControlMode::kPoll;
+  return absl::InvalidArgumentError(absl::StrCat("model control mode ", Quoted(s), ": expected none, explicit or poll"));
+}
+
 absl::StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Create(const std::vector<ModelEntry>& entries,
                                                                          Backend& backend, ServerMetrics& metrics,
                                                                          const InferenceServerOptions& options) {
-  std::unique_ptr<InferenceServer> server(
-      new InferenceServer(metrics, options.max_response_bytes, options.shared_memory));
+  std::unique_ptr<InferenceServer> server(new InferenceServer(backend, metrics, options));
   server->log_ = options.load.log;
-  const size_t n = entries.size();
-  std::vector<SchedulerOptions> sched(n);
-  for (size_t i = 0; i < n; ++i) {
-    auto s = SchedulerOptionsFor(entries[i].config, options);
-    if (!s.ok()) return s.status();
-    sched[i] = *s;
+  auto built = server->Build(entries, /*record_times=*/true);
+  if (!built.ok()) return built.status();
+  {
+    absl::MutexLock l(&server->mu_);
+    for (size_t i = 0; i < entries.size(); ++i) server->models_[entries[i].config.name()] = std::move((*built)[i]);
   }
+  if (options.control == ModelControlMode::kPoll) {
+    for (const ModelEntry& e : entries) server->fingerprints_[e.config.name()] = ModelFolderFingerprint(e.dir);
+  }
+  server->housekeeping_ = std::thread([s = server.get()] { s->Housekeeping(); });
+  if (options.control == ModelControlMode::kPoll && !options.repository.empty()) {
+    server->poll_ = std::thread([s = server.get()] { s->Poll(); });
+  }
+  return server;
+}
 
-  // Models load in parallel on a bounded pool of threads, each taking the next entry:
+absl::StatusOr<std::vector<InferenceServer::VersionSet>> InferenceServer::Build(const std::vector<ModelEntry>& entries,
+                                                                                bool record_times) {
+  // Every served version of every entry is one job.
+  struct Job {
+    size_t entry;
+    ModelVersion version;
+  };
+  std::vector<Job> jobs;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (auto s = SchedulerOptionsFor(entries[i].config, options_); !s.ok()) return s.status();
+    auto versions = ServedVersions(entries[i]);
+    if (!versions.ok()) return versions.status();
+    for (ModelVersion& v : *versions) jobs.push_back({i, std::move(v)});
+  }
+  const size_t n = jobs.size();
+
+  // Models load in parallel on a bounded pool of threads, each taking the next job:
   // reading and unpacking weights is host work that scales with cores, and uploads and
   // warm-ups of different models overlap. Every model that reads a checkpoint file shares
   // one mapping of it through `checkpoints`, which unmaps everything once loading ends.
   CheckpointCache checkpoints;
-  ModelLoadOptions load = options.load;
+  ModelLoadOptions load = options_.load;
   if (load.checkpoints == nullptr) load.checkpoints = &checkpoints;
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   const size_t threads =
-      std::min(n, size_t(options.load_threads > 0 ? options.load_threads : std::min(hw, kDefaultLoadThreads)));
+      std::min(n, size_t(options_.load_threads > 0 ? options_.load_threads : std::min(hw, kDefaultLoadThreads)));
   std::vector<std::optional<absl::StatusOr<std::unique_ptr<Model>>>> models(n);
   std::vector<double> seconds(n, 0.0), linear_end(n, 0.0);
   std::atomic<size_t> next{0};
@@ -92,54 +125,93 @@ absl::StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Create(const s
   auto work = [&] {
     for (size_t i; !failed && (i = next.fetch_add(1)) < n;) {
       const auto t0 = Clock::now();
-      models[i] = CreateModel(entries[i], backend, load);
+      models[i] = CreateModel(jobs[i].version.entry, backend_, load);
       const auto t1 = Clock::now();
       seconds[i] = std::chrono::duration<double>(t1 - t0).count();
-      if (ConfigParam(entries[i].config, "kind", "") == "linear")
+      if (ConfigParam(jobs[i].version.entry.config, "kind", "") == "linear")
         linear_end[i] = std::chrono::duration<double>(t1 - t_load).count();
-      if (!models[i]->ok()) failed = true;  // the others stop taking entries
+      if (!models[i]->ok()) failed = true;  // the others stop taking jobs
     }
   };
   std::vector<std::thread> pool;
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
   for (std::thread& t : pool) t.join();
-  // The first failure in repository order, whichever thread met it first.
+  // The first failure in repository order, whichever thread met it first. The models
+  // already built are destroyed here, which frees what they hold.
   for (size_t i = 0; i < n; ++i)
     if (models[i] && !models[i]->ok()) return models[i]->status();
-  server->weights_seconds_ = n == 0 ? 0.0 : *std::max_element(linear_end.begin(), linear_end.end());
+  if (record_times) weights_seconds_ = n == 0 ? 0.0 : *std::max_element(linear_end.begin(), linear_end.end());
 
+  std::vector<VersionSet> out(entries.size());
   for (size_t i = 0; i < n; ++i) {
-    const ModelEntry& e = entries[i];
-    server->load_seconds_.emplace_back(e.config.name(), seconds[i]);
-    Served s;
-    s.model = std::move(**models[i]);
-    s.stats = std::make_unique<ModelStats>();
-    s.metrics = &metrics.ForModel(e.config.name());
-    if (s.model->KvBlocks()) metrics.KvCacheUsageRatio(e.config.name());
-    UpdateKvGauges(s);
-    s.scheduler = std::make_unique<Scheduler>(*s.model, sched[i], *s.metrics, *s.stats);
-    server->models_.emplace(e.config.name(), std::move(s));
+    const Job& j = jobs[i];
+    const bool several = (i > 0 && jobs[i - 1].entry == j.entry) || (i + 1 < n && jobs[i + 1].entry == j.entry);
+    const std::string& name = j.version.entry.config.name();
+    if (record_times) load_seconds_.emplace_back(several ? absl::StrCat(name, "/", j.version.version) : name, seconds[i]);
+    auto served = Wrap(j.version.entry, j.version.version, std::move(**models[i]));
+    if (!served.ok()) return served.status();
+    out[j.entry][j.version.version] = std::move(*served);
   }
-  server->housekeeping_ = std::thread([s = server.get()] { s->Housekeeping(); });
-  return server;
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<InferenceServer::Served>> InferenceServer::Wrap(const ModelEntry& entry, int64_t version,
+                                                                                std::unique_ptr<Model> model) {
+  auto sched = SchedulerOptionsFor(entry.config, options_);
+  if (!sched.ok()) return sched.status();
+  auto s = std::make_shared<Served>();
+  s->version = version;
+  s->model = std::move(model);
+  s->stats = std::make_unique<ModelStats>();
+  s->metrics = &metrics_.ForModel(entry.config.name());
+  if (s->model->KvBlocks()) metrics_.KvCacheUsageRatio(entry.config.name());
+  UpdateKvGauges(*s);
+  s->scheduler = std::make_unique<Scheduler>(*s->model, *sched, *s->metrics, *s->stats);
+  return s;
 }
 
 InferenceServer::~InferenceServer() {
+  {
+    std::lock_guard<std::mutex> l(poll_mu_);
+    stop_housekeeping_ = true;
+  }
+  poll_cv_.notify_all();
+  if (poll_.joinable()) poll_.join();
   Drain();
-  stop_housekeeping_ = true;
   if (housekeeping_.joinable()) housekeeping_.join();
+}
+
+std::vector<std::shared_ptr<InferenceServer::Served>> InferenceServer::Snapshot() const {
+  absl::ReaderMutexLock l(&mu_);
+  std::vector<std::shared_ptr<Served>> out;
+  for (const auto& [name, versions] : models_)
+    for (const auto& [v, s] : versions) out.push_back(s);
+  return out;
 }
 
 void InferenceServer::Housekeeping() {
   for (int tick = 0; !stop_housekeeping_; ++tick) {
     if (tick % 10 == 0) {
-      for (auto& [name, s] : models_) {
-        s.model->Tick(Clock::now());
-        UpdateKvGauges(s);  // idle sessions may have been freed
+      for (const auto& s : Snapshot()) {
+        s->model->Tick(Clock::now());
+        UpdateKvGauges(*s);  // idle sessions may have been freed
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+void InferenceServer::Poll() {
+  const auto period = std::chrono::duration<double>(std::max(0.1, options_.poll_seconds));
+  std::unique_lock<std::mutex> l(poll_mu_);
+  while (!stop_housekeeping_) {
+    poll_cv_.wait_for(l, period, [this] { return stop_housekeeping_.load(); });
+    if (stop_housekeeping_) break;
+    l.unlock();
+    absl::Status st = PollRepository();
+    if (!st.ok() && log_) log_("(repository)", absl::StrCat("poll: ", st.ToString()));
+    l.lock();
   }
 }
 
@@ -155,33 +227,221 @@ void InferenceServer::UpdateKvGauges(Served& s) {
 
 void InferenceServer::Drain() {
   draining_ = true;
-  for (auto& [name, s] : models_) s.scheduler->Shutdown();
+  // A load in progress finishes first; it sees draining_ and publishes nothing.
+  std::lock_guard<std::mutex> g(control_mu_);
+  for (const auto& s : Snapshot()) s->scheduler->Shutdown();
 }
 
-const Model* InferenceServer::FindModel(const std::string& name) const {
+InferenceServer::VersionSet InferenceServer::Publish(const std::string& name, VersionSet versions) {
+  absl::MutexLock l(&mu_);
+  VersionSet old = std::move(models_[name]);
+  models_[name] = std::move(versions);
+  unavailable_.erase(name);
+  return old;
+}
+
+void InferenceServer::Retire(VersionSet& versions) {
+  // No request can enter these queues any more (admission happens under mu_, and the
+  // versions left the map under it): answer what they hold and stop their workers.
+  for (auto& [v, s] : versions) s->scheduler->Shutdown();
+  // What still holds a model now is brief (a metadata call, the housekeeping tick): wait
+  // for it, so that unloads and reloads return with the memory freed. A holder that
+  // stays longer than kReleaseWait only delays the destruction until it lets go.
+  const auto until = Clock::now() + kReleaseWait;
+  for (auto& [v, s] : versions)
+    while (s.use_count() > 1 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  versions.clear();
+}
+
+absl::Status InferenceServer::LoadModel(const std::string& name) {
+  if (control_ != ModelControlMode::kExplicit) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "models load and unload on request only with --model-control-mode=explicit; this server runs with ",
+        control_ == ModelControlMode::kPoll ? "poll (it follows the repository)" : "none (the repository's models, fixed)"));
+  }
+  std::lock_guard<std::mutex> g(control_mu_);
+  return LoadLocked(name);
+}
+
+absl::Status InferenceServer::LoadLocked(const std::string& name) {
+  if (draining_) return absl::UnavailableError("server is shutting down");
+  if (options_.repository.empty()) return absl::FailedPreconditionError("this server has no model repository to load from");
+  auto entry = ReadModelEntry(options_.repository, name);
+  if (!entry.ok()) {
+    // A model folder whose config does not parse is known, and unavailable for that reason.
+    absl::MutexLock l(&mu_);
+    if (entry.status().code() != absl::StatusCode::kNotFound && !models_.count(name))
+      unavailable_[name] = std::string(entry.status().message());
+    if (control_ == ModelControlMode::kPoll)
+      fingerprints_[name] = ModelFolderFingerprint(options_.repository + "/" + name);
+    return entry.status();
+  }
+  const std::string fingerprint = ModelFolderFingerprint(entry->dir);
+  if (options_.adjust_entry) options_.adjust_entry(*entry);
+  auto built = Build({*entry}, /*record_times=*/false);
+  if (control_ == ModelControlMode::kPoll) fingerprints_[name] = fingerprint;
+  if (!built.ok()) {
+    absl::MutexLock l(&mu_);
+    if (!models_.count(name)) unavailable_[name] = std::string(built.status().message());
+    return built.status();
+  }
+  std::vector<std::string> versions;
+  for (const auto& [v, s] : (*built)[0]) versions.insert(versions.begin(), std::to_string(v));
+  VersionSet old = Publish(name, std::move((*built)[0]));
+  const bool reloaded = !old.empty();
+  Retire(old);
+  if (log_) {
+    log_(name, absl::StrCat(reloaded ? "reloaded" : "loaded", ", version(s) ", absl::StrJoin(versions, ", ")));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InferenceServer::UnloadModel(const std::string& name) {
+  if (control_ != ModelControlMode::kExplicit) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "models load and unload on request only with --model-control-mode=explicit; this server runs with ",
+        control_ == ModelControlMode::kPoll ? "poll (it follows the repository)" : "none (the repository's models, fixed)"));
+  }
+  std::lock_guard<std::mutex> g(control_mu_);
+  return UnloadLocked(name, "unloaded");
+}
+
+absl::Status InferenceServer::UnloadLocked(const std::string& name, const std::string& reason) {
+  VersionSet old;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = models_.find(name);
+    if (it == models_.end()) {
+      // Unloading twice is not an error; unloading a name nobody knows is.
+      if (unavailable_.count(name)) return absl::OkStatus();
+      return absl::NotFoundError(absl::StrCat("unknown model ", Quoted(name), "; nothing to unload"));
+    }
+    old = std::move(it->second);
+    models_.erase(it);
+    unavailable_[name] = reason;
+  }
+  Retire(old);
+  if (log_) log_(name, reason);
+  return absl::OkStatus();
+}
+
+std::vector<ModelIndexEntry> InferenceServer::RepositoryIndex(bool ready_only) const {
+  std::set<std::string> names;
+  if (!options_.repository.empty()) {
+    if (auto listed = ListModelFolders(options_.repository); listed.ok()) names.insert(listed->begin(), listed->end());
+  }
+  absl::ReaderMutexLock l(&mu_);
+  for (const auto& [n, v] : models_) names.insert(n);
+  for (const auto& [n, r] : unavailable_) names.insert(n);
+  std::vector<ModelIndexEntry> out;
+  for (const std::string& n : names) {
+    if (auto it = models_.find(n); it != models_.end()) {
+      for (auto v = it->second.rbegin(); v != it->second.rend(); ++v)
+        out.push_back({n, std::to_string(v->first), "READY", ""});
+    } else if (ready_only) {
+      continue;
+    } else if (auto u = unavailable_.find(n); u != unavailable_.end()) {
+      out.push_back({n, "", "UNAVAILABLE", u->second});
+    } else {
+      out.push_back({n, "", "", ""});
+    }
+  }
+  return out;
+}
+
+absl::Status InferenceServer::PollRepository() {
+  std::lock_guard<std::mutex> g(control_mu_);
+  if (draining_) return absl::OkStatus();
+  auto listed = ListModelFolders(options_.repository);
+  if (!listed.ok()) return listed.status();
+  const std::set<std::string> present(listed->begin(), listed->end());
+  std::set<std::string> known;
+  for (const auto& [n, fp] : fingerprints_) known.insert(n);
+  {
+    absl::ReaderMutexLock l(&mu_);
+    for (const auto& [n, v] : models_) known.insert(n);
+  }
+  for (const std::string& n : known) {
+    if (present.count(n)) continue;
+    (void)UnloadLocked(n, "removed from the repository");
+    fingerprints_.erase(n);
+    absl::MutexLock l(&mu_);
+    unavailable_.erase(n);
+  }
+  absl::Status first;
+  for (const std::string& n : *listed) {
+    auto it = fingerprints_.find(n);
+    if (it != fingerprints_.end() && it->second == ModelFolderFingerprint(options_.repository + "/" + n)) continue;
+    absl::Status st = LoadLocked(n);
+    if (!st.ok() && log_) log_(n, absl::StrCat("load failed: ", st.ToString()));
+    if (!st.ok() && first.ok()) first = st;
+  }
+  return first;
+}
+
+std::shared_ptr<InferenceServer::Served> InferenceServer::LookupLocked(const std::string& name,
+                                                                      const std::string& version,
+                                                                      absl::Status* error) const {
   auto it = models_.find(name);
-  return it == models_.end() ? nullptr : it->second.model.get();
+  if (it == models_.end() || it->second.empty()) {
+    if (auto u = unavailable_.find(name); u != unavailable_.end()) {
+      *error = absl::UnavailableError(absl::StrCat("model ", Quoted(name), " is not loaded (", u->second, ")"));
+      return nullptr;
+    }
+    std::vector<std::string> names;
+    for (const auto& [n, s] : models_) names.push_back(n);
+    *error = absl::NotFoundError(absl::StrCat("unknown model ", Quoted(name), "; this server serves ",
+                                              names.empty() ? "no model" : absl::StrJoin(names, ", ")));
+    return nullptr;
+  }
+  if (version.empty()) return it->second.begin()->second;  // the latest
+  int64_t v = 0;
+  auto found = absl::SimpleAtoi(version, &v) ? it->second.find(v) : it->second.end();
+  if (found == it->second.end()) {
+    std::vector<std::string> have;
+    for (auto r = it->second.rbegin(); r != it->second.rend(); ++r) have.push_back(std::to_string(r->first));
+    *error = absl::NotFoundError(absl::StrCat("model ", Quoted(name), " has no version ", Quoted(version),
+                                              "; it serves version", have.size() > 1 ? "s " : " ",
+                                              absl::StrJoin(have, ", ")));
+    return nullptr;
+  }
+  return found->second;
 }
 
-std::vector<const Model*> InferenceServer::models() const {
-  std::vector<const Model*> out;
-  for (const auto& [name, s] : models_) out.push_back(s.model.get());
+std::shared_ptr<const Model> InferenceServer::FindModel(const std::string& name, const std::string& version,
+                                                        absl::Status* error) const {
+  absl::Status ignored;
+  absl::ReaderMutexLock l(&mu_);
+  std::shared_ptr<Served> s = LookupLocked(name, version, error ? error : &ignored);
+  if (!s) return nullptr;
+  return std::shared_ptr<const Model>(s, s->model.get());
+}
+
+std::vector<int64_t> InferenceServer::Versions(const std::string& name) const {
+  absl::ReaderMutexLock l(&mu_);
+  std::vector<int64_t> out;
+  if (auto it = models_.find(name); it != models_.end())
+    for (auto r = it->second.rbegin(); r != it->second.rend(); ++r) out.push_back(r->first);
+  return out;
+}
+
+std::vector<std::shared_ptr<const Model>> InferenceServer::models() const {
+  std::vector<std::shared_ptr<const Model>> out;
+  for (const auto& s : Snapshot()) out.push_back(std::shared_ptr<const Model>(s, s->model.get()));
   return out;
 }
 
 void InferenceServer::FillStatistics(const std::string& name, inference::ModelStatisticsResponse* out) const {
-  for (const auto& [n, s] : models_) {
+  absl::ReaderMutexLock l(&mu_);
+  for (const auto& [n, versions] : models_) {
     if (!name.empty() && n != name) continue;
-    auto* m = out->add_model_stats();
-    m->set_name(n);
-    m->set_version("1");
-    s.stats->Fill(m);
+    for (auto r = versions.rbegin(); r != versions.rend(); ++r) {
+      auto* m = out->add_model_stats();
+      m->set_name(n);
+      m->set_version(std::to_string(r->first));
+      r->second->stats->Fill(m);
+    }
   }
-}
-
-absl::Status CheckModelVersion(const std::string& model, const std::string& version) {
-  if (version.empty() || version == "1") return absl::OkStatus();
-  return absl::NotFoundError(absl::StrCat("model '", model, "' has no version ", Quoted(version), "; it serves version 1"));
 }
 
 void InferenceServer::LogFault(const std::string& model, const absl::Status& status) {
@@ -194,71 +454,80 @@ void InferenceServer::LogFault(const std::string& model, const absl::Status& sta
 }
 
 void InferenceServer::CountRejected(const std::string& model, absl::StatusCode code) {
-  metrics_.CountRequest(models_.count(model) ? model : "(unknown)", CodeName(code));
+  bool known;
+  {
+    absl::ReaderMutexLock l(&mu_);
+    known = models_.count(model) > 0;
+  }
+  metrics_.CountRequest(known ? model : "(unknown)", CodeName(code));
 }
 
 void InferenceServer::Infer(const inference::ModelInferRequest& request, std::optional<Clock::time_point> deadline,
                             std::function<bool()> cancelled, Done done) {
   const auto start = Clock::now();
-  auto it = models_.find(request.model_name());
-  if (it == models_.end()) {
-    std::vector<std::string> names;
-    for (const auto& [n, s] : models_) names.push_back(n);
-    metrics_.CountRequest(request.model_name().empty() ? "(none)" : "(unknown)", "NOT_FOUND");
-    done(absl::NotFoundError(absl::StrCat("unknown model ", Quoted(request.model_name()), "; this server serves ",
-                                          absl::StrJoin(names, ", "))),
-         nullptr);
-    return;
-  }
-  Served& s = it->second;
-  auto finish = [this, &s, start, deadline, cancelled](const absl::Status& status, Work* work, uint64_t queue_ns,
-                                                       uint64_t compute_ns, const Done& done) {
-    absl::Status st = status.ok() && work ? work->status : status;
-    // A client that gave up while its request computed never sees the result: count it
-    // as the client saw it, not as OK.
-    if (st.ok() && deadline && Clock::now() >= *deadline) {
-      st = absl::DeadlineExceededError("the request passed its deadline while it was computed");
-    } else if (st.ok() && cancelled && cancelled()) {
-      st = absl::CancelledError("the client cancelled the request while it was computed");
-    }
-    const uint64_t total_ns = Ns(Clock::now() - start);
-    if (st.ok()) {
-      s.stats->RecordSuccess(total_ns, queue_ns,
-                             ModelStats::Compute::Split(compute_ns, work ? work->input_ns : 0, work ? work->output_ns : 0));
-      s.metrics->total_seconds->Observe(double(total_ns) * 1e-9);
+  std::shared_ptr<Served> sp;
+  absl::Status refused;  // answered once mu_ is released, so that `done` may call back in
+  std::string label;     // the metrics label of a request for no served model
+  Finish finish;
+  {
+    // Held until the request is admitted into its model's queue (see mu_).
+    absl::ReaderMutexLock l(&mu_);
+    sp = LookupLocked(request.model_name(), request.model_version(), &refused);
+    if (!sp) {
+      const bool known = refused.code() != absl::StatusCode::kNotFound || models_.count(request.model_name());
+      label = known ? request.model_name() : request.model_name().empty() ? "(none)" : "(unknown)";
     } else {
-      s.stats->RecordFailure(total_ns);
+      finish = [this, sp, start, deadline, cancelled](const absl::Status& status, Work* work, uint64_t queue_ns,
+                                                      uint64_t compute_ns, const Done& done) {
+        Served& s = *sp;
+        absl::Status st = status.ok() && work ? work->status : status;
+        // A client that gave up while its request computed never sees the result: count it
+        // as the client saw it, not as OK.
+        if (st.ok() && deadline && Clock::now() >= *deadline) {
+          st = absl::DeadlineExceededError("the request passed its deadline while it was computed");
+        } else if (st.ok() && cancelled && cancelled()) {
+          st = absl::CancelledError("the client cancelled the request while it was computed");
+        }
+        const uint64_t total_ns = Ns(Clock::now() - start);
+        if (st.ok()) {
+          s.stats->RecordSuccess(
+              total_ns, queue_ns,
+              ModelStats::Compute::Split(compute_ns, work ? work->input_ns : 0, work ? work->output_ns : 0));
+          s.metrics->total_seconds->Observe(double(total_ns) * 1e-9);
+        } else {
+          s.stats->RecordFailure(total_ns);
+        }
+        metrics_.CountRequest(s.model->name(), CodeName(st.code()));
+        LogFault(s.model->name(), st);
+        s.metrics->inflight->Decrement();
+        UpdateKvGauges(s);
+        done(st, work);
+      };
+      sp->metrics->inflight->Increment();
+      refused = Admit(*sp, request, deadline, std::move(cancelled), finish, done);
     }
-    metrics_.CountRequest(s.model->name(), CodeName(st.code()));
-    LogFault(s.model->name(), st);
-    s.metrics->inflight->Decrement();
-    UpdateKvGauges(s);
-    done(st, work);
-  };
-  s.metrics->inflight->Increment();
-  if (draining_) {
-    finish(absl::UnavailableError("server is shutting down"), nullptr, 0, 0, done);
-    return;
   }
-  if (absl::Status v = CheckModelVersion(s.model->name(), request.model_version()); !v.ok()) {
-    finish(v, nullptr, 0, 0, done);
-    return;
+  if (!sp) {
+    metrics_.CountRequest(label, CodeName(refused.code()));
+    done(refused, nullptr);
+  } else if (!refused.ok()) {
+    finish(refused, nullptr, 0, 0, done);
   }
+}
+
+absl::Status InferenceServer::Admit(Served& s, const inference::ModelInferRequest& request,
+                                    std::optional<Clock::time_point> deadline, std::function<bool()> cancelled,
+                                    const Finish& finish, const Done& done) {
+  if (draining_) return absl::UnavailableError("server is shutting down");
   if (request.id().size() > kMaxRequestIdBytes) {
-    finish(absl::InvalidArgumentError(absl::StrCat("request id is ", request.id().size(), " bytes; the limit is ",
-                                                   kMaxRequestIdBytes)),
-           nullptr, 0, 0, done);
-    return;
+    return absl::InvalidArgumentError(absl::StrCat("request id is ", request.id().size(), " bytes; the limit is ",
+                                                   kMaxRequestIdBytes));
   }
   auto work = s.model->Prepare(request, shared_memory_);
-  if (!work.ok()) {
-    finish(work.status(), nullptr, 0, 0, done);
-    return;
-  }
+  if (!work.ok()) return work.status();
   if (absl::Status bound = BindSharedMemoryOutputs(request, shared_memory_, **work); !bound.ok()) {
     s.model->Drop(**work, bound);
-    finish(bound, nullptr, 0, 0, done);
-    return;
+    return bound;
   }
   // Refused before compute: a response over the frontend's message limit could not be sent.
   const int64_t message_bytes = (*work)->MessageBytes();
@@ -270,17 +539,16 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
         "the outputs of this request come to ", message_bytes, " bytes; responses are limited to ",
         max_response_bytes_, " bytes (--grpc-max-message-bytes); send fewer tokens or rows per request"));
     s.model->Drop(**work, too_big);
-    finish(too_big, nullptr, 0, 0, done);
-    return;
+    return too_big;
   }
   auto p = std::make_unique<Pending>();
   p->work = std::move(*work);
+  p->work->model_version = s.version;
   p->enqueued = Clock::now();  // queue time counts from here, not from the decoding before
   p->deadline = deadline;
   p->cancelled = std::move(cancelled);
   p->done = [finish, done](Pending& p, const absl::Status& st) { finish(st, p.work.get(), p.queue_ns, p.compute_ns, done); };
-  absl::Status admitted = s.scheduler->Enqueue(std::move(p));
-  if (!admitted.ok()) finish(admitted, nullptr, 0, 0, done);
+  return s.scheduler->Enqueue(std::move(p));  // a refusal has dropped the work
 }
 
 }  // namespace flashq::server

@@ -5,6 +5,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <future>
 #include <iostream>
@@ -27,6 +28,7 @@
 #include "server/metrics/triton_metrics.h"
 #include "server/repository/demo_repository.h"
 #include "server/repository/model_repository.h"
+#include "server/repository/model_versions.h"
 #ifdef FLASHQ_CUDA_BACKEND
 #include "server/backends/cuda/cuda_backend.h"
 #endif
@@ -40,6 +42,9 @@ struct Options {
   int64_t http_port = 8000, grpc_port = 8001, metrics_port = 8002;
   int64_t http_thread_count = HttpOptions().threads;
   std::string model_repository, demo_cache_dir, backend = "auto";
+  std::string model_control_mode = "none";
+  std::vector<std::string> load_model;
+  int64_t repository_poll_secs = 15;
   std::string metrics_compat = "none";
   int64_t max_queue_delay_us = -1, max_queue_size = -1, max_batch_tokens = -1;
   // gRPC's own ceiling, as in Triton: the token budget and --max-tensor-bytes bound a request, so
@@ -73,6 +78,15 @@ void AddFlags(FlagSet& f, Options& o) {
   f.Add("model-repository", &o.model_repository,
         "Model repository: one folder per model with config.pbtxt (and model.safetensors for linear layers). "
         "Empty: generate the embedded Llama-3-8B-shaped demo repository.");
+  f.Add("model-control-mode", &o.model_control_mode,
+        "none: serve every model of the repository, fixed. explicit: load only the --load-model models at start-up; "
+        "RepositoryModelLoad/RepositoryModelUnload load and unload models while the server runs. poll: serve every "
+        "model, and rescan the repository every --repository-poll-secs, loading new and changed models and unloading "
+        "removed ones.");
+  f.Add("load-model", &o.load_model,
+        "With --model-control-mode=explicit: a model to load at start-up (repeat the flag for several; * for all).");
+  f.Add("repository-poll-secs", &o.repository_poll_secs,
+        "With --model-control-mode=poll: seconds between rescans of the model repository.", 1, 86400);
   f.Add("demo-cache-dir", &o.demo_cache_dir,
         "Where the demo repository is generated and cached (default $XDG_CACHE_HOME/flashq or ~/.cache/flashq).");
   f.Add("backend", &o.backend, "Compute backend: auto (cuda when a GPU is visible, else cpu), cpu or cuda.");
@@ -311,19 +325,51 @@ int Run(const Options& o) {
     }
     repo = *demo;
   }
-  auto entries = ScanModelRepository(repo);
+  auto control = ParseModelControlMode(o.model_control_mode);
+  if (!control.ok()) {
+    std::cerr << "flashq-server: --model-control-mode: " << control.status().message() << "\n";
+    return 2;
+  }
+  if (!o.load_model.empty() && *control != ModelControlMode::kExplicit) {
+    std::cerr << "flashq-server: --load-model needs --model-control-mode=explicit\n";
+    return 2;
+  }
+  // Request size limits travel as model parameters (a model's config may also set them);
+  // models loaded later get them the same way.
+  auto adjust = [max_tensor_bytes = o.max_tensor_bytes, max_sequences = o.max_sequences_per_request](ModelEntry& e) {
+    auto& params = *e.config.mutable_parameters();
+    if (max_tensor_bytes > 0) params["max_tensor_bytes"].set_string_value(std::to_string(max_tensor_bytes));
+    if (max_sequences > 0) params["max_sequences_per_request"].set_string_value(std::to_string(max_sequences));
+  };
+  absl::StatusOr<std::vector<ModelEntry>> entries;
+  if (*control == ModelControlMode::kExplicit) {
+    // Only the named models load now; the others wait for RepositoryModelLoad.
+    std::vector<std::string> names = o.load_model;
+    if (std::find(names.begin(), names.end(), "*") != names.end()) {
+      auto all = ListModelFolders(repo);
+      if (!all.ok()) {
+        std::cerr << "flashq-server: " << all.status() << "\n";
+        return 1;
+      }
+      names = *all;
+    }
+    entries.emplace();
+    for (const std::string& name : names) {
+      auto e = ReadModelEntry(repo, name);
+      if (!e.ok()) {
+        std::cerr << "flashq-server: --load-model=" << name << ": " << e.status() << "\n";
+        return 1;
+      }
+      entries->push_back(*std::move(e));
+    }
+  } else {
+    entries = ScanModelRepository(repo);
+  }
   if (!entries.ok()) {
     std::cerr << "flashq-server: " << entries.status() << "\n";
     return 1;
   }
-  // Request size limits travel as model parameters (a model's config may also set them).
-  for (ModelEntry& e : *entries) {
-    auto& params = *e.config.mutable_parameters();
-    if (o.max_tensor_bytes > 0) params["max_tensor_bytes"].set_string_value(std::to_string(o.max_tensor_bytes));
-    if (o.max_sequences_per_request > 0) {
-      params["max_sequences_per_request"].set_string_value(std::to_string(o.max_sequences_per_request));
-    }
-  }
+  for (ModelEntry& e : *entries) adjust(e);
   const double repository_s = since_start();
   auto backend = backend_future.get();
   if (!backend.ok()) {
@@ -345,6 +391,10 @@ int Run(const Options& o) {
   opts.max_response_bytes = o.grpc_max_message_bytes;
   opts.shared_memory = shared_memory.get();
   opts.load.kv_cache_blocks = o.kv_cache_blocks;
+  opts.repository = repo;
+  opts.control = *control;
+  opts.poll_seconds = double(o.repository_poll_secs);
+  opts.adjust_entry = adjust;
   std::mutex log_mu;  // models load on several threads
   opts.load.log = [&log_mu](const std::string& model, const std::string& line) {
     std::lock_guard<std::mutex> l(log_mu);
@@ -383,6 +433,7 @@ int Run(const Options& o) {
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   grpc_server->Wait();
   if (http) http->Stop();  // its handlers have their answers: Drain answered every request
+  service.WaitForControlCalls();  // a load or unload still running uses the server
   triton_metrics->SetSources({}, {});  // waits for a scrape that reads the server
   server->reset();
   // Regions page-locked or opened by the backend are released while it still runs.

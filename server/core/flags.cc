@@ -16,6 +16,10 @@ void FlagSet::Add(std::string name, bool* target, std::string help) {
   flags_.push_back({std::move(name), std::move(help), *target ? "true" : "false", target});
 }
 
+void FlagSet::Add(std::string name, std::vector<std::string>* target, std::string help) {
+  flags_.push_back({std::move(name), std::move(help) + " Repeatable.", "\"\"", target});
+}
+
 void FlagSet::Alias(std::string alias, const std::string& name) {
   for (auto& f : flags_) {
     if (f.name == name) f.aliases.push_back(std::move(alias));
@@ -25,6 +29,10 @@ void FlagSet::Alias(std::string alias, const std::string& name) {
 bool FlagSet::Set(Flag& f, const std::string& value, std::string* error) {
   if (auto* s = std::get_if<std::string*>(&f.target)) {
     **s = value;
+    return true;
+  }
+  if (auto* list = std::get_if<std::vector<std::string>*>(&f.target)) {
+    if (!value.empty()) (*list)->push_back(value);  // the default: nothing added
     return true;
   }
   if (auto* i = std::get_if<int64_t*>(&f.target)) {

@@ -16,6 +16,9 @@ class FlagSet {
   // An integer flag is refused outside [lo, hi], before anything sizes itself with it.
   void Add(std::string name, int64_t* target, std::string help, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX);
   void Add(std::string name, bool* target, std::string help);
+  // A repeatable flag: each occurrence appends its value (an empty value, the default,
+  // appends nothing).
+  void Add(std::string name, std::vector<std::string>* target, std::string help);
   // A second spelling of an added flag: it sets the same target, and WasSet(name) sees it.
   void Alias(std::string alias, const std::string& name);
   // Returns false and fills `error` on a bad flag; sets `help` on --help.
@@ -27,7 +30,7 @@ class FlagSet {
  private:
   struct Flag {
     std::string name, help, def;
-    std::variant<std::string*, int64_t*, bool*> target;
+    std::variant<std::string*, int64_t*, bool*, std::vector<std::string>*> target;
     int64_t lo = INT64_MIN, hi = INT64_MAX;
     bool set = false;
     std::vector<std::string> aliases = {};

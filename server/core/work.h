@@ -59,6 +59,7 @@ struct Work {
   int64_t tokens = 1;          // what the batch's token budget counts
   std::vector<std::pair<std::string, int64_t>> output_sizes;  // each output asked for, known before compute
   std::vector<SharedMemoryOutput> shm_outputs;  // set at admission; written before the answer
+  int64_t model_version = 0;   // the version that ran it (a request may name none: the latest)
   std::string batch_key;       // only works with equal keys share a batch
   std::string exclusive_key;   // non-empty: works with equal keys never share a batch nor run at once
   // Long-running work (a long prefill): batches of it never take every worker of the model,

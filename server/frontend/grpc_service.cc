@@ -5,6 +5,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "server/core/client_text.h"
@@ -49,7 +50,8 @@ grpc::Status ToGrpc(const absl::Status& s) {
 void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
                        inference::ModelInferResponse* response) {
   response->set_model_name(request.model_name());
-  response->set_model_version(request.model_version().empty() ? "1" : request.model_version());
+  response->set_model_version(work.model_version > 0 ? std::to_string(work.model_version)
+                              : request.model_version().empty() ? "1" : request.model_version());
   response->set_id(request.id());
   for (OutputTensor& t : work.outputs) {
     auto* o = response->add_outputs();
@@ -65,14 +67,16 @@ void FillServerMetadata(const std::string& version, const SharedMemoryRegistry* 
                         inference::ServerMetadataResponse* resp) {
   resp->set_name("flashq");
   resp->set_version(version);
-  for (const char* e : {"model_configuration", "statistics", "sequence", "ragged_batching"}) resp->add_extensions(e);
+  for (const char* e : {"model_configuration", "model_repository", "statistics", "sequence", "ragged_batching"})
+    resp->add_extensions(e);
   if (shared_memory) resp->add_extensions("system_shared_memory");
   if (shared_memory && shared_memory->cuda_capable()) resp->add_extensions("cuda_shared_memory");
 }
 
-void FillModelMetadata(const inference::ModelConfig& config, inference::ModelMetadataResponse* resp) {
+void FillModelMetadata(const inference::ModelConfig& config, const std::vector<int64_t>& versions,
+                       inference::ModelMetadataResponse* resp) {
   resp->set_name(config.name());
-  resp->add_versions("1");
+  for (int64_t v : versions) resp->add_versions(std::to_string(v));
   resp->set_platform(config.platform().empty() ? "flashq" : config.platform());
   for (const auto& in : config.input()) {
     auto* t = resp->add_inputs();
@@ -88,19 +92,17 @@ void FillModelMetadata(const inference::ModelConfig& config, inference::ModelMet
   }
 }
 
-const inference::ModelConfig* GrpcInferenceService::FindConfig(const std::string& name, const std::string& version,
-                                                                grpc::Status* error) const {
+std::shared_ptr<const Model> GrpcInferenceService::FindModel(const std::string& name, const std::string& version,
+                                                           grpc::Status* error) const {
   InferenceServer* s = server_.load();
-  const Model* m = s ? s->FindModel(name) : nullptr;
-  if (!m) {
-    *error = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("unknown model ", Quoted(name)));
+  if (!s) {
+    *error = grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is loading models");
     return nullptr;
   }
-  if (absl::Status v = CheckModelVersion(name, version); !v.ok()) {
-    *error = ToGrpc(v);
-    return nullptr;
-  }
-  return &m->config();
+  absl::Status why;
+  std::shared_ptr<const Model> m = s->FindModel(name, version, &why);
+  if (!m) *error = ToGrpc(why);
+  return m;
 }
 
 grpc::Status GrpcInferenceService::Authenticate(const grpc::CallbackServerContext& ctx, bool inference) const {
@@ -126,7 +128,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelReady(grpc::CallbackServerC
                                                            const inference::ModelReadyRequest* req,
                                                            inference::ModelReadyResponse* resp) {
   grpc::Status err;
-  resp->set_ready(ready_.load() && FindConfig(req->name(), req->version(), &err) != nullptr);
+  resp->set_ready(ready_.load() && FindModel(req->name(), req->version(), &err) != nullptr);
   return Reply(ctx, grpc::Status::OK);
 }
 
@@ -143,9 +145,9 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelMetadata(grpc::CallbackServ
                                                               inference::ModelMetadataResponse* resp) {
   if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
   grpc::Status err;
-  const inference::ModelConfig* c = FindConfig(req->name(), req->version(), &err);
-  if (!c) return Reply(ctx, err);
-  FillModelMetadata(*c, resp);
+  std::shared_ptr<const Model> m = FindModel(req->name(), req->version(), &err);
+  if (!m) return Reply(ctx, err);
+  FillModelMetadata(m->config(), server_.load()->Versions(m->config().name()), resp);
   return Reply(ctx, grpc::Status::OK);
 }
 
@@ -154,9 +156,9 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelConfig(grpc::CallbackServer
                                                             inference::ModelConfigResponse* resp) {
   if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
   grpc::Status err;
-  const inference::ModelConfig* c = FindConfig(req->name(), req->version(), &err);
-  if (!c) return Reply(ctx, err);
-  *resp->mutable_config() = *c;
+  std::shared_ptr<const Model> m = FindModel(req->name(), req->version(), &err);
+  if (!m) return Reply(ctx, err);
+  *resp->mutable_config() = m->config();
   return Reply(ctx, grpc::Status::OK);
 }
 
@@ -168,7 +170,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelStatistics(grpc::CallbackSe
   if (!s) return Reply(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is loading models"));
   if (!req->name().empty()) {
     grpc::Status err;
-    if (!FindConfig(req->name(), req->version(), &err)) return Reply(ctx, err);
+    if (!FindModel(req->name(), req->version(), &err)) return Reply(ctx, err);
   }
   s->FillStatistics(req->name(), resp);
   return Reply(ctx, grpc::Status::OK);
@@ -271,6 +273,84 @@ grpc::ServerUnaryReactor* GrpcInferenceService::CudaSharedMemoryUnregister(
     shared_memory_->Unregister(req->name(), /*cuda=*/true);
   }
   return Reply(ctx, grpc::Status::OK);
+}
+
+namespace {
+
+// Model control takes no parameters: Triton's "config" and "file:" overrides (a model
+// sent inline) and "unload_dependents" (ensembles) have nothing to act on here.
+grpc::Status CheckNoParameters(const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>& params,
+                               const char* rpc) {
+  for (const auto& [key, value] : params) {
+    if (key == "unload_dependents") continue;  // no model here has dependents
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        absl::StrCat(rpc, ": parameter ", Quoted(key),
+                                     " is not supported; models load from the server's repository as they are"));
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* GrpcInferenceService::RepositoryIndex(grpc::CallbackServerContext* ctx,
+                                                                const inference::RepositoryIndexRequest* req,
+                                                                inference::RepositoryIndexResponse* resp) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
+  InferenceServer* s = server_.load();
+  if (!s) return Reply(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is loading models"));
+  for (const ModelIndexEntry& e : s->RepositoryIndex(req->ready())) {
+    auto* m = resp->add_models();
+    m->set_name(e.name);
+    m->set_version(e.version);
+    m->set_state(e.state);
+    m->set_reason(e.reason);
+  }
+  return Reply(ctx, grpc::Status::OK);
+}
+
+template <typename Fn>
+grpc::ServerUnaryReactor* GrpcInferenceService::RunControl(grpc::CallbackServerContext* ctx, Fn fn) {
+  auto* reactor = ctx->DefaultReactor();
+  {
+    std::lock_guard<std::mutex> l(control_mu_);
+    ++control_calls_;
+  }
+  std::thread([this, reactor, fn = std::move(fn)] {
+    reactor->Finish(ToGrpc(fn()));
+    std::lock_guard<std::mutex> l(control_mu_);
+    if (--control_calls_ == 0) control_cv_.notify_all();
+  }).detach();
+  return reactor;
+}
+
+void GrpcInferenceService::WaitForControlCalls() {
+  std::unique_lock<std::mutex> l(control_mu_);
+  control_cv_.wait(l, [this] { return control_calls_ == 0; });
+}
+
+grpc::ServerUnaryReactor* GrpcInferenceService::RepositoryModelLoad(grpc::CallbackServerContext* ctx,
+                                                                    const inference::RepositoryModelLoadRequest* req,
+                                                                    inference::RepositoryModelLoadResponse*) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
+  InferenceServer* s = server_.load();
+  if (!s) return Reply(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is loading models"));
+  if (grpc::Status p = CheckNoParameters(req->parameters(), "RepositoryModelLoad"); !p.ok()) return Reply(ctx, p);
+  if (req->model_name().empty())
+    return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "RepositoryModelLoad: model_name is empty"));
+  return RunControl(ctx, [s, name = req->model_name()] { return s->LoadModel(name); });
+}
+
+grpc::ServerUnaryReactor* GrpcInferenceService::RepositoryModelUnload(grpc::CallbackServerContext* ctx,
+                                                                      const inference::RepositoryModelUnloadRequest* req,
+                                                                      inference::RepositoryModelUnloadResponse*) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
+  InferenceServer* s = server_.load();
+  if (!s) return Reply(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is loading models"));
+  if (grpc::Status p = CheckNoParameters(req->parameters(), "RepositoryModelUnload"); !p.ok()) return Reply(ctx, p);
+  if (req->model_name().empty())
+    return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "RepositoryModelUnload: model_name is empty"));
+  // Draining waits for the model's queued requests to be answered.
+  return RunControl(ctx, [s, name = req->model_name()] { return s->UnloadModel(name); });
 }
 
 namespace {

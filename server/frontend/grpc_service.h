@@ -3,6 +3,8 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 
 #include "grpc_service.grpc.pb.h"
@@ -83,12 +85,28 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
   grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(grpc::CallbackServerContext*,
                                                        const inference::CudaSharedMemoryUnregisterRequest*,
                                                        inference::CudaSharedMemoryUnregisterResponse*) override;
+  // Blocks until every RepositoryModelLoad/Unload still running has answered. Call it
+  // after the gRPC server has shut down and before the InferenceServer goes away.
+  void WaitForControlCalls();
+
+  // Model control (Triton's model repository extension), through InferenceServer's
+  // LoadModel, UnloadModel and RepositoryIndex. Loads and unloads may take seconds
+  // (weights, warm-up, draining), so each runs on a thread of its own, not on one of
+  // gRPC's callback threads.
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext*, const inference::RepositoryIndexRequest*,
+                                            inference::RepositoryIndexResponse*) override;
+  grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext*,
+                                                const inference::RepositoryModelLoadRequest*,
+                                                inference::RepositoryModelLoadResponse*) override;
+  grpc::ServerUnaryReactor* RepositoryModelUnload(grpc::CallbackServerContext*,
+                                                  const inference::RepositoryModelUnloadRequest*,
+                                                  inference::RepositoryModelUnloadResponse*) override;
 
  private:
-  // The model's config; null with NOT_FOUND in `error` for an unknown model, or for a
-  // version other than "1" (or empty: the latest), the only one served.
-  const inference::ModelConfig* FindConfig(const std::string& name, const std::string& version,
-                                           grpc::Status* error) const;
+  // The served model (held for the caller's use); null with the error in `error`:
+  // NOT_FOUND for an unknown model or version, UNAVAILABLE for one not loaded.
+  std::shared_ptr<const Model> FindModel(const std::string& name, const std::string& version,
+                                         grpc::Status* error) const;
   grpc::Status Authenticate(const grpc::CallbackServerContext& ctx, bool inference) const;
   const std::string version_;
   std::atomic<InferenceServer*> server_{nullptr};
@@ -97,6 +115,11 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
   bool auth_inference_ = true;
   StreamLimits stream_limits_;
   SharedMemoryRegistry* shared_memory_ = nullptr;
+  std::mutex control_mu_;
+  std::condition_variable control_cv_;
+  int control_calls_ = 0;  // RepositoryModelLoad/Unload threads still running
+  template <typename Fn>
+  grpc::ServerUnaryReactor* RunControl(grpc::CallbackServerContext* ctx, Fn fn);
 };
 
 // Moves a finished work's outputs into a response (raw_output_contents). An output
@@ -108,6 +131,8 @@ grpc::Status ToGrpc(const absl::Status& s);
 // The ServerMetadata and ModelMetadata answers, shared with the HTTP frontend.
 void FillServerMetadata(const std::string& version, const SharedMemoryRegistry* shared_memory,
                         inference::ServerMetadataResponse* resp);
-void FillModelMetadata(const inference::ModelConfig& config, inference::ModelMetadataResponse* resp);
+// `versions`: the model's served versions (InferenceServer::Versions).
+void FillModelMetadata(const inference::ModelConfig& config, const std::vector<int64_t>& versions,
+                       inference::ModelMetadataResponse* resp);
 
 }  // namespace flashq::server

@@ -202,19 +202,16 @@ bool HttpInferenceService::Authorized(const httplib::Request& req, httplib::Resp
   return false;
 }
 
-const Model* HttpInferenceService::FindModel(const std::string& name, const std::string& version,
-                                             httplib::Response& res) const {
+std::shared_ptr<const Model> HttpInferenceService::FindModel(const std::string& name, const std::string& version,
+                                                             httplib::Response& res) const {
   InferenceServer* s = server_.load();
-  const Model* m = s ? s->FindModel(name) : nullptr;
-  if (!m) {
-    Error(res, s ? absl::NotFoundError(absl::StrCat("unknown model ", Quoted(name)))
-                 : absl::UnavailableError("server is loading models"));
+  if (!s) {
+    Error(res, absl::UnavailableError("server is loading models"));
     return nullptr;
   }
-  if (absl::Status v = CheckModelVersion(name, version); !v.ok()) {
-    Error(res, v);
-    return nullptr;
-  }
+  absl::Status why;
+  std::shared_ptr<const Model> m = s->FindModel(name, version, &why);
+  if (!m) Error(res, why);
   return m;
 }
 
@@ -267,8 +264,7 @@ void HttpInferenceService::Route() {
   });
   h.Get(absl::StrCat(kModel, "/ready"), [this](const httplib::Request& req, httplib::Response& res) {
     InferenceServer* s = server_.load();
-    const bool ready = ready_.load() && s && s->FindModel(Match(req, 1)) &&
-                       CheckModelVersion(Match(req, 1), Match(req, 2)).ok();
+    const bool ready = ready_.load() && s && s->FindModel(Match(req, 1), Match(req, 2)) != nullptr;
     res.status = ready ? 200 : 400;
   });
 
@@ -286,15 +282,15 @@ void HttpInferenceService::Route() {
   });
   h.Get(kModel, [this](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res, false)) return;
-    const Model* m = FindModel(Match(req, 1), Match(req, 2), res);
+    std::shared_ptr<const Model> m = FindModel(Match(req, 1), Match(req, 2), res);
     if (!m) return;
     inference::ModelMetadataResponse md;
-    FillModelMetadata(m->config(), &md);
+    FillModelMetadata(m->config(), server_.load()->Versions(m->config().name()), &md);
     Json(res, ProtoToJson(md));
   });
   h.Get(absl::StrCat(kModel, "/config"), [this](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res, false)) return;
-    const Model* m = FindModel(Match(req, 1), Match(req, 2), res);
+    std::shared_ptr<const Model> m = FindModel(Match(req, 1), Match(req, 2), res);
     if (m) Json(res, ProtoToJson(m->config()));
   });
   h.Get(absl::StrCat(kModel, "/stats"), [this](const httplib::Request& req, httplib::Response& res) {
@@ -304,22 +300,34 @@ void HttpInferenceService::Route() {
   post(absl::StrCat(kModel, "/infer"), [this](const httplib::Request& req, const std::string& body,
                                                httplib::Response& res) { Infer(req, body, res); });
 
-  // Model control is not built: the models are fixed at start-up. As Triton with
-  // --model-control-mode=none, the index lists them and load/unload are refused.
-  post("/v2/repository/index", [this](const httplib::Request& req, const std::string&, httplib::Response& res) {
+  // Model control, as the gRPC repository RPCs: the index (with {"ready": true}, only the
+  // served models), and load/unload, which block this handler thread until they finish.
+  post("/v2/repository/index", [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
     if (!Authorized(req, res, false)) return;
     InferenceServer* s = server_.load();
+    if (!s) return Error(res, absl::UnavailableError("server is loading models"));
+    bool ready_only = false;
+    if (!body.empty()) {
+      const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_object()) return Error(res, absl::InvalidArgumentError("repository index: the body is not a JSON object"));
+      ready_only = j.value("ready", false);
+    }
     json index = json::array();
-    if (s) {
-      for (const Model* m : s->models()) index.push_back({{"name", m->config().name()}, {"version", "1"}, {"state", "READY"}});
+    for (const ModelIndexEntry& e : s->RepositoryIndex(ready_only)) {
+      json entry = {{"name", e.name}, {"version", e.version}, {"state", e.state}};
+      if (!e.reason.empty()) entry["reason"] = e.reason;
+      index.push_back(entry);
     }
     Json(res, index.dump());
   });
   post(R"(/v2/repository/models/([^/]+)/(load|unload))",
        [this](const httplib::Request& req, const std::string&, httplib::Response& res) {
     if (!Authorized(req, res, false)) return;
-    Error(res, absl::UnavailableError(absl::StrCat("explicit model ", Match(req, 2), " is not allowed: model control is "
-                                                   "not enabled (the models are fixed when the server starts)")));
+    InferenceServer* s = server_.load();
+    if (!s) return Error(res, absl::UnavailableError("server is loading models"));
+    const absl::Status st = Match(req, 2) == "load" ? s->LoadModel(Match(req, 1)) : s->UnloadModel(Match(req, 1));
+    if (!st.ok()) return Error(res, st);
+    res.status = 200;
   });
 
   // Shared memory, as the gRPC RPCs of the same names.

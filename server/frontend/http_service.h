@@ -64,7 +64,9 @@ class HttpInferenceService {
   void Route();
   // OK, or an answer already written (401) into `res`.
   bool Authorized(const httplib::Request& req, httplib::Response& res, bool inference) const;
-  const Model* FindModel(const std::string& name, const std::string& version, httplib::Response& res) const;
+  // The served model, or null with the error answered in `res`.
+  std::shared_ptr<const Model> FindModel(const std::string& name, const std::string& version,
+                                         httplib::Response& res) const;
   void Infer(const httplib::Request& req, const std::string& body, httplib::Response& res);
   void Statistics(const std::string& model, const std::string& version, httplib::Response& res);
 

@@ -51,6 +51,15 @@ TEST_F(FlagsTest, DefaultsWithNoArguments) {
   EXPECT_EQ(f_.repo, "/models");
 }
 
+TEST_F(FlagsTest, RepeatableFlagCollectsEveryValue) {
+  std::vector<std::string> models;
+  set_.Add("load-model", &models, "Model to load");
+  ASSERT_TRUE(Parse({"--load-model=a", "--load-model", "b", "--load-model="})) << error_;
+  EXPECT_EQ(models, (std::vector<std::string>{"a", "b"})) << "an empty value (the default) adds nothing";
+  EXPECT_TRUE(set_.WasSet("load-model"));
+  EXPECT_NE(set_.Help().find("--load-model (default \"\")"), std::string::npos) << set_.Help();
+}
+
 TEST_F(FlagsTest, EqualsAndSpaceForms) {
   ASSERT_TRUE(Parse({"--grpc-port=9001", "--model-repository", "/tmp/m", "--max-queue-delay-us", "0"})) << error_;
   EXPECT_EQ(f_.port, 9001);

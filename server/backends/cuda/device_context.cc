@@ -27,6 +27,7 @@ absl::StatusOr<std::unique_ptr<DeviceArena>> DeviceArena::Create(int device, siz
   FQ_CUDA_OK(cudaSetDevice(device));
   FQ_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&a->base_), bytes));
   a->bytes_ = bytes;
+  a->alloc_ = std::make_unique<ArenaAllocator>(bytes);
   return a;
 }
 
@@ -35,20 +36,18 @@ DeviceArena::~DeviceArena() {
 }
 
 absl::StatusOr<char*> DeviceArena::Allocate(size_t bytes, const std::string& what) {
-  std::lock_guard<std::mutex> l(mu_);
-  size_t off = (used_ + 255) & ~size_t(255);
-  if (off + bytes > bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat("GPU arena full: ", what, " needs ", bytes, " bytes, ",
-                                                     bytes_ - std::min(bytes_, off), " of ", bytes_,
-                                                     " left (raise --gpu-arena-mb)"));
+  auto offset = alloc_->Allocate(bytes);
+  if (!offset) {
+    return absl::ResourceExhaustedError(absl::StrCat("GPU arena full: ", what, " needs ", bytes, " bytes; ",
+                                                     bytes_ - alloc_->used(), " of ", bytes_,
+                                                     " are free, the largest free range is ", alloc_->largest_free(),
+                                                     " (raise --gpu-arena-mb)"));
   }
-  used_ = off + bytes;
-  return base_ + off;
+  return base_ + *offset;
 }
 
-size_t DeviceArena::used() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return used_;
+void DeviceArena::Free(const void* p) {
+  if (p) alloc_->Free(size_t(static_cast<const char*>(p) - base_));
 }
 
 absl::StatusOr<std::unique_ptr<DeviceContext>> DeviceContext::Create(int device, int streams, size_t staging_bytes,

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/gemm/gemm.h"
+#include "server/backends/arena_allocator.h"
 
 namespace flashq::server {
 
@@ -26,20 +27,24 @@ absl::Status FromKernel(const Status& s);
       return s_;                                                               \
   } while (0)
 
-// Bump allocator over one cudaMalloc. Allocation happens only while models load.
+// One cudaMalloc, carved by an ArenaAllocator. Allocation happens only while models
+// load; a model's executors Free what they took when the model is destroyed (unload),
+// so that later loads reuse it.
 class DeviceArena {
  public:
   static absl::StatusOr<std::unique_ptr<DeviceArena>> Create(int device, size_t bytes);
   ~DeviceArena();
   absl::StatusOr<char*> Allocate(size_t bytes, const std::string& what);  // 256-byte aligned
-  size_t used() const;
+  // Returns an allocation; null is ignored. Nothing may still use it on the device.
+  void Free(const void* p);
+  size_t used() const { return alloc_ ? alloc_->used() : 0; }
   size_t capacity() const { return bytes_; }
 
  private:
   DeviceArena() = default;
   char* base_ = nullptr;
-  size_t bytes_ = 0, used_ = 0;
-  mutable std::mutex mu_;
+  size_t bytes_ = 0;
+  std::unique_ptr<ArenaAllocator> alloc_;
 };
 
 struct StreamSlot {

@@ -23,15 +23,26 @@ class CudaKvAttention : public KvAttentionExecutor {
     std::unique_ptr<CudaKvAttention> e(new CudaKvAttention(ctx, m, g));
     const size_t pool = size_t(g.pool_elements()) * 2;
     for (auto& d : ctx) {
+      // Held by the executor as soon as taken, so that a failure frees them (the destructor).
+      e->k_.push_back(nullptr);
+      e->v_.push_back(nullptr);
       auto k = d->arena().Allocate(pool, "KV cache (K)");
       if (!k.ok()) return k.status();
+      e->k_.back() = *k;
       auto v = d->arena().Allocate(pool, "KV cache (V)");
       if (!v.ok()) return v.status();
-      e->k_.push_back(*k);
-      e->v_.push_back(*v);
+      e->v_.back() = *v;
     }
     m.BackendGauge("flashq_kv_cache_bytes", "Device bytes of the KV cache per GPU", {}).Set(double(pool) * 2);
     return e;
+  }
+
+  // Runs once the model's workers have stopped: the KV pages go back to the arena.
+  ~CudaKvAttention() override {
+    for (size_t i = 0; i < k_.size(); ++i) {
+      ctx_[i]->arena().Free(k_[i]);
+      ctx_[i]->arena().Free(v_[i]);
+    }
   }
 
   using KvAttentionExecutor::Run;

@@ -21,7 +21,9 @@ class CudaLinear : public LinearExecutor {
     e->max_rows_ = invariant ? 256 : 4096;
     for (auto& d : ctx) {
       FQ_CUDA_OK(cudaSetDevice(d->device()));
-      Replica r;
+      // Held by the executor from the start, so that a load failing half-way still frees
+      // what it took (the destructor).
+      Replica& r = e->replicas_.emplace_back();
       switch (w.format) {
         case WeightFormat::kBf16: {
           auto p = d->arena().Allocate(w.bf16.size() * 2, "bf16 weights");
@@ -69,15 +71,20 @@ class CudaLinear : public LinearExecutor {
         }
         r.workspace.push_back(ws);
       }
-      e->replicas_.push_back(std::move(r));
     }
     FQ_CUDA_OK(cudaDeviceSynchronize());
     return e;
   }
 
+  // Runs once the model's workers have stopped, so no kernel still reads these.
   ~CudaLinear() override {
-    for (auto& r : replicas_) {
+    for (size_t i = 0; i < replicas_.size(); ++i) {
+      Replica& r = replicas_[i];
+      DeviceArena& arena = ctx_[i]->arena();
       if (r.own_bf16) cudaFree(r.bf16);
+      else arena.Free(r.bf16);
+      arena.Free(r.bias);
+      for (char* ws : r.workspace) arena.Free(ws);
     }
   }
 
