@@ -2,8 +2,9 @@
 # Installs whatever is missing on a Debian 12 machine to build and test flashq:
 # the Debian packages (compilers, gRPC, protobuf, Abseil, prometheus-cpp,
 # GoogleTest, Google Benchmark, the Prometheus server used by the metrics test, clang
-# with its sanitizer/libFuzzer runtimes and openssl for the reliability tests)
-# and a Python virtual environment in .venv with the test clients.
+# with its sanitizer/libFuzzer runtimes and openssl for the reliability tests, podman
+# with runc and netavark for the container tests) and a Python virtual environment in
+# .venv with the test clients.
 # Idempotent: with everything present it only checks and exits in a second or two.
 #
 #   scripts/setup.sh            # install what is missing
@@ -24,6 +25,7 @@ APT_PACKAGES=(
   prometheus-cpp-dev libgtest-dev googletest libbenchmark-dev libgoogle-perftools-dev
   prometheus libb64-0d python3-venv python3-pip curl
   clang libclang-rt-14-dev openssl debootstrap docker-compose
+  podman runc netavark aardvark-dns iptables
 )
 PY_PACKAGES=(numpy pytest matplotlib "tritonclient[grpc]==2.50.0" nvidia-cuda-runtime-cu12 grpcio-health-checking grpcio-reflection kubernetes-validate safetensors)
 
