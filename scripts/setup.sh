@@ -16,6 +16,10 @@
 # GLIBC_2.38). It links libb64.so.0d (Debian libb64-0d) and libcudart.so.12 (from the
 # nvidia-cuda-runtime-cu12 wheel, needed even without a GPU); scripts/perf_analyzer
 # sets LD_LIBRARY_PATH for it.
+#
+# Why podman-compose from PyPI: Debian 12's 1.0.3 leaves `${VAR:-}` in compose files
+# unexpanded and quotes exec-form healthchecks wrongly; 1.6.0 is the version the compose
+# test runs with Debian 12's podman 4.3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +31,7 @@ APT_PACKAGES=(
   clang libclang-rt-14-dev openssl debootstrap docker-compose
   podman runc netavark aardvark-dns iptables
 )
-PY_PACKAGES=(numpy pytest matplotlib "tritonclient[grpc]==2.50.0" nvidia-cuda-runtime-cu12 grpcio-health-checking grpcio-reflection kubernetes-validate safetensors)
+PY_PACKAGES=(numpy pytest matplotlib "tritonclient[grpc]==2.50.0" nvidia-cuda-runtime-cu12 grpcio-health-checking grpcio-reflection kubernetes-validate safetensors podman-compose==1.6.0)
 
 log() { echo "setup: $*"; }
 
@@ -66,7 +70,7 @@ if "$VENV/bin/python" - <<'PY' 2>/dev/null
 import importlib.metadata as md, sys
 need = {"numpy": None, "pytest": None, "matplotlib": None, "tritonclient": "2.50.0",
         "nvidia-cuda-runtime-cu12": None, "grpcio-health-checking": None, "grpcio-reflection": None, "kubernetes-validate": None,
-        "safetensors": None}
+        "safetensors": None, "podman-compose": "1.6.0"}
 for name, ver in need.items():
     v = md.version(name)
     if ver and v != ver:

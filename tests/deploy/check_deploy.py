@@ -20,7 +20,8 @@ dockerfile  a small linter (hadolint is not packaged for Debian): both Dockerfil
             pass build.sh only variables it reads, build `prebuilt` and `runtime` on one
             runtime stage, take pip's CA as a build secret, have a non-root USER, a
             HEALTHCHECK with flashq-health, EXPOSE 8001 8002, COPY only paths that exist,
-            and the usual apt hygiene; the GPU image's CUDA comes from pinned wheels.
+            and the usual apt hygiene; the GPU image's CUDA comes from pinned wheels; the
+            Prometheus image is Debian's package on the same base.
 Exit 0 when every check passes; prints one line per check.
 """
 import argparse
@@ -239,7 +240,10 @@ def check_compose(src):
                 ok(os.path.exists(os.path.join(d, host)), f"{name} mounts {host}, which exists")
     b = c["services"]["flashq"]["build"]
     ok(os.path.exists(os.path.join(d, b["context"], b["dockerfile"])), f"flashq builds {b['dockerfile']}, which exists")
-    ok({"8001:8001", "8002:8002"} <= set(c["services"]["flashq"]["ports"]), "compose publishes 8001 and 8002")
+    pb = c["services"]["prometheus"]["build"]
+    ok(os.path.exists(os.path.join(d, pb["context"], "Dockerfile")), f"prometheus builds {pb['context']}/Dockerfile, which exists")
+    published = {p.rsplit(":", 1)[1] for p in c["services"]["flashq"]["ports"]}
+    ok({"8001", "8002"} <= published, "compose publishes the container ports 8001 and 8002")
     ok("flashq-health" in " ".join(c["services"]["flashq"]["healthcheck"]["test"]), "compose healthcheck uses flashq-health")
 
 
@@ -358,6 +362,16 @@ def check_dockerfile(src):
     ignore = os.path.join(src, ".dockerignore")
     ok(os.path.exists(ignore) and {"build", "build-*", ".venv*"} <= set(open(ignore).read().split()),
        ".dockerignore keeps build folders and the venv out of the context")
+
+    print(" prometheus/Dockerfile:")
+    ins = dockerfile_instructions(os.path.join(src, "deploy", "prometheus", "Dockerfile"))
+    froms = [a for i, a in ins if i == "FROM"]
+    ok(froms == ["debian:12-slim"], "prometheus/Dockerfile: on the same Debian 12 slim base")
+    ok(any(i == "RUN" and re.search(r"apt-get install .*\bprometheus\b", a) for i, a in ins),
+       "prometheus/Dockerfile: Debian's prometheus package")
+    users = [a for i, a in ins if i == "USER"]
+    ok(users and users[-1] not in ("0", "root"), f"prometheus/Dockerfile: runs as a non-root USER ({users})")
+    check_apt_hygiene("prometheus/Dockerfile", ins)
 
 
 # ---------------------------------------------------------------------------------
