@@ -83,6 +83,16 @@ def promql_check(exprs, what):
     ok(rc == 0, f"{what}: {len(exprs)} PromQL expressions parse" + ("" if rc == 0 else f"\n{out}"))
 
 
+def server_flags(src):
+    """Every flag name flashq-server defines (FlagSet Add and Alias calls under server/)."""
+    names = set()
+    for root, _, files in os.walk(os.path.join(src, "server")):
+        for f in files:
+            if f.endswith(".cc"):
+                names |= set(re.findall(r'\.(?:Add|Alias)\("([a-z0-9-]+)"', open(os.path.join(root, f)).read()))
+    return names
+
+
 # ---------------------------------------------------------------------------------
 def check_k8s(src):
     k8s = os.path.join(src, "deploy", "k8s")
@@ -124,17 +134,26 @@ def check_k8s(src):
     ok(pod["spec"]["securityContext"].get("runAsNonRoot") is True, "pod runs as non-root")
     # Without a maximum connection age, clients stay on the replicas they first reached and
     # replicas added by the HPA get no traffic.
-    age = [a.split("=", 1)[1] for a in c.get("args", []) if a.startswith("--grpc-max-connection-age=")]
-    known = "\"grpc-max-connection-age\"" in open(os.path.join(src, "server", "frontend", "grpc_keepalive.cc")).read()
-    ok(known and len(age) == 1 and age[0].isdigit() and int(age[0]) > 0,
-       f"Deployment sets a positive --grpc-max-connection-age (a server flag): {age}")
+    args = dict(a[2:].split("=", 1) for a in c.get("args", []))
+    unknown = sorted(set(args) - server_flags(src))
+    ok(not unknown, f"Deployment passes only flags the server defines (unknown: {unknown})")
+    age = args.get("grpc-max-connection-age", "")
+    ok(age.isdigit() and int(age) > 0, f"Deployment sets a positive --grpc-max-connection-age: {age}")
+    # Clients balancing over the headless Service ping to notice lost replicas; with no call
+    # in flight gRPC allows a client ping only when permit-without-calls is set.
+    ping = args.get("grpc-http2-min-recv-ping-interval-without-data", "")
+    ok(args.get("grpc-keepalive-permit-without-calls") in ("1", "true") and ping.isdigit() and int(ping) <= 10000,
+       "Deployment accepts client keepalive pings every 10 s, also between calls")
     labels = pod["metadata"]["labels"]
     for name in ("flashq", "flashq-headless"):
         svc = docs.get(("Service", name))
         ok(svc is not None and all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()),
            f"Service {name} selects the Deployment's pods")
-    ok(docs.get(("Service", "flashq-headless"), {}).get("spec", {}).get("clusterIP") == "None",
-       "flashq-headless is headless")
+    headless = docs.get(("Service", "flashq-headless"), {}).get("spec", {})
+    ok(headless.get("clusterIP") == "None" and not headless.get("publishNotReadyAddresses"),
+       "flashq-headless is headless and lists only ready pods")
+    ok(any(p.get("port") == 8001 and p.get("appProtocol") == "kubernetes.io/h2c" for p in headless.get("ports", [])),
+       "flashq-headless serves 8001 as h2c (gRPC)")
     pdb = docs.get(("PodDisruptionBudget", "flashq"))
     ok(pdb is not None and all(labels.get(k) == v for k, v in pdb["spec"]["selector"]["matchLabels"].items()),
        "PodDisruptionBudget selects the Deployment's pods")
