@@ -7,11 +7,13 @@ PromQL over the scraped histograms answers.
 Waits for Prometheus's `flashq` target to be up, sends `attention` requests (checked
 against the float64 reference) for a few scrape intervals, then asks Prometheus for the
 p99 request latency, histogram_quantile over rate(flashq_request_duration_seconds_bucket),
-until it answers with a number, and checks that the rule files (recording rules and
-alerts) are loaded and the HPA's recording rule has a value. Exit 0 on success.
+until it answers with a number, checks that the rule files (recording rules and
+alerts) are loaded and the HPA's recording rule has a value, and runs every query of
+the Grafana dashboard (throughput and p99 latency must have data). Exit 0 on success.
 """
 import json
 import math
+import os
 import sys
 import time
 import urllib.parse
@@ -20,7 +22,10 @@ import urllib.request
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from check_deploy import dashboard_queries
 from infer_once import attention_request, check_attention
+
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 P99 = ('histogram_quantile(0.99, sum by (le) '
        '(rate(flashq_request_duration_seconds_bucket{job="flashq",stage="total",model="attention"}[1m])))')
@@ -85,6 +90,14 @@ def main():
     q = wait_for("the recording rule flashq:queue_seconds:mean1m has a value",
                  lambda: api(prom, "query", query='flashq:queue_seconds:mean1m{model="attention"}')["result"], 60)
     print(f"stack_check: rules loaded ({', '.join(sorted(groups))}); flashq:queue_seconds:mean1m = {q[0]['value'][1]}")
+
+    # The Grafana dashboard's queries, as Grafana would send them to this Prometheus.
+    queries = dashboard_queries(SRC)
+    empty = sorted({title for title, e in queries if not api(prom, "query", query=e)["result"]})
+    for want in ("Throughput (requests/s) by model", "p99 latency by stage"):
+        assert want not in empty, f"dashboard panel {want!r} has no data on the stack"
+    print(f"stack_check: the {len(queries)} Grafana dashboard queries run here; panels without data "
+          f"on this CPU-backend stack: {empty}")
 
 
 if __name__ == "__main__":
