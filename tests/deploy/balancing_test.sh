@@ -13,14 +13,9 @@ set -euo pipefail
 SRC="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="$(cd "${1:?usage: balancing_test.sh BUILD_DIR}" && pwd)"
 AGE_MS=2000
-log() { echo "balancing: $*"; }
-skip() { log "SKIPPED: $*"; exit 77; }
-fail() { log "FAILED: $*"; exit 1; }
-t0=$(date +%s.%N)
-elapsed() { python3 -c "import sys; print(f'{float(sys.argv[1]) - float(sys.argv[2]):.1f}')" "$(date +%s.%N)" "$1"; }
-PY="$SRC/.venv/bin/python"
-"$PY" -c 'import tritonclient.grpc, numpy, yaml' 2>/dev/null || fail "$PY lacks tritonclient[grpc]/numpy/yaml (run scripts/setup.sh)"
+TEST=balancing
 . "$SRC/tests/deploy/podman_lib.sh"
+podman_setup
 
 WORK=$(mktemp -d "$BUILD/deploy-balancing.XXXXXX")
 NET=flashq-balancing-$$
@@ -29,7 +24,6 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-podman_setup
 
 build_image deploy/Dockerfile.cpu flashq:cpu
 RUN=(podman run -d --network "$NET")

@@ -16,16 +16,11 @@
 set -euo pipefail
 SRC="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="$(cd "${1:?usage: compose_test.sh BUILD_DIR}" && pwd)"
-log() { echo "compose: $*"; }
-skip() { log "SKIPPED: $*"; exit 77; }
-fail() { log "FAILED: $*"; exit 1; }
-t0=$(date +%s.%N)
-elapsed() { python3 -c "import sys; print(f'{float(sys.argv[1]) - float(sys.argv[2]):.1f}')" "$(date +%s.%N)" "$1"; }
-PY="$SRC/.venv/bin/python"
+TEST=compose
+. "$SRC/tests/deploy/podman_lib.sh"
+podman_setup
 COMPOSE="$SRC/.venv/bin/podman-compose"
 [ -x "$COMPOSE" ] || fail "no $COMPOSE (scripts/setup.sh installs podman-compose into .venv)"
-"$PY" -c 'import tritonclient.grpc, numpy' 2>/dev/null || fail "$PY lacks tritonclient[grpc]/numpy (run scripts/setup.sh)"
-. "$SRC/tests/deploy/podman_lib.sh"
 
 WORK=$(mktemp -d "$BUILD/deploy-compose.XXXXXX")
 PROJECT=flashq-compose-test-$$
@@ -36,7 +31,6 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-podman_setup
 
 # The images the stack runs, built here (podman-compose's own build passes neither
 # --network=host, which apt in the Prometheus image needs, nor the bundle context).

@@ -17,14 +17,9 @@ set -euo pipefail
 SRC="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="$(cd "${1:?usage: image_test.sh BUILD_DIR cpu|gpu}" && pwd)"
 KIND=${2:?usage: image_test.sh BUILD_DIR cpu|gpu}
-log() { echo "image-$KIND: $*"; }
-skip() { log "SKIPPED: $*"; exit 77; }
-fail() { log "FAILED: $*"; exit 1; }
-t0=$(date +%s.%N)
-elapsed() { python3 -c "import sys; print(f'{float(sys.argv[1]) - float(sys.argv[2]):.1f}')" "$(date +%s.%N)" "$1"; }
-PY="$SRC/.venv/bin/python"
-"$PY" -c 'import tritonclient.grpc, numpy' 2>/dev/null || fail "$PY lacks tritonclient[grpc]/numpy (run scripts/setup.sh)"
+TEST=image-$KIND
 . "$SRC/tests/deploy/podman_lib.sh"
+podman_setup
 
 WORK=$(mktemp -d "$BUILD/deploy-image.XXXXXX")
 NAME=flashq-image-test-$KIND-$$
@@ -33,7 +28,6 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-podman_setup
 
 RUN_ARGS=()
 case $KIND in

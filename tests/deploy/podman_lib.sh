@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the container tests (tests/deploy/*_test.sh that run podman): podman as root with
 # tests/deploy/containers.conf, Debian 12 base images made from the debootstrapped root
 # that the bundle test caches (no registry is needed), and the flashq images.
@@ -7,7 +8,15 @@
 #                       bundle (deploy/bundle.sh), so nothing is compiled again;
 #   full                the whole multi-stage build: setup.sh, build.sh and bundle.sh
 #                       inside the builder stage (Debian packages and PyPI over the network).
-# Callers define SRC, BUILD, WORK, PY and log/fail/skip/elapsed before sourcing.
+# Callers set SRC, BUILD and TEST (the prefix of their log lines) before sourcing, and
+# WORK (their scratch folder) before building.
+
+PY="$SRC/.venv/bin/python"
+t0=$(date +%s.%N)  # the test's start, for its PASSED line
+log() { echo "$TEST: $*"; }
+skip() { log "SKIPPED: $*"; exit 77; }
+fail() { log "FAILED: $*"; exit 1; }
+elapsed() { python3 -c "import sys; print(f'{float(sys.argv[1]) - float(sys.argv[2]):.1f}')" "$(date +%s.%N)" "$1"; }
 
 podman_setup() {
   [ "$(id -u)" = 0 ] || skip "needs root: podman runs rootful here (CI runs as root)"
@@ -15,6 +24,8 @@ podman_setup() {
   for tool in podman runc; do
     command -v "$tool" >/dev/null || fail "$tool not installed (scripts/setup.sh installs it)"
   done
+  "$PY" -c 'import tritonclient.grpc, numpy, yaml' 2>/dev/null ||
+    fail "$PY lacks tritonclient[grpc], numpy or yaml (run scripts/setup.sh)"
   export CONTAINERS_CONF="$SRC/tests/deploy/containers.conf"
   CACHE=${FLASHQ_DEPLOY_CACHE:-$BUILD/deploy-cache}
   mkdir -p "$CACHE"
@@ -57,13 +68,12 @@ cublaslt_mount() {
   log "CUDA-linked build: lending the host's cuBLASLt folder read-only: $CUBLASLT_MOUNT"
 }
 
-# build_image DOCKERFILE TAG [podman build args...]: builds the flashq image DOCKERFILE
-# (deploy/Dockerfile.cpu or deploy/Dockerfile) as FLASHQ_IMAGE_BUILD says.
+# build_image DOCKERFILE TAG: builds the flashq image DOCKERFILE (deploy/Dockerfile.cpu or
+# deploy/Dockerfile) as FLASHQ_IMAGE_BUILD says.
 build_image() {
   local dockerfile=$1 tag=$2 t ca
-  shift 2
   # docker format: the OCI format has no HEALTHCHECK.
-  local args=(--format docker --network=host -f "$SRC/$dockerfile" -t "$tag" "$@")
+  local args=(--format docker --network=host -f "$SRC/$dockerfile" -t "$tag")
   # pip in a build (the builder's setup.sh, the GPU image's CUDA wheels) needs this
   # machine's CA trust: passed as a build secret, never stored in a layer.
   ca=${PIP_CERT:-${SSL_CERT_FILE:-$("$PY" -m pip config get global.cert 2>/dev/null || true)}}
@@ -94,8 +104,8 @@ PY
 # wait_healthy CONTAINER: runs the image's HEALTHCHECK (podman healthcheck run; without
 # systemd podman has no timer to run it on its own) until it passes, up to 300 s.
 wait_healthy() {
-  local i
-  for i in $(seq 1 300); do
+  local _
+  for _ in $(seq 1 300); do
     [ "$(podman inspect --format '{{.State.Running}}' "$1")" = true ] ||
       { podman logs "$1" 2>&1 | tail -n 30; fail "container $1 exited before it became healthy"; }
     podman healthcheck run "$1" >/dev/null 2>&1 && return 0
