@@ -2,8 +2,9 @@
 # Installs whatever is missing on a Debian 12 machine to build and test flashq:
 # the Debian packages (compilers, gRPC, protobuf, Abseil, prometheus-cpp,
 # GoogleTest, Google Benchmark, the Prometheus server used by the metrics test, clang
-# with its sanitizer/libFuzzer runtimes and openssl for the reliability tests)
-# and a Python virtual environment in .venv with the test clients.
+# with its sanitizer/libFuzzer runtimes and openssl for the reliability tests, podman
+# with runc and netavark for the container tests) and a Python virtual environment in
+# .venv with the test clients.
 # Idempotent: with everything present it only checks and exits in a second or two.
 #
 #   scripts/setup.sh            # install what is missing
@@ -15,6 +16,10 @@
 # GLIBC_2.38). It links libb64.so.0d (Debian libb64-0d) and libcudart.so.12 (from the
 # nvidia-cuda-runtime-cu12 wheel, needed even without a GPU); scripts/perf_analyzer
 # sets LD_LIBRARY_PATH for it.
+#
+# Why podman-compose from PyPI: Debian 12's 1.0.3 leaves `${VAR:-}` in compose files
+# unexpanded and quotes exec-form healthchecks wrongly; 1.6.0 is the version the compose
+# test runs with Debian 12's podman 4.3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,8 +29,9 @@ APT_PACKAGES=(
   prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev libgtest-dev googletest libbenchmark-dev libgoogle-perftools-dev
   prometheus libb64-0d python3-venv python3-pip curl
   clang libclang-rt-14-dev openssl debootstrap docker-compose
+  podman runc netavark aardvark-dns iptables
 )
-PY_PACKAGES=(numpy pytest matplotlib "tritonclient[grpc,http]==2.50.0" nvidia-cuda-runtime-cu12 grpcio-health-checking grpcio-reflection kubernetes-validate safetensors)
+PY_PACKAGES=(numpy pytest matplotlib "tritonclient[grpc,http]==2.50.0" nvidia-cuda-runtime-cu12 grpcio-health-checking grpcio-reflection kubernetes-validate safetensors podman-compose==1.6.0)
 
 log() { echo "setup: $*"; }
 
@@ -64,7 +70,7 @@ if "$VENV/bin/python" - <<'PY' 2>/dev/null
 import importlib.metadata as md, sys
 need = {"numpy": None, "pytest": None, "matplotlib": None, "tritonclient": "2.50.0",
         "nvidia-cuda-runtime-cu12": None, "grpcio-health-checking": None, "grpcio-reflection": None, "kubernetes-validate": None,
-        "safetensors": None}
+        "safetensors": None, "podman-compose": "1.6.0"}
 for name, ver in need.items():
     v = md.version(name)
     if ver and v != ver:

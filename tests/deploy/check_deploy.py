@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Offline checks of everything in deploy/ that cannot run here (no Docker engine, no cluster).
+"""Offline checks of deploy/: what no engine here runs (a cluster, Grafana, Envoy), and the
+static side of what the container tests run (Dockerfiles, compose, Prometheus config).
 
     check_deploy.py {k8s|prometheus|grafana|compose|dockerfile} [--src REPO]
 
@@ -16,9 +17,11 @@ compose     `docker compose config` or `docker-compose config` (schema check wit
             engine), plus the files the stack mounts exist.
 dockerfile  a small linter (hadolint is not packaged for Debian): both Dockerfiles run
             scripts/setup.sh, scripts/build.sh and deploy/bundle.sh (the steps CI proves),
-            pass build.sh only variables it reads, have a non-root USER, a HEALTHCHECK with
-            flashq-health, EXPOSE 8001 8002, COPY only paths that exist, and the usual
-            apt hygiene.
+            pass build.sh only variables it reads, build `prebuilt` and `runtime` on one
+            runtime stage, take pip's CA as a build secret, have a non-root USER, a
+            HEALTHCHECK with flashq-health, EXPOSE 8001 8002, COPY only paths that exist,
+            and the usual apt hygiene; the GPU image's CUDA comes from pinned wheels; the
+            Prometheus image is Debian's package on the same base.
 Exit 0 when every check passes; prints one line per check.
 """
 import argparse
@@ -80,6 +83,16 @@ def promql_check(exprs, what):
     ok(rc == 0, f"{what}: {len(exprs)} PromQL expressions parse" + ("" if rc == 0 else f"\n{out}"))
 
 
+def server_flags(src):
+    """Every flag name flashq-server defines (FlagSet Add and Alias calls under server/)."""
+    names = set()
+    for root, _, files in os.walk(os.path.join(src, "server")):
+        for f in files:
+            if f.endswith(".cc"):
+                names |= set(re.findall(r'\.(?:Add|Alias)\("([a-z0-9-]+)"', open(os.path.join(root, f)).read()))
+    return names
+
+
 # ---------------------------------------------------------------------------------
 def check_k8s(src):
     k8s = os.path.join(src, "deploy", "k8s")
@@ -121,17 +134,26 @@ def check_k8s(src):
     ok(pod["spec"]["securityContext"].get("runAsNonRoot") is True, "pod runs as non-root")
     # Without a maximum connection age, clients stay on the replicas they first reached and
     # replicas added by the HPA get no traffic.
-    age = [a.split("=", 1)[1] for a in c.get("args", []) if a.startswith("--grpc-max-connection-age=")]
-    known = "\"grpc-max-connection-age\"" in open(os.path.join(src, "server", "frontend", "grpc_keepalive.cc")).read()
-    ok(known and len(age) == 1 and age[0].isdigit() and int(age[0]) > 0,
-       f"Deployment sets a positive --grpc-max-connection-age (a server flag): {age}")
+    args = dict(a[2:].split("=", 1) for a in c.get("args", []))
+    unknown = sorted(set(args) - server_flags(src))
+    ok(not unknown, f"Deployment passes only flags the server defines (unknown: {unknown})")
+    age = args.get("grpc-max-connection-age", "")
+    ok(age.isdigit() and int(age) > 0, f"Deployment sets a positive --grpc-max-connection-age: {age}")
+    # Clients balancing over the headless Service ping to notice lost replicas; with no call
+    # in flight gRPC allows a client ping only when permit-without-calls is set.
+    ping = args.get("grpc-http2-min-recv-ping-interval-without-data", "")
+    ok(args.get("grpc-keepalive-permit-without-calls") in ("1", "true") and ping.isdigit() and int(ping) <= 10000,
+       "Deployment accepts client keepalive pings every 10 s, also between calls")
     labels = pod["metadata"]["labels"]
     for name in ("flashq", "flashq-headless"):
         svc = docs.get(("Service", name))
         ok(svc is not None and all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()),
            f"Service {name} selects the Deployment's pods")
-    ok(docs.get(("Service", "flashq-headless"), {}).get("spec", {}).get("clusterIP") == "None",
-       "flashq-headless is headless")
+    headless = docs.get(("Service", "flashq-headless"), {}).get("spec", {})
+    ok(headless.get("clusterIP") == "None" and not headless.get("publishNotReadyAddresses"),
+       "flashq-headless is headless and lists only ready pods")
+    ok(any(p.get("port") == 8001 and p.get("appProtocol") == "kubernetes.io/h2c" for p in headless.get("ports", [])),
+       "flashq-headless serves 8001 as h2c (gRPC)")
     pdb = docs.get(("PodDisruptionBudget", "flashq"))
     ok(pdb is not None and all(labels.get(k) == v for k, v in pdb["spec"]["selector"]["matchLabels"].items()),
        "PodDisruptionBudget selects the Deployment's pods")
@@ -180,6 +202,21 @@ def check_prometheus(src):
 
 
 # ---------------------------------------------------------------------------------
+def dashboard_queries(src):
+    """(panel title, PromQL) for every query of the Grafana dashboard, with Grafana's
+    variables filled in as "all" and a 1m rate interval. stack_check.py runs them too."""
+    dash = json.load(open(os.path.join(src, "deploy", "grafana", "dashboards", "flashq.json")))
+    subst = {"$__rate_interval": "1m", "$instance": ".*", "$model": ".*"}
+    out = []
+    for p in dash["panels"]:
+        for t in p.get("targets", []):
+            e = t["expr"]
+            for k, v in subst.items():
+                e = e.replace(k, v)
+            out.append((p["title"], e))
+    return out
+
+
 def check_grafana(src):
     g = os.path.join(src, "deploy", "grafana")
     dash = json.load(open(os.path.join(g, "dashboards", "flashq.json")))
@@ -187,12 +224,7 @@ def check_grafana(src):
     ids = [p["id"] for p in panels]
     ok(len(ids) == len(set(ids)), "dashboard panel ids are unique")
     exprs = [t["expr"] for p in panels for t in p.get("targets", [])]
-    subst = {"$__rate_interval": "1m", "$instance": ".*", "$model": ".*"}
-    filled = []
-    for e in exprs:
-        for k, v in subst.items():
-            e = e.replace(k, v)
-        filled.append(e)
+    filled = [e for _, e in dashboard_queries(src)]
     ok(not any("$" in e for e in filled), "dashboard queries use only the variables $instance, $model, $__rate_interval")
     promql_check(filled, "Grafana dashboard queries")
     names = {family_of(n) for e in filled for n in re.findall(r"\b(flashq_[a-z_]+)\b", e)}
@@ -237,7 +269,10 @@ def check_compose(src):
                 ok(os.path.exists(os.path.join(d, host)), f"{name} mounts {host}, which exists")
     b = c["services"]["flashq"]["build"]
     ok(os.path.exists(os.path.join(d, b["context"], b["dockerfile"])), f"flashq builds {b['dockerfile']}, which exists")
-    ok({"8001:8001", "8002:8002"} <= set(c["services"]["flashq"]["ports"]), "compose publishes 8001 and 8002")
+    pb = c["services"]["prometheus"]["build"]
+    ok(os.path.exists(os.path.join(d, pb["context"], "Dockerfile")), f"prometheus builds {pb['context']}/Dockerfile, which exists")
+    published = {p.rsplit(":", 1)[1] for p in c["services"]["flashq"]["ports"]}
+    ok({"8001", "8002"} <= published, "compose publishes the container ports 8001 and 8002")
     ok("flashq-health" in " ".join(c["services"]["flashq"]["healthcheck"]["test"]), "compose healthcheck uses flashq-health")
 
 
@@ -261,35 +296,86 @@ def dockerfile_instructions(path):
     return out
 
 
+def dockerfile_stages(ins):
+    """[(name, base, instructions)] per FROM; a stage without AS is named by its index."""
+    stages = []
+    for i, a in ins:
+        if i == "FROM":
+            words = a.split()
+            name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else str(len(stages))
+            stages.append((name, words[0], []))
+        elif stages:
+            stages[-1][2].append((i, a))
+    return stages
+
+
+def stage_chain(stages, name):
+    """The instructions an image built to stage `name` carries: its own and those of the
+    stages it is built FROM, base first."""
+    by_name = {n: (b, i) for n, b, i in stages}
+    out = []
+    while name in by_name:
+        base, ins = by_name[name]
+        out = ins + out
+        name = base
+    return out
+
+
+def check_apt_hygiene(name, ins):
+    for i, a in ins:
+        if i == "RUN" and "apt-get install" in a:
+            ok("--no-install-recommends" in a and "-y" in a, f"{name}: apt-get install -y --no-install-recommends")
+            ok("rm -rf /var/lib/apt/lists" in a, f"{name}: apt lists removed in the same layer")
+        if i == "ADD":
+            ok(False, f"{name}: uses COPY, not ADD ({a})")
+    ok(any(i == "SHELL" and "pipefail" in a for i, a in ins), f"{name}: SHELL with pipefail for piped RUNs")
+
+
 def check_dockerfile(src):
     build_sh = open(os.path.join(src, "scripts", "build.sh")).read()
     read_vars = set(re.findall(r"\$\{(\w+)", build_sh)) | set(re.findall(r"\$(\w+)", build_sh))
     for name in ("Dockerfile", "Dockerfile.cpu"):
         path = os.path.join(src, "deploy", name)
         ins = dockerfile_instructions(path)
+        stages = dockerfile_stages(ins)
         print(f" {name}:")
-        froms = [a for i, a in ins if i == "FROM"]
-        ok(len(froms) >= 2, f"{name}: multi-stage ({len(froms)} stages)")
+        bases = {n: b for n, b, _ in stages}
+        ok(len(stages) >= 3, f"{name}: multi-stage ({len(stages)} stages)")
+        ok(bases.get("build") == "debian:12", f"{name}: builder `build` on Debian 12 ({bases.get('build')})")
+        ok(bases.get("runtime-base") == "debian:12-slim", f"{name}: runtime on Debian 12 slim ({bases.get('runtime-base')})")
+        # The fast test builds `prebuilt`; it must be the shipped image but for the bundle's origin.
+        ok(stages[-1][0] == "runtime" and bases.get("prebuilt") == bases.get("runtime") == "runtime-base",
+           f"{name}: the default target `runtime` and `prebuilt` both build on `runtime-base`")
+        own = {n: i for n, _, i in stages}  # each stage's own instructions
+        ok(any(i == "COPY" and a.startswith("--from=bundle ") for i, a in own.get("prebuilt", [])),
+           f"{name}: `prebuilt` copies the bundle from the build context `bundle`")
+        ok(any(i == "COPY" and a.startswith("--from=build ") for i, a in own.get("runtime", [])),
+           f"{name}: `runtime` copies the bundle from the builder")
         if name == "Dockerfile":
-            ok(re.search(r"nvidia/cuda:\$\{CUDA_VERSION\}-devel", froms[0]) is not None, f"{name}: builder on the CUDA devel image")
-            ok(re.search(r"nvidia/cuda:\$\{CUDA_VERSION\}-runtime", froms[-1]) is not None, f"{name}: runtime on the CUDA runtime image")
             cv = [a for i, a in ins if i == "ARG" and a.startswith("CUDA_VERSION=")]
             ok(cv and cv[0].split("=")[1].startswith("13."), f"{name}: CUDA 13")
-        else:
-            ok(froms[0].startswith("debian:12"), f"{name}: builder on Debian 12")
-            ok(froms[-1].startswith("debian:12-slim"), f"{name}: runtime on Debian 12 slim")
+            cuda = " ".join(a for i, a in own.get("cuda", []) if i == "RUN")
+            wheels = re.findall(r'"(nvidia-[a-z-]+)==\$\{CUDA_VERSION\}\.\*"', cuda)
+            ok({"nvidia-cuda-nvcc", "nvidia-cuda-runtime", "nvidia-cublas"} <= set(wheels),
+               f"{name}: stage `cuda` installs the CUDA wheels pinned to CUDA_VERSION ({wheels})")
+            ok(any(i == "COPY" and a.startswith("--from=cuda ") and a.endswith("/usr/local/cuda/lib64/libcublasLt.so.13")
+                   for i, a in own.get("runtime-base", [])),
+               f"{name}: the runtime carries cuBLASLt at /usr/local/cuda/lib64, where the launcher looks")
+            ok(any(i == "COPY" and a.startswith("--from=cuda ") for i, a in own.get("build", [])),
+               f"{name}: the builder compiles with the CUDA toolkit from stage `cuda`")
         runs = " ; ".join(a for i, a in ins if i == "RUN")
         for script in ("scripts/setup.sh", "scripts/build.sh", "deploy/bundle.sh"):
             ok(script in runs, f"{name}: runs {script} (the same step CI runs)")
             ok(os.access(os.path.join(src, script), os.X_OK), f"{script} exists and is executable")
+        baked = [a for i, a in ins if (i == "COPY" and re.search(r"\.(crt|pem)\b", a)) or (i == "ENV" and "CERT" in a)]
+        ok("/run/secrets/ca" in runs and not baked,
+           f"{name}: pip's CA bundle comes in as the build secret `ca`, not in a layer")
         build_run = next((a for i, a in ins if i == "RUN" and "scripts/build.sh" in a), "")
         prefix = re.split(r"&&|;", build_run.split("scripts/build.sh")[0])[-1]
         used = set(re.findall(r"\b([A-Z][A-Z0-9_]*)=", prefix))
         ok(used and used <= read_vars, f"{name}: build.sh is given only variables it reads ({sorted(used)})"
            + ("" if used <= read_vars else f", unknown {sorted(used - read_vars)}"))
-        # Final stage.
-        last_from = max(k for k, (i, _) in enumerate(ins) if i == "FROM")
-        final = ins[last_from:]
+        final = stage_chain(stages, stages[-1][0])
         users = [a for i, a in final if i == "USER"]
         ok(users and users[-1].split(":")[0] not in ("0", "root"), f"{name}: runtime runs as a non-root USER ({users[-1] if users else None})")
         hc = [a for i, a in final if i == "HEALTHCHECK"]
@@ -299,17 +385,22 @@ def check_dockerfile(src):
         ok(any(i == "ENTRYPOINT" for i, _ in final), f"{name}: has an ENTRYPOINT")
         for i, a in ins:
             if i == "COPY" and "--from=" not in a:
-                srcs = a.split()[:-1]
-                for s in srcs:
+                for s in a.split()[:-1]:
                     ok(s == "." or os.path.exists(os.path.join(src, s)), f"{name}: COPY {s} exists in the context")
-            if i == "ADD":
-                ok(False, f"{name}: uses COPY, not ADD ({a})")
-        for i, a in ins:
-            if i == "RUN" and "apt-get install" in a:
-                ok("--no-install-recommends" in a and "-y" in a, f"{name}: apt-get install -y --no-install-recommends")
-                ok("rm -rf /var/lib/apt/lists" in a, f"{name}: apt lists removed in the same layer")
-        ok(any(i == "SHELL" and "pipefail" in a for i, a in ins), f"{name}: SHELL with pipefail for piped RUNs")
-        ok(os.path.exists(path + ".dockerignore"), f"{name}.dockerignore keeps build outputs out of the context")
+        check_apt_hygiene(name, ins)
+    ignore = os.path.join(src, ".dockerignore")
+    ok(os.path.exists(ignore) and {"build", "build-*", ".venv*"} <= set(open(ignore).read().split()),
+       ".dockerignore keeps build folders and the venv out of the context")
+
+    print(" prometheus/Dockerfile:")
+    ins = dockerfile_instructions(os.path.join(src, "deploy", "prometheus", "Dockerfile"))
+    froms = [a for i, a in ins if i == "FROM"]
+    ok(froms == ["debian:12-slim"], "prometheus/Dockerfile: on the same Debian 12 slim base")
+    ok(any(i == "RUN" and re.search(r"apt-get install .*\bprometheus\b", a) for i, a in ins),
+       "prometheus/Dockerfile: Debian's prometheus package")
+    users = [a for i, a in ins if i == "USER"]
+    ok(users and users[-1] not in ("0", "root"), f"prometheus/Dockerfile: runs as a non-root USER ({users})")
+    check_apt_hygiene("prometheus/Dockerfile", ins)
 
 
 # ---------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 Sends one `attention` request (FP16, two ragged sequences, GQA 4/2 heads, head dim 128,
 causal) through tritonclient, checks O against a float64 numpy reference, then checks
 that /metrics serves the flashq_ families and counted the request. Exit 0 on success.
-Used by the bundle test (tests/deploy/bundle_chroot_test.sh) and handy by hand.
+Used by the bundle and container tests (tests/deploy/*_test.sh) and handy by hand;
+stop_under_load.py and stack_check.py import its request and reference helpers.
 """
 import sys
 import urllib.request
@@ -35,16 +36,10 @@ def reference(q, k, v, cu_q, cu_k, causal):
     return out
 
 
-def main():
-    grpc_addr, metrics_addr = sys.argv[1], sys.argv[2]
-    client = grpcclient.InferenceServerClient(url=grpc_addr)
-    assert client.is_server_live() and client.is_server_ready(), "server not live/ready"
-    assert client.is_model_ready("attention"), "model `attention` not ready"
-
-    rng = np.random.default_rng(7)
-    lens = [5, 11]
+def attention_request(rng, lens, hq=4, hkv=2, d=128):
+    """Random FP16 `attention` inputs for ragged sequences of `lens` tokens (causal, GQA):
+    (tritonclient inputs, q, k, v, cu_seqlens)."""
     cu = np.array([0] + list(np.cumsum(lens)), np.int32)
-    hq, hkv, d = 4, 2, 128
     q = rng.standard_normal((cu[-1], hq, d)).astype(np.float16)
     k = rng.standard_normal((cu[-1], hkv, d)).astype(np.float16)
     v = rng.standard_normal((cu[-1], hkv, d)).astype(np.float16)
@@ -54,16 +49,31 @@ def main():
         t = grpcclient.InferInput(name, list(arr.shape), dt)
         t.set_data_from_numpy(arr)
         inputs.append(t)
-    res = client.infer("attention", inputs, outputs=[grpcclient.InferRequestedOutput("O")],
-                       parameters={"causal": True}, client_timeout=60)
-    o = res.as_numpy("O")
+    return inputs, q, k, v, cu
+
+
+def check_attention(o, q, k, v, cu):
+    """Asserts O matches the float64 reference rounded through FP16; returns the max abs error."""
     assert o is not None and o.shape == q.shape, f"O shape {None if o is None else o.shape} != {q.shape}"
-    ref = reference(q, k, v, cu, cu, causal=True)
-    ref16 = ref.astype(np.float16).astype(np.float64)
+    ref16 = reference(q, k, v, cu, cu, causal=True).astype(np.float16).astype(np.float64)
     err = np.abs(o.astype(np.float64) - ref16)
     tol = 2e-3 + 2e-2 * np.abs(ref16)
     assert np.all(err <= tol), f"O differs from the reference: max abs err {err.max():.3g}"
-    print(f"infer_once: attention O {list(o.shape)} fp16 matches the float64 reference (max abs err {err.max():.2g})")
+    return err.max()
+
+
+def main():
+    grpc_addr, metrics_addr = sys.argv[1], sys.argv[2]
+    client = grpcclient.InferenceServerClient(url=grpc_addr)
+    assert client.is_server_live() and client.is_server_ready(), "server not live/ready"
+    assert client.is_model_ready("attention"), "model `attention` not ready"
+
+    inputs, q, k, v, cu = attention_request(np.random.default_rng(7), [5, 11])
+    res = client.infer("attention", inputs, outputs=[grpcclient.InferRequestedOutput("O")],
+                       parameters={"causal": True}, client_timeout=60)
+    o = res.as_numpy("O")
+    err = check_attention(o, q, k, v, cu)
+    print(f"infer_once: attention O {list(o.shape)} fp16 matches the float64 reference (max abs err {err:.2g})")
 
     body = urllib.request.urlopen(f"http://{metrics_addr}/metrics", timeout=10).read().decode()
     fams = sorted({ln.split()[2] for ln in body.splitlines() if ln.startswith("# TYPE flashq_")})
