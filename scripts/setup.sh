@@ -70,7 +70,7 @@ if "$VENV/bin/python" - <<'PY' 2>/dev/null
 import importlib.metadata as md, sys
 need = {"numpy": None, "pytest": None, "matplotlib": None, "tritonclient": "2.50.0",
         "nvidia-cuda-runtime-cu12": None, "grpcio-health-checking": None, "grpcio-reflection": None, "kubernetes-validate": None,
-        "safetensors": None, "podman-compose": "1.6.0"}
+        "safetensors": None, "podman-compose": "1.6.0", "geventhttpclient": None}
 for name, ver in need.items():
     v = md.version(name)
     if ver and v != ver:
