@@ -31,6 +31,9 @@ absl::Status Scheduler::Enqueue(std::unique_ptr<Pending> p) {
       rejected = absl::ResourceExhaustedError(absl::StrCat("queue of model '", model_.name(), "' is full (",
                                                            options_.max_queue_size, " requests, max_queue_size)"));
     } else if (rejected = model_.Admit(*p->work); rejected.ok()) {
+      const auto timeout =
+          options_.allow_timeout_override && p->timeout ? *p->timeout : options_.queue_timeout;
+      if (timeout.count() > 0) p->queue_deadline = p->enqueued + timeout;
       queued_tokens_ += p->work->tokens;
       queue_.push_back(std::move(p));
       enqueued_.fetch_add(1, std::memory_order_release);
@@ -86,6 +89,11 @@ void Scheduler::FormBatch(Clock::time_point now, std::vector<std::unique_ptr<Pen
       drop = absl::DeadlineExceededError(absl::StrCat("request passed its deadline after ",
                                                       Ns(now - p.enqueued) / 1000, " us in the queue of model '",
                                                       model_.name(), "'"));
+    } else if (p.queue_deadline && now >= *p.queue_deadline) {
+      drop = absl::DeadlineExceededError(absl::StrCat(
+          "request timed out after ", Ns(now - p.enqueued) / 1000, " us in the queue of model '", model_.name(),
+          "' (queue timeout ", std::chrono::duration_cast<std::chrono::microseconds>(*p.queue_deadline - p.enqueued).count(),
+          " us: default_timeout_microseconds or the request's timeout)"));
     } else if (p.cancelled && p.cancelled()) {
       drop = absl::CancelledError("request was cancelled by the client before compute");
     }

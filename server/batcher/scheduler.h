@@ -11,7 +11,9 @@
 // once with RESOURCE_EXHAUSTED. Model::Admit runs as a request joins the queue, under
 // the queue's lock, so what it reserves follows queue order. With two or more workers,
 // batches of bulk work (Work::bulk, long prefills) occupy at most all workers but one,
-// so that short work never waits behind them for a worker.
+// so that short work never waits behind them for a worker. A request still queued
+// after its queue timeout (Triton's default_timeout_microseconds, or the request's own
+// `timeout` where allow_timeout_override) is answered DEADLINE_EXCEEDED, never run.
 #pragma once
 
 #include <atomic>
@@ -43,6 +45,10 @@ struct SchedulerOptions {
   // After a batch, one idle worker of the model polls the queue this long before it
   // sleeps, so that a request arriving meanwhile starts without a thread wake-up.
   std::chrono::microseconds idle_spin{0};
+  // Queue timeout (Triton's queue policy): 0 is none. With allow_timeout_override a
+  // request's own timeout (Pending::timeout) replaces it.
+  std::chrono::microseconds queue_timeout{0};
+  bool allow_timeout_override = false;
 };
 
 struct Pending {
@@ -50,6 +56,8 @@ struct Pending {
   Clock::time_point enqueued = Clock::now();
   std::optional<Clock::time_point> deadline;
   std::function<bool()> cancelled;                      // polled before compute; may be empty
+  std::optional<std::chrono::microseconds> timeout;     // the request's `timeout` parameter, if any
+  std::optional<Clock::time_point> queue_deadline;      // set by Enqueue from the queue timeout
   // Called exactly once. OK: work->status and outputs hold the result.
   std::function<void(Pending&, const absl::Status&)> done;
   uint64_t queue_ns = 0, compute_ns = 0;                // filled by the scheduler

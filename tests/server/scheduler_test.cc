@@ -211,6 +211,7 @@ struct Req {
   bool bulk = false;
   std::optional<Clock::time_point> deadline;
   std::function<bool()> cancelled;
+  std::optional<std::chrono::microseconds> timeout;  // the request's own queue timeout
 };
 
 // Members are destroyed in reverse order: the scheduler (joins its workers) first.
@@ -231,6 +232,7 @@ struct Harness {
     p->work = std::move(w);
     p->deadline = r.deadline;
     p->cancelled = r.cancelled;
+    p->timeout = r.timeout;
     const int id = r.id;
     p->done = [this, id](Pending& p, const absl::Status& s) { answers.Record(id, s, p); };
     return scheduler->Enqueue(std::move(p));
@@ -533,6 +535,32 @@ TEST(SchedulerTest, ExpiredDeadlineIsAnsweredAndNeverComputed) {
   EXPECT_EQ(h.answers.code(2), absl::StatusCode::kOk);
   EXPECT_EQ(h.model.drops().size(), 2u);
   h.answers.ExpectEachOnce({100, 0, 1, 2, 3});
+}
+
+// Triton's queue policy: default_timeout_microseconds, and a request's own timeout
+// where allow_timeout_override.
+TEST(SchedulerTest, QueueTimeoutAnswersAndNeverComputes) {
+  for (bool allow_override : {true, false}) {
+    SchedulerOptions o = Options(milliseconds(0));
+    o.queue_timeout = milliseconds(10);
+    o.allow_timeout_override = allow_override;
+    Harness h(o);
+    h.Plug(100);
+    ASSERT_TRUE(h.Enqueue({.id = 0}).ok());
+    ASSERT_TRUE(h.Enqueue({.id = 1, .timeout = std::chrono::seconds(60)}).ok());
+    std::this_thread::sleep_for(milliseconds(40));  // the default timeout passes while they wait
+    h.model.gate.Open();
+    ASSERT_TRUE(h.answers.WaitFor(3));
+    h.scheduler->Shutdown();
+
+    EXPECT_EQ(h.answers.code(0), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_TRUE(h.answers.message(0).find("queue timeout 10000 us") != std::string::npos) << h.answers.message(0);
+    EXPECT_FALSE(h.model.Executed(0));
+    EXPECT_EQ(h.answers.code(1), allow_override ? absl::StatusCode::kOk : absl::StatusCode::kDeadlineExceeded)
+        << "allow_timeout_override " << allow_override;
+    EXPECT_EQ(h.model.Executed(1), allow_override);
+    h.answers.ExpectEachOnce({100, 0, 1});
+  }
 }
 
 TEST(SchedulerTest, CancelledRequestIsDroppedBeforeCompute) {
