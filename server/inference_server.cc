@@ -31,13 +31,50 @@ constexpr int64_t kResponseOverheadBytes = 2048;
 
 uint64_t Ns(Clock::duration d) { return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); }
 
-absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfig& c, const InferenceServerOptions& o) {
+constexpr int64_t kMaxWorkersPerModel = 256;
+constexpr uint64_t kMaxQueueTimeoutUs = uint64_t(24) * 3600 * 1'000'000;
+
+// Workers of a model from Triton's instance_group: `count` instances (default 1) on each
+// GPU of `gpus`, on every GPU when `gpus` is empty, or `count` for a KIND_CPU group.
+absl::StatusOr<int> WorkersFromInstanceGroups(const inference::ModelConfig& c, int devices) {
+  int64_t workers = 0;
+  for (const auto& g : c.instance_group()) {
+    if (g.count() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", c.name(), "': instance_group count is ", g.count(),
+                                                     "; it must be >= 1"));
+    }
+    const int64_t places = g.kind() == inference::ModelInstanceGroup::KIND_CPU ? 1
+                           : g.gpus().empty()                                  ? std::max(devices, 1)
+                                                                               : g.gpus_size();
+    workers += int64_t(std::max(g.count(), 1)) * places;
+  }
+  if (workers > kMaxWorkersPerModel) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", c.name(), "': instance_group asks for ", workers,
+                                                   " workers; the limit is ", kMaxWorkersPerModel));
+  }
+  return int(workers);
+}
+
+}  // namespace
+
+absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfig& c, const InferenceServerOptions& o,
+                                                     int devices) {
   SchedulerOptions s;
   int64_t size = 1024, delay = 0;
   if (c.has_dynamic_batching()) {
+    const auto& policy = c.dynamic_batching().default_queue_policy();
     delay = int64_t(c.dynamic_batching().max_queue_delay_microseconds());
-    if (c.dynamic_batching().default_queue_policy().max_queue_size() > 0) {
-      size = c.dynamic_batching().default_queue_policy().max_queue_size();
+    if (policy.max_queue_size() > 0) size = policy.max_queue_size();
+    if (policy.default_timeout_microseconds() > kMaxQueueTimeoutUs) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", c.name(), "': default_queue_policy.default_timeout_microseconds is ",
+          policy.default_timeout_microseconds(), "; it must be at most ", kMaxQueueTimeoutUs, " (a day)"));
+    }
+    // DELAY keeps a timed-out request queued; without a way to move it behind the others,
+    // it is never timed out (config_policy.cc says so at load).
+    if (policy.timeout_action() == inference::ModelQueuePolicy::REJECT) {
+      s.queue_timeout = std::chrono::microseconds(policy.default_timeout_microseconds());
+      s.allow_timeout_override = policy.allow_timeout_override();
     }
   }
   auto p_size = ConfigIntParam(c, "max_queue_size", size, 1, 10'000'000);
@@ -50,6 +87,11 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
   s.max_queue_delay = std::chrono::microseconds(o.max_queue_delay_us.value_or(*p_delay));
   s.max_batch_tokens = o.max_batch_tokens.value_or(*p_tokens);
   s.workers = o.workers_per_model;
+  if (!o.workers_per_model_from_flag && c.instance_group_size() > 0) {
+    auto w = WorkersFromInstanceGroups(c, devices);
+    if (!w.ok()) return w.status();
+    s.workers = *w;
+  }
   s.idle_spin = std::chrono::microseconds(o.idle_spin_us);
   if (s.max_queue_size < 1 || s.max_batch_tokens < 1 || s.max_queue_delay.count() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("model '", c.name(),
@@ -57,8 +99,6 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
   }
   return s;
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Create(const std::vector<ModelEntry>& entries,
                                                                          Backend& backend, ServerMetrics& metrics,
@@ -69,7 +109,10 @@ absl::StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Create(const s
   const size_t n = entries.size();
   std::vector<SchedulerOptions> sched(n);
   for (size_t i = 0; i < n; ++i) {
-    auto s = SchedulerOptionsFor(entries[i].config, options);
+    for (const std::string& w : entries[i].warnings) {
+      if (options.load.log) options.load.log(entries[i].config.name(), w);
+    }
+    auto s = SchedulerOptionsFor(entries[i].config, options, backend.devices());
     if (!s.ok()) return s.status();
     sched[i] = *s;
   }
@@ -277,6 +320,20 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
   p->enqueued = Clock::now();  // queue time counts from here, not from the decoding before
   p->deadline = deadline;
   p->cancelled = std::move(cancelled);
+  // Triton's per-request queue timeout, in microseconds; the model's queue policy decides
+  // whether it replaces default_timeout_microseconds.
+  if (auto t = request.parameters().find("timeout"); t != request.parameters().end()) {
+    const auto& v = t->second;
+    const int64_t us = v.has_int64_param() ? v.int64_param() : v.has_uint64_param() ? int64_t(v.uint64_param()) : -1;
+    if (us < 0 || uint64_t(us) > kMaxQueueTimeoutUs) {
+      absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
+          "parameter 'timeout' must be an integer number of microseconds in 0..", kMaxQueueTimeoutUs));
+      s.model->Drop(*p->work, bad);
+      finish(bad, nullptr, 0, 0, done);
+      return;
+    }
+    if (us > 0) p->timeout = std::chrono::microseconds(us);
+  }
   p->done = [finish, done](Pending& p, const absl::Status& st) { finish(st, p.work.get(), p.queue_ns, p.compute_ns, done); };
   absl::Status admitted = s.scheduler->Enqueue(std::move(p));
   if (!admitted.ok()) finish(admitted, nullptr, 0, 0, done);

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/repository/config_policy.h"
 
 namespace flashq::server {
 namespace {
@@ -82,7 +83,8 @@ absl::Status CheckConfig(const std::string& path, const std::string& folder, inf
 
 }  // namespace
 
-absl::StatusOr<inference::ModelConfig> ParseModelConfigFile(const std::string& path, const std::string& folder) {
+absl::StatusOr<inference::ModelConfig> ParseModelConfigFile(const std::string& path, const std::string& folder,
+                                                            std::vector<std::string>* warnings) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return absl::NotFoundError(absl::StrCat("cannot read ", path));
   std::stringstream text;
@@ -91,10 +93,14 @@ absl::StatusOr<inference::ModelConfig> ParseModelConfigFile(const std::string& p
   CollectErrors errors(path);
   google::protobuf::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
+  google::protobuf::TextFormat::ParseInfoTree where;
+  parser.WriteLocationsTo(&where);
   if (!parser.ParseFromString(text.str(), &config)) {
     if (errors.errors().empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot parse"));
     return absl::InvalidArgumentError(absl::StrJoin(errors.errors(), "; "));
   }
+  std::vector<std::string> own;
+  if (absl::Status s = ApplyFieldPolicy(config, path, &where, warnings ? warnings : &own); !s.ok()) return s;
   absl::Status s = CheckConfig(path, folder, &config);
   if (!s.ok()) return s;
   return config;
@@ -122,7 +128,8 @@ absl::StatusOr<std::vector<ModelEntry>> ScanModelRepository(const std::string& r
   for (const fs::path& folder : folders) {
     ModelEntry entry;
     entry.dir = folder.string();
-    auto config = ParseModelConfigFile((folder / "config.pbtxt").string(), folder.filename().string());
+    auto config =
+        ParseModelConfigFile((folder / "config.pbtxt").string(), folder.filename().string(), &entry.warnings);
     if (!config.ok()) return config.status();
     entry.config = *std::move(config);
     if (!names.insert(entry.config.name()).second)
