@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,15 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
     }
     // DELAY keeps a timed-out request queued; without a way to move it behind the others,
     // it is never timed out (config_policy.cc says so at load).
+    const uint64_t levels = c.dynamic_batching().priority_levels();
+    const uint64_t def = c.dynamic_batching().default_priority_level();
+    if (levels > 0 && (def < 1 || def > levels)) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", c.name(), "': dynamic_batching.default_priority_level is ",
+                                                     def, "; with priority_levels ", levels, " it must be in 1..",
+                                                     levels));
+    }
+    s.priority_levels = levels;
+    s.default_priority = def;
     if (policy.timeout_action() == inference::ModelQueuePolicy::REJECT) {
       s.queue_timeout = std::chrono::microseconds(policy.default_timeout_microseconds());
       s.allow_timeout_override = policy.allow_timeout_override();
@@ -320,19 +330,24 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
   p->enqueued = Clock::now();  // queue time counts from here, not from the decoding before
   p->deadline = deadline;
   p->cancelled = std::move(cancelled);
-  // Triton's per-request queue timeout, in microseconds; the model's queue policy decides
-  // whether it replaces default_timeout_microseconds.
-  if (auto t = request.parameters().find("timeout"); t != request.parameters().end()) {
+  // Triton's per-request queue timeout (microseconds), which the model's queue policy may
+  // let replace default_timeout_microseconds, and priority level (0: the model's default).
+  for (const std::string_view key : {"timeout", "priority"}) {
+    auto t = request.parameters().find(std::string(key));
+    if (t == request.parameters().end()) continue;
     const auto& v = t->second;
-    const int64_t us = v.has_int64_param() ? v.int64_param() : v.has_uint64_param() ? int64_t(v.uint64_param()) : -1;
-    if (us < 0 || uint64_t(us) > kMaxQueueTimeoutUs) {
-      absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
-          "parameter 'timeout' must be an integer number of microseconds in 0..", kMaxQueueTimeoutUs));
+    const int64_t n = v.has_int64_param() ? v.int64_param() : v.has_uint64_param() ? int64_t(v.uint64_param()) : -1;
+    const uint64_t hi = key == "timeout" ? kMaxQueueTimeoutUs : uint64_t(INT64_MAX);
+    if (n < 0 || uint64_t(n) > hi) {
+      absl::Status bad = absl::InvalidArgumentError(
+          absl::StrCat("parameter '", absl::string_view(key.data(), key.size()), "' must be an integer in 0..", hi,
+                       key == "timeout" ? " (microseconds)" : ""));
       s.model->Drop(*p->work, bad);
       finish(bad, nullptr, 0, 0, done);
       return;
     }
-    if (us > 0) p->timeout = std::chrono::microseconds(us);
+    if (key == "priority") p->priority = uint64_t(n);
+    else if (n > 0) p->timeout = std::chrono::microseconds(n);
   }
   p->done = [finish, done](Pending& p, const absl::Status& st) { finish(st, p.work.get(), p.queue_ns, p.compute_ns, done); };
   absl::Status admitted = s.scheduler->Enqueue(std::move(p));

@@ -35,7 +35,20 @@ absl::Status Scheduler::Enqueue(std::unique_ptr<Pending> p) {
           options_.allow_timeout_override && p->timeout ? *p->timeout : options_.queue_timeout;
       if (timeout.count() > 0) p->queue_deadline = p->enqueued + timeout;
       queued_tokens_ += p->work->tokens;
-      queue_.push_back(std::move(p));
+      auto pos = queue_.end();
+      if (options_.priority_levels > 0) {
+        const bool valid = p->priority >= 1 && p->priority <= options_.priority_levels;
+        p->level = valid ? p->priority : options_.default_priority;
+        // Behind its level and the higher ones; behind its own sequence's earlier requests,
+        // which must run first whatever their level.
+        const std::string& ex = p->work->exclusive_key;
+        while (pos != queue_.begin()) {
+          const Pending& prev = **std::prev(pos);
+          if (prev.level <= p->level || (!ex.empty() && prev.work->exclusive_key == ex)) break;
+          --pos;
+        }
+      }
+      queue_.insert(pos, std::move(p));
       enqueued_.fetch_add(1, std::memory_order_release);
       metrics_.queue_depth->Set(double(queue_.size()));
     }

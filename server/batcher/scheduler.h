@@ -14,6 +14,9 @@
 // so that short work never waits behind them for a worker. A request still queued
 // after its queue timeout (Triton's default_timeout_microseconds, or the request's own
 // `timeout` where allow_timeout_override) is answered DEADLINE_EXCEEDED, never run.
+// With priority levels (Triton's priority_levels) a request queues behind every request
+// of its level or a higher one (1 is the highest), but never ahead of an earlier request
+// with its exclusive key.
 #pragma once
 
 #include <atomic>
@@ -49,6 +52,10 @@ struct SchedulerOptions {
   // request's own timeout (Pending::timeout) replaces it.
   std::chrono::microseconds queue_timeout{0};
   bool allow_timeout_override = false;
+  // Priority levels 1 (first) .. priority_levels; 0: one level. A request whose priority
+  // is 0 or above priority_levels takes default_priority (in 1..priority_levels).
+  uint64_t priority_levels = 0;
+  uint64_t default_priority = 0;
 };
 
 struct Pending {
@@ -58,6 +65,8 @@ struct Pending {
   std::function<bool()> cancelled;                      // polled before compute; may be empty
   std::optional<std::chrono::microseconds> timeout;     // the request's `timeout` parameter, if any
   std::optional<Clock::time_point> queue_deadline;      // set by Enqueue from the queue timeout
+  uint64_t priority = 0;                                // the request's `priority` parameter; 0: default
+  uint64_t level = 0;                                   // set by Enqueue: the priority level it queues at
   // Called exactly once. OK: work->status and outputs hold the result.
   std::function<void(Pending&, const absl::Status&)> done;
   uint64_t queue_ns = 0, compute_ns = 0;                // filled by the scheduler
