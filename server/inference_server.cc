@@ -80,6 +80,7 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
                                                      def, "; with priority_levels ", levels, " it must be in 1..",
                                                      levels));
     }
+    s.preserve_ordering = c.dynamic_batching().preserve_ordering();
     s.priority_levels = levels;
     s.default_priority = def;
     if (policy.timeout_action() == inference::ModelQueuePolicy::REJECT) {

@@ -34,6 +34,7 @@ absl::Status Scheduler::Enqueue(std::unique_ptr<Pending> p) {
       const auto timeout =
           options_.allow_timeout_override && p->timeout ? *p->timeout : options_.queue_timeout;
       if (timeout.count() > 0) p->queue_deadline = p->enqueued + timeout;
+      p->order = next_order_++;
       queued_tokens_ += p->work->tokens;
       auto pos = queue_.end();
       if (options_.priority_levels > 0) {
@@ -183,19 +184,23 @@ void Scheduler::WorkerLoop() {
         const std::string& ex = p->work->exclusive_key;
         if (!after_run && !ex.empty() && batch_keys.count(ex)) continue;
         model_.Drop(*p->work, why);
-        p->done(*p, why);
-        p.reset();
+        Answer(std::move(p), why);
       }
     };
     answer_drops(false);
+    // Run answers (and hands over) the batch's requests: what the bookkeeping below
+    // needs is taken first.
+    std::vector<std::string> ran_keys;
+    for (const auto& p : batch) {
+      if (!p->work->exclusive_key.empty()) ran_keys.push_back(p->work->exclusive_key);
+    }
+    const bool ran_bulk = IsBulk(batch);
     if (!batch.empty()) Run(batch);
     answer_drops(true);
     {
       std::lock_guard<std::mutex> l(mu_);
-      for (const auto& p : batch) {
-        if (!p->work->exclusive_key.empty()) running_keys_.erase(running_keys_.find(p->work->exclusive_key));
-      }
-      running_bulk_ -= IsBulk(batch);
+      for (const std::string& k : ran_keys) running_keys_.erase(running_keys_.find(k));
+      running_bulk_ -= ran_bulk;
     }
     cv_.notify_all();
   }
@@ -219,7 +224,38 @@ void Scheduler::Run(std::vector<std::unique_ptr<Pending>>& batch) {
     p->compute_ns = compute_ns;
     metrics_.queue_seconds->Observe(Seconds(p->queue_ns));
     metrics_.compute_seconds->Observe(Seconds(compute_ns));
-    p->done(*p, absl::OkStatus());
+  }
+  for (auto& p : batch) Answer(std::move(p), absl::OkStatus());
+}
+
+void Scheduler::Answer(std::unique_ptr<Pending> p, const absl::Status& status) {
+  if (!options_.preserve_ordering) {
+    p->done(*p, status);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> l(order_mu_);
+    const uint64_t order = p->order;
+    ready_.emplace(order, std::make_pair(std::move(p), status));
+    if (answering_) return;  // the thread answering now reaches it
+    answering_ = true;
+  }
+  // One thread at a time answers, in admission order, every request whose predecessors
+  // have all been answered; `done` runs outside the lock.
+  for (;;) {
+    std::vector<std::pair<std::unique_ptr<Pending>, absl::Status>> next;
+    {
+      std::lock_guard<std::mutex> l(order_mu_);
+      for (auto it = ready_.begin(); it != ready_.end() && it->first == next_answer_; ++next_answer_) {
+        next.push_back(std::move(it->second));
+        it = ready_.erase(it);
+      }
+      if (next.empty()) {
+        answering_ = false;
+        return;
+      }
+    }
+    for (auto& [q, st] : next) q->done(*q, st);
   }
 }
 

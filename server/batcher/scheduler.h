@@ -16,7 +16,8 @@
 // `timeout` where allow_timeout_override) is answered DEADLINE_EXCEEDED, never run.
 // With priority levels (Triton's priority_levels) a request queues behind every request
 // of its level or a higher one (1 is the highest), but never ahead of an earlier request
-// with its exclusive key.
+// with its exclusive key. With preserve_ordering, requests are answered in the order
+// they were admitted, whatever order their batches finish in.
 #pragma once
 
 #include <atomic>
@@ -24,6 +25,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -56,6 +58,7 @@ struct SchedulerOptions {
   // is 0 or above priority_levels takes default_priority (in 1..priority_levels).
   uint64_t priority_levels = 0;
   uint64_t default_priority = 0;
+  bool preserve_ordering = false;  // answer in admission order (Triton's preserve_ordering)
 };
 
 struct Pending {
@@ -67,6 +70,7 @@ struct Pending {
   std::optional<Clock::time_point> queue_deadline;      // set by Enqueue from the queue timeout
   uint64_t priority = 0;                                // the request's `priority` parameter; 0: default
   uint64_t level = 0;                                   // set by Enqueue: the priority level it queues at
+  uint64_t order = 0;                                   // set by Enqueue: admission order
   // Called exactly once. OK: work->status and outputs hold the result.
   std::function<void(Pending&, const absl::Status&)> done;
   uint64_t queue_ns = 0, compute_ns = 0;                // filled by the scheduler
@@ -95,7 +99,11 @@ class Scheduler {
   bool HasRunnable() const;
   // Under mu_: whether a batch starting with `w` may start now (the bulk limit).
   bool Startable(const Work& w) const;
+  // Executes the batch and answers every request in it (through Answer).
   void Run(std::vector<std::unique_ptr<Pending>>& batch);
+  // Calls p->done, at once or, with preserve_ordering, once every request admitted
+  // before it has been answered.
+  void Answer(std::unique_ptr<Pending> p, const absl::Status& status);
 
   Model& model_;
   const SchedulerOptions options_;
@@ -111,6 +119,13 @@ class Scheduler {
   bool stop_ = false;
   bool spinning_ = false;                     // a worker is polling (idle_spin)
   std::atomic<uint64_t> enqueued_{0};         // requests ever queued: what the poller watches
+  uint64_t next_order_ = 0;                   // under mu_: the next admitted request's order
+
+  std::mutex order_mu_;                       // preserve_ordering: answers waiting for their turn
+  std::map<uint64_t, std::pair<std::unique_ptr<Pending>, absl::Status>> ready_;
+  uint64_t next_answer_ = 0;
+  bool answering_ = false;                    // a thread is answering from ready_
+
   std::vector<std::thread> workers_;
 };
 

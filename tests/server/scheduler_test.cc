@@ -158,6 +158,7 @@ class Answers {
     {
       std::lock_guard<std::mutex> l(mu_);
       codes_[id].push_back(s.code());
+      order_.push_back(id);
       messages_[id] = std::string(s.message());
       queue_ns_[id] = p.queue_ns;
       if (s.ok()) {
@@ -191,6 +192,7 @@ class Answers {
   }
   std::string message(int id) { std::lock_guard<std::mutex> l(mu_); return messages_[id]; }
   uint64_t queue_ns(int id) { std::lock_guard<std::mutex> l(mu_); return queue_ns_[id]; }
+  std::vector<int> order() { std::lock_guard<std::mutex> l(mu_); return order_; }  // ids as answered
 
  private:
   std::mutex mu_;
@@ -199,6 +201,7 @@ class Answers {
   std::map<int, std::string> messages_;
   std::map<int, uint64_t> queue_ns_;
   std::vector<int> bad_outputs_;
+  std::vector<int> order_;
   int total_ = 0;
 };
 
@@ -587,6 +590,31 @@ TEST(SchedulerTest, PriorityLevelsOrderTheQueue) {
   // 5 may not pass 4 (same sequence), so it waits behind 4 at level 3 in arrival order.
   EXPECT_EQ(order, (std::vector<int>{100, 2, 1, 3, 0, 4, 5}));
   h.answers.ExpectEachOnce({100, 0, 1, 2, 3, 4, 5});
+}
+
+// Triton's preserve_ordering: with two workers a short batch finishes while an earlier
+// request still computes, and its answer waits for the earlier one's; drops wait too.
+TEST(SchedulerTest, PreserveOrderingAnswersInAdmissionOrder) {
+  for (bool preserve : {true, false}) {
+    SchedulerOptions o = Options(milliseconds(0), 16384, /*workers=*/2);
+    o.preserve_ordering = preserve;
+    Harness h(o);
+    h.Plug(100);                                  // holds one worker
+    ASSERT_TRUE(h.Enqueue({.id = 1, .batch_key = "b"}).ok());
+    ASSERT_TRUE(h.model.WaitForBatches(2));
+    ASSERT_TRUE(h.Enqueue({.id = 2, .batch_key = "b", .deadline = Clock::now() - milliseconds(1)}).ok());
+    ASSERT_TRUE(h.Enqueue({.id = 3, .batch_key = "c"}).ok());
+    ASSERT_TRUE(h.model.WaitForBatches(3));
+    std::this_thread::sleep_for(milliseconds(20));  // 1 and 3 are done computing, 2 is dropped
+    EXPECT_EQ(h.answers.count(1), preserve ? 0 : 1) << "preserve_ordering " << preserve;
+    h.model.gate.Open();
+    ASSERT_TRUE(h.answers.WaitFor(4));
+    h.scheduler->Shutdown();
+    if (preserve) EXPECT_EQ(h.answers.order(), (std::vector<int>{100, 1, 2, 3}));
+    else EXPECT_EQ(h.answers.order().back(), 100);
+    EXPECT_EQ(h.answers.code(2), absl::StatusCode::kDeadlineExceeded);
+    h.answers.ExpectEachOnce({100, 1, 2, 3});
+  }
 }
 
 TEST(SchedulerTest, CancelledRequestIsDroppedBeforeCompute) {
