@@ -41,13 +41,24 @@ class CollectErrors : public google::protobuf::io::ErrorCollector {
   std::vector<std::string> errors_;
 };
 
-absl::Status CheckConfig(const std::string& path, const std::string& folder, inference::ModelConfig* config) {
-  auto bad = [&](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat(path, ": ", what)); };
+absl::Status CheckConfig(const std::string& path, const std::string& folder,
+                         const google::protobuf::TextFormat::ParseInfoTree& where, inference::ModelConfig* config) {
+  // "<path>:<line>" of a top-level field (the index-th element of a repeated one), or the
+  // path alone where the config does not write the field.
+  auto at = [&](const char* field, int index = -1) {
+    const auto* f = inference::ModelConfig::descriptor()->FindFieldByName(field);
+    const auto loc = where.GetLocation(f, f->is_repeated() ? std::max(index, 0) : -1);
+    return loc.line < 0 ? path : absl::StrCat(path, ":", loc.line + 1);
+  };
+  auto bad_at = [&](const std::string& where_, const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(where_, ": ", what));
+  };
+  auto bad = [&](const std::string& what) { return bad_at(path, what); };
   if (config->name().empty()) config->set_name(folder);
   if (config->name() != folder)
-    return bad(absl::StrCat("name '", config->name(), "' differs from the folder name '", folder, "'"));
+    return bad_at(at("name"), absl::StrCat("name '", config->name(), "' differs from the folder name '", folder, "'"));
   if (config->max_batch_size() != 0)
-    return bad(absl::StrCat("max_batch_size is ", config->max_batch_size(),
+    return bad_at(at("max_batch_size"), absl::StrCat("max_batch_size is ", config->max_batch_size(),
                             "; it must be 0 (requests are batched inside ragged tensors, not along a batch dimension)"));
   auto kind = config->parameters().find("kind");
   if (kind == config->parameters().end())
@@ -57,8 +68,9 @@ absl::Status CheckConfig(const std::string& path, const std::string& folder, inf
     return bad(absl::StrCat("parameter kind is '", k, "'; expected one of attention, kv_attention, linear"));
 
   std::set<std::string> names;
-  auto check_tensor = [&](const std::string& io, const std::string& name, inference::DataType dtype,
+  auto check_tensor = [&](const std::string& io, int index, const std::string& name, inference::DataType dtype,
                           const google::protobuf::RepeatedField<int64_t>& dims) -> absl::Status {
+    auto bad = [&](const std::string& what) { return bad_at(at(io.c_str(), index), what); };
     if (name.empty()) return bad(absl::StrCat("an ", io, " has no name"));
     if (!names.insert(name).second) return bad(absl::StrCat("tensor name '", name, "' is used twice"));
     if (dtype == inference::TYPE_INVALID) return bad(absl::StrCat(io, " '", name, "' has no data_type"));
@@ -70,12 +82,14 @@ absl::Status CheckConfig(const std::string& path, const std::string& folder, inf
   };
   if (config->input().empty()) return bad("no input");
   if (config->output().empty()) return bad("no output");
-  for (const auto& in : config->input()) {
-    absl::Status s = check_tensor("input", in.name(), in.data_type(), in.dims());
+  for (int i = 0; i < config->input_size(); ++i) {
+    const auto& in = config->input(i);
+    absl::Status s = check_tensor("input", i, in.name(), in.data_type(), in.dims());
     if (!s.ok()) return s;
   }
-  for (const auto& out : config->output()) {
-    absl::Status s = check_tensor("output", out.name(), out.data_type(), out.dims());
+  for (int i = 0; i < config->output_size(); ++i) {
+    const auto& out = config->output(i);
+    absl::Status s = check_tensor("output", i, out.name(), out.data_type(), out.dims());
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -101,7 +115,7 @@ absl::StatusOr<inference::ModelConfig> ParseModelConfigFile(const std::string& p
   }
   std::vector<std::string> own;
   if (absl::Status s = ApplyFieldPolicy(config, path, &where, warnings ? warnings : &own); !s.ok()) return s;
-  absl::Status s = CheckConfig(path, folder, &config);
+  absl::Status s = CheckConfig(path, folder, where, &config);
   if (!s.ok()) return s;
   return config;
 }
