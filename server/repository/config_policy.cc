@@ -111,17 +111,21 @@ struct Walker {
   std::set<std::string> warned;
   absl::Status status;
 
-  std::string At(const ParseInfoTree* tree, const FieldDescriptor* f, int index) const {
+  // "<file>:<line>" of field f (its index-th element), else `outer`: the enclosing
+  // message's position, for elements after the first of a list, which the parser may
+  // record no position for.
+  std::string At(const ParseInfoTree* tree, const FieldDescriptor* f, int index, const std::string& outer) const {
     if (tree) {
       auto loc = tree->GetLocation(f, f->is_repeated() ? index : -1);
+      if (loc.line < 0 && f->is_repeated()) loc = tree->GetLocation(f, 0);
       if (loc.line >= 0) return absl::StrCat(file, ":", loc.line + 1);
     }
-    return file;
+    return outer;
   }
 
   // Judges one set field. Message fields whose rule is the same as their children's are
   // descended into, so that the most specific rule decides; maps are judged as a whole.
-  void Visit(const Message& m, const ParseInfoTree* tree, const std::string& prefix) {
+  void Visit(const Message& m, const ParseInfoTree* tree, const std::string& prefix, const std::string& outer) {
     const auto* refl = m.GetReflection();
     std::vector<const FieldDescriptor*> fields;
     refl->ListFields(m, &fields);
@@ -134,12 +138,12 @@ struct Walker {
       const FieldPolicy policy = rule ? rule->policy : FieldPolicy::kIgnore;
       if (policy == FieldPolicy::kRefuse) {
         status = absl::InvalidArgumentError(
-            absl::StrCat(At(tree, f, 0), ": ", path, " is refused: ", rule->reason));
+            absl::StrCat(At(tree, f, 0, outer), ": ", path, " is refused: ", rule->reason));
         return;
       }
       if (policy == FieldPolicy::kIgnore) {
         if (warned.insert(path).second) {
-          warnings->push_back(absl::StrCat(At(tree, f, 0), ": ", path, " is ignored: ",
+          warnings->push_back(absl::StrCat(At(tree, f, 0, outer), ": ", path, " is ignored: ",
                                            rule ? rule->reason : "flashq gives this field no meaning"));
         }
         continue;  // an ignored field's children are ignored with it
@@ -147,7 +151,8 @@ struct Walker {
       if (!descend) continue;
       for (int i = 0; i < n; ++i) {
         const Message& child = f->is_repeated() ? refl->GetRepeatedMessage(m, f, i) : refl->GetMessage(m, f);
-        Visit(child, tree ? tree->GetTreeForNested(f, f->is_repeated() ? i : -1) : nullptr, path);
+        Visit(child, tree ? tree->GetTreeForNested(f, f->is_repeated() ? i : -1) : nullptr, path,
+              At(tree, f, i, outer));
       }
     }
   }
@@ -161,7 +166,7 @@ absl::Status ApplyFieldPolicy(const inference::ModelConfig& config, const std::s
                               const ParseInfoTree* where, std::vector<std::string>* warnings) {
   std::vector<std::string> own;
   Walker w{file, warnings ? warnings : &own, {}, absl::OkStatus()};
-  w.Visit(config, where, "");
+  w.Visit(config, where, "", file);
   return w.status;
 }
 

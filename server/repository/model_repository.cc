@@ -47,7 +47,10 @@ absl::Status CheckConfig(const std::string& path, const std::string& folder,
   // path alone where the config does not write the field.
   auto at = [&](const char* field, int index = -1) {
     const auto* f = inference::ModelConfig::descriptor()->FindFieldByName(field);
-    const auto loc = where.GetLocation(f, f->is_repeated() ? std::max(index, 0) : -1);
+    auto loc = where.GetLocation(f, f->is_repeated() ? std::max(index, 0) : -1);
+    // Elements after the first of a list (`input [ {...}, {...} ]`) may have no location
+    // of their own: the list's is the nearest.
+    if (loc.line < 0 && f->is_repeated()) loc = where.GetLocation(f, 0);
     return loc.line < 0 ? path : absl::StrCat(path, ":", loc.line + 1);
   };
   auto bad_at = [&](const std::string& where_, const std::string& what) {
@@ -60,6 +63,21 @@ absl::Status CheckConfig(const std::string& path, const std::string& folder,
   if (config->max_batch_size() != 0)
     return bad_at(at("max_batch_size"), absl::StrCat("max_batch_size is ", config->max_batch_size(),
                             "; it must be 0 (requests are batched inside ragged tensors, not along a batch dimension)"));
+  // Triton refuses these too; checked here as well as where the scheduler reads them, so
+  // that the error names the line.
+  for (int i = 0; i < config->instance_group_size(); ++i) {
+    if (config->instance_group(i).count() < 0)
+      return bad_at(at("instance_group", i), absl::StrCat("instance_group count is ", config->instance_group(i).count(),
+                                                          "; it must be >= 1"));
+  }
+  if (config->has_dynamic_batching()) {
+    const uint64_t levels = config->dynamic_batching().priority_levels();
+    const uint64_t def = config->dynamic_batching().default_priority_level();
+    if (levels > 0 && (def < 1 || def > levels))
+      return bad_at(at("dynamic_batching"), absl::StrCat("dynamic_batching.default_priority_level is ", def,
+                                                         "; with priority_levels ", levels, " it must be in 1..",
+                                                         levels));
+  }
   auto kind = config->parameters().find("kind");
   if (kind == config->parameters().end())
     return bad("parameters has no \"kind\" (one of attention, kv_attention, linear)");
