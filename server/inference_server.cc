@@ -81,6 +81,23 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
                                                      levels));
     }
     s.preserve_ordering = c.dynamic_batching().preserve_ordering();
+    for (const auto& [level, lp] : c.dynamic_batching().priority_queue_policy()) {
+      if (level < 1 || level > levels) {
+        return absl::InvalidArgumentError(absl::StrCat("model '", c.name(), "': dynamic_batching.priority_queue_policy has level ",
+                                                       level, "; the levels are 1..", levels, " (priority_levels)"));
+      }
+      if (lp.default_timeout_microseconds() > kMaxQueueTimeoutUs) {
+        return absl::InvalidArgumentError(absl::StrCat("model '", c.name(), "': priority_queue_policy of level ", level,
+                                                       ": default_timeout_microseconds must be at most ",
+                                                       kMaxQueueTimeoutUs, " (a day)"));
+      }
+      SchedulerOptions::LevelPolicy& out = s.level_policies[level];
+      out.max_queue_size = lp.max_queue_size();
+      if (lp.timeout_action() == inference::ModelQueuePolicy::REJECT) {
+        out.queue_timeout = std::chrono::microseconds(lp.default_timeout_microseconds());
+        out.allow_timeout_override = lp.allow_timeout_override();
+      }
+    }
     s.priority_levels = levels;
     s.default_priority = def;
     if (policy.timeout_action() == inference::ModelQueuePolicy::REJECT) {

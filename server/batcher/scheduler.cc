@@ -23,6 +23,12 @@ Scheduler::~Scheduler() { Shutdown(); }
 
 absl::Status Scheduler::Enqueue(std::unique_ptr<Pending> p) {
   absl::Status rejected;
+  if (options_.priority_levels > 0) {
+    const bool valid = p->priority >= 1 && p->priority <= options_.priority_levels;
+    p->level = valid ? p->priority : options_.default_priority;
+  }
+  const auto own = options_.level_policies.find(p->level);
+  const SchedulerOptions::LevelPolicy* level_policy = own == options_.level_policies.end() ? nullptr : &own->second;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stop_) {
@@ -30,16 +36,21 @@ absl::Status Scheduler::Enqueue(std::unique_ptr<Pending> p) {
     } else if (int64_t(queue_.size()) >= options_.max_queue_size) {
       rejected = absl::ResourceExhaustedError(absl::StrCat("queue of model '", model_.name(), "' is full (",
                                                            options_.max_queue_size, " requests, max_queue_size)"));
+    } else if (level_policy && level_policy->max_queue_size > 0 &&
+               level_depth_[p->level] >= level_policy->max_queue_size) {
+      rejected = absl::ResourceExhaustedError(absl::StrCat(
+          "priority level ", p->level, " of model '", model_.name(), "' is full (", level_policy->max_queue_size,
+          " requests, priority_queue_policy max_queue_size)"));
     } else if (rejected = model_.Admit(*p->work); rejected.ok()) {
-      const auto timeout =
-          options_.allow_timeout_override && p->timeout ? *p->timeout : options_.queue_timeout;
+      const auto base = level_policy ? level_policy->queue_timeout : options_.queue_timeout;
+      const bool may_override = level_policy ? level_policy->allow_timeout_override : options_.allow_timeout_override;
+      const auto timeout = may_override && p->timeout ? *p->timeout : base;
       if (timeout.count() > 0) p->queue_deadline = p->enqueued + timeout;
       p->order = next_order_++;
       queued_tokens_ += p->work->tokens;
+      ++level_depth_[p->level];
       auto pos = queue_.end();
       if (options_.priority_levels > 0) {
-        const bool valid = p->priority >= 1 && p->priority <= options_.priority_levels;
-        p->level = valid ? p->priority : options_.default_priority;
         // Behind its level and the higher ones; behind its own sequence's earlier requests,
         // which must run first whatever their level.
         const std::string& ex = p->work->exclusive_key;
@@ -113,6 +124,7 @@ void Scheduler::FormBatch(Clock::time_point now, std::vector<std::unique_ptr<Pen
     }
     if (!drop.ok()) {
       queued_tokens_ -= p.work->tokens;
+      --level_depth_[p.level];
       dropped->emplace_back(std::move(*it), drop);
       it = queue_.erase(it);
       continue;
@@ -128,6 +140,7 @@ void Scheduler::FormBatch(Clock::time_point now, std::vector<std::unique_ptr<Pen
     key = &p.work->batch_key;
     tokens += p.work->tokens;
     if (!ex.empty()) held.insert(ex);
+    --level_depth_[p.level];
     batch->push_back(std::move(*it));
     it = queue_.erase(it);
   }

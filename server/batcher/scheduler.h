@@ -59,6 +59,15 @@ struct SchedulerOptions {
   uint64_t priority_levels = 0;
   uint64_t default_priority = 0;
   bool preserve_ordering = false;  // answer in admission order (Triton's preserve_ordering)
+  // A priority level's own queue policy (Triton's priority_queue_policy): at most
+  // max_queue_size requests queued at that level (0: no limit of its own; max_queue_size
+  // above still bounds the whole queue), and its timeout in place of the defaults above.
+  struct LevelPolicy {
+    int64_t max_queue_size = 0;
+    std::chrono::microseconds queue_timeout{0};
+    bool allow_timeout_override = false;
+  };
+  std::map<uint64_t, LevelPolicy> level_policies;
 };
 
 struct Pending {
@@ -120,6 +129,7 @@ class Scheduler {
   bool spinning_ = false;                     // a worker is polling (idle_spin)
   std::atomic<uint64_t> enqueued_{0};         // requests ever queued: what the poller watches
   uint64_t next_order_ = 0;                   // under mu_: the next admitted request's order
+  std::map<uint64_t, int64_t> level_depth_;   // under mu_: requests queued per priority level
 
   std::mutex order_mu_;                       // preserve_ordering: answers waiting for their turn
   std::map<uint64_t, std::pair<std::unique_ptr<Pending>, absl::Status>> ready_;

@@ -77,6 +77,11 @@ absl::Status CheckConfig(const std::string& path, const std::string& folder,
       return bad_at(at("dynamic_batching"), absl::StrCat("dynamic_batching.default_priority_level is ", def,
                                                          "; with priority_levels ", levels, " it must be in 1..",
                                                          levels));
+    for (const auto& [level, policy] : config->dynamic_batching().priority_queue_policy()) {
+      if (level < 1 || level > levels)
+        return bad_at(at("dynamic_batching"), absl::StrCat("dynamic_batching.priority_queue_policy has level ", level,
+                                                           "; the levels are 1..", levels, " (priority_levels)"));
+    }
   }
   auto kind = config->parameters().find("kind");
   if (kind == config->parameters().end())

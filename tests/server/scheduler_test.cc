@@ -592,6 +592,34 @@ TEST(SchedulerTest, PriorityLevelsOrderTheQueue) {
   h.answers.ExpectEachOnce({100, 0, 1, 2, 3, 4, 5});
 }
 
+// Triton's priority_queue_policy: a level's own queue length and timeout.
+TEST(SchedulerTest, PriorityLevelHasItsOwnQueuePolicy) {
+  SchedulerOptions o = Options(milliseconds(0));
+  o.priority_levels = 2;
+  o.default_priority = 2;
+  o.level_policies[1] = {.max_queue_size = 2, .queue_timeout = milliseconds(10)};
+  Harness h(o);
+  h.Plug(100);
+  ASSERT_TRUE(h.Enqueue({.id = 0, .batch_key = "a", .priority = 1}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 1, .batch_key = "a", .priority = 1}).ok());
+  absl::Status full = h.Enqueue({.id = 2, .batch_key = "a", .priority = 1});
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Contains(full, "priority level 1")) << full;
+  ASSERT_TRUE(h.Enqueue({.id = 3, .batch_key = "b", .priority = 2}).ok());  // its level has room
+  std::this_thread::sleep_for(milliseconds(40));  // level 1's timeout passes; level 2 has none
+  h.model.gate.Open();
+  ASSERT_TRUE(h.answers.WaitFor(4));
+  // Level 1 has room again once its requests left the queue.
+  ASSERT_TRUE(h.Enqueue({.id = 4, .batch_key = "a", .priority = 1}).ok());
+  ASSERT_TRUE(h.answers.WaitFor(5));
+  h.scheduler->Shutdown();
+  EXPECT_EQ(h.answers.code(0), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(h.answers.code(1), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(h.answers.code(3), absl::StatusCode::kOk);
+  EXPECT_EQ(h.answers.code(4), absl::StatusCode::kOk);
+  h.answers.ExpectEachOnce({100, 0, 1, 3, 4});
+}
+
 // Triton's preserve_ordering: with two workers a short batch finishes while an earlier
 // request still computes, and its answer waits for the earlier one's; drops wait too.
 TEST(SchedulerTest, PreserveOrderingAnswersInAdmissionOrder) {
