@@ -71,8 +71,6 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
           "model '", c.name(), "': default_queue_policy.default_timeout_microseconds is ",
           policy.default_timeout_microseconds(), "; it must be at most ", kMaxQueueTimeoutUs, " (a day)"));
     }
-    // DELAY keeps a timed-out request queued; without a way to move it behind the others,
-    // it is never timed out (config_policy.cc says so at load).
     const uint64_t levels = c.dynamic_batching().priority_levels();
     const uint64_t def = c.dynamic_batching().default_priority_level();
     if (levels > 0 && (def < 1 || def > levels)) {
@@ -93,17 +91,15 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
       }
       SchedulerOptions::LevelPolicy& out = s.level_policies[level];
       out.max_queue_size = lp.max_queue_size();
-      if (lp.timeout_action() == inference::ModelQueuePolicy::REJECT) {
-        out.queue_timeout = std::chrono::microseconds(lp.default_timeout_microseconds());
-        out.allow_timeout_override = lp.allow_timeout_override();
-      }
+      out.queue_timeout = std::chrono::microseconds(lp.default_timeout_microseconds());
+      out.allow_timeout_override = lp.allow_timeout_override();
+      out.delay_on_timeout = lp.timeout_action() == inference::ModelQueuePolicy::DELAY;
     }
     s.priority_levels = levels;
     s.default_priority = def;
-    if (policy.timeout_action() == inference::ModelQueuePolicy::REJECT) {
-      s.queue_timeout = std::chrono::microseconds(policy.default_timeout_microseconds());
-      s.allow_timeout_override = policy.allow_timeout_override();
-    }
+    s.queue_timeout = std::chrono::microseconds(policy.default_timeout_microseconds());
+    s.allow_timeout_override = policy.allow_timeout_override();
+    s.delay_on_timeout = policy.timeout_action() == inference::ModelQueuePolicy::DELAY;
   }
   auto p_size = ConfigIntParam(c, "max_queue_size", size, 1, 10'000'000);
   auto p_delay = ConfigIntParam(c, "max_queue_delay_us", delay, 0, 60'000'000);

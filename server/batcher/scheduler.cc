@@ -43,6 +43,7 @@ absl::Status Scheduler::Enqueue(std::unique_ptr<Pending> p) {
           " requests, priority_queue_policy max_queue_size)"));
     } else if (rejected = model_.Admit(*p->work); rejected.ok()) {
       const auto base = level_policy ? level_policy->queue_timeout : options_.queue_timeout;
+      p->delay_on_timeout = level_policy ? level_policy->delay_on_timeout : options_.delay_on_timeout;
       const bool may_override = level_policy ? level_policy->allow_timeout_override : options_.allow_timeout_override;
       const auto timeout = may_override && p->timeout ? *p->timeout : base;
       if (timeout.count() > 0) p->queue_deadline = p->enqueued + timeout;
@@ -103,48 +104,58 @@ bool Scheduler::HasRunnable() const {
 
 void Scheduler::FormBatch(Clock::time_point now, std::vector<std::unique_ptr<Pending>>* batch,
                           std::vector<std::pair<std::unique_ptr<Pending>, absl::Status>>* dropped) {
-  const std::string* key = nullptr;
-  int64_t tokens = 0;
-  std::set<std::string> held;  // exclusive keys that must wait (order within a sequence)
-  for (auto it = queue_.begin(); it != queue_.end();) {
-    Pending& p = **it;
-    absl::Status drop;
-    // Deadline first: gRPC also marks a call whose deadline passed as cancelled.
-    if (p.deadline && now >= *p.deadline) {
-      drop = absl::DeadlineExceededError(absl::StrCat("request passed its deadline after ",
-                                                      Ns(now - p.enqueued) / 1000, " us in the queue of model '",
-                                                      model_.name(), "'"));
-    } else if (p.queue_deadline && now >= *p.queue_deadline) {
-      drop = absl::DeadlineExceededError(absl::StrCat(
-          "request timed out after ", Ns(now - p.enqueued) / 1000, " us in the queue of model '", model_.name(),
-          "' (queue timeout ", std::chrono::duration_cast<std::chrono::microseconds>(*p.queue_deadline - p.enqueued).count(),
-          " us: default_timeout_microseconds or the request's timeout)"));
-    } else if (p.cancelled && p.cancelled()) {
-      drop = absl::CancelledError("request was cancelled by the client before compute");
-    }
-    if (!drop.ok()) {
-      queued_tokens_ -= p.work->tokens;
-      --level_depth_[p.level];
-      dropped->emplace_back(std::move(*it), drop);
-      it = queue_.erase(it);
-      continue;
-    }
-    const std::string& ex = p.work->exclusive_key;
-    const bool blocked = (!ex.empty() && (running_keys_.count(ex) || held.count(ex))) || !Startable(*p.work);
-    const bool fits = !key || (p.work->batch_key == *key && tokens + p.work->tokens <= options_.max_batch_tokens);
-    if (blocked || !fits) {
+  // Delayed requests (a DELAY queue timeout passed) join a batch only when no other
+  // request can start one: the second pass.
+  for (const bool take_delayed : {false, true}) {
+    if (!batch->empty()) break;
+    const std::string* key = nullptr;
+    int64_t tokens = 0;
+    std::set<std::string> held;  // exclusive keys that must wait (order within a sequence)
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      Pending& p = **it;
+      absl::Status drop;
+      // Deadline first: gRPC also marks a call whose deadline passed as cancelled.
+      if (p.deadline && now >= *p.deadline) {
+        drop = absl::DeadlineExceededError(absl::StrCat("request passed its deadline after ",
+                                                        Ns(now - p.enqueued) / 1000, " us in the queue of model '",
+                                                        model_.name(), "'"));
+      } else if (p.queue_deadline && now >= *p.queue_deadline && p.delay_on_timeout) {
+        p.delayed = true;
+        p.queue_deadline.reset();
+      } else if (p.queue_deadline && now >= *p.queue_deadline) {
+        drop = absl::DeadlineExceededError(absl::StrCat(
+            "request timed out after ", Ns(now - p.enqueued) / 1000, " us in the queue of model '", model_.name(),
+            "' (queue timeout ",
+            std::chrono::duration_cast<std::chrono::microseconds>(*p.queue_deadline - p.enqueued).count(),
+            " us: default_timeout_microseconds or the request's timeout)"));
+      } else if (p.cancelled && p.cancelled()) {
+        drop = absl::CancelledError("request was cancelled by the client before compute");
+      }
+      if (!drop.ok()) {
+        queued_tokens_ -= p.work->tokens;
+        --level_depth_[p.level];
+        dropped->emplace_back(std::move(*it), drop);
+        it = queue_.erase(it);
+        continue;
+      }
+      const std::string& ex = p.work->exclusive_key;
+      const bool blocked = (!ex.empty() && (running_keys_.count(ex) || held.count(ex))) || !Startable(*p.work) ||
+                           (p.delayed && !take_delayed);
+      const bool fits = !key || (p.work->batch_key == *key && tokens + p.work->tokens <= options_.max_batch_tokens);
+      if (blocked || !fits) {
+        if (!ex.empty()) held.insert(ex);
+        ++it;
+        continue;
+      }
+      key = &p.work->batch_key;
+      tokens += p.work->tokens;
       if (!ex.empty()) held.insert(ex);
-      ++it;
-      continue;
+      --level_depth_[p.level];
+      batch->push_back(std::move(*it));
+      it = queue_.erase(it);
     }
-    key = &p.work->batch_key;
-    tokens += p.work->tokens;
-    if (!ex.empty()) held.insert(ex);
-    --level_depth_[p.level];
-    batch->push_back(std::move(*it));
-    it = queue_.erase(it);
+    queued_tokens_ -= tokens;
   }
-  queued_tokens_ -= tokens;
   for (const auto& p : *batch) {
     if (!p->work->exclusive_key.empty()) running_keys_.insert(p->work->exclusive_key);
   }

@@ -13,7 +13,8 @@
 // batches of bulk work (Work::bulk, long prefills) occupy at most all workers but one,
 // so that short work never waits behind them for a worker. A request still queued
 // after its queue timeout (Triton's default_timeout_microseconds, or the request's own
-// `timeout` where allow_timeout_override) is answered DEADLINE_EXCEEDED, never run.
+// `timeout` where allow_timeout_override) is answered DEADLINE_EXCEEDED, never run; with
+// delay_on_timeout (Triton's DELAY) it stays queued but runs only when nothing else can.
 // With priority levels (Triton's priority_levels) a request queues behind every request
 // of its level or a higher one (1 is the highest), but never ahead of an earlier request
 // with its exclusive key. With preserve_ordering, requests are answered in the order
@@ -54,6 +55,7 @@ struct SchedulerOptions {
   // request's own timeout (Pending::timeout) replaces it.
   std::chrono::microseconds queue_timeout{0};
   bool allow_timeout_override = false;
+  bool delay_on_timeout = false;  // DELAY: a timed-out request waits behind all others instead
   // Priority levels 1 (first) .. priority_levels; 0: one level. A request whose priority
   // is 0 or above priority_levels takes default_priority (in 1..priority_levels).
   uint64_t priority_levels = 0;
@@ -66,6 +68,7 @@ struct SchedulerOptions {
     int64_t max_queue_size = 0;
     std::chrono::microseconds queue_timeout{0};
     bool allow_timeout_override = false;
+    bool delay_on_timeout = false;
   };
   std::map<uint64_t, LevelPolicy> level_policies;
 };
@@ -80,6 +83,8 @@ struct Pending {
   uint64_t priority = 0;                                // the request's `priority` parameter; 0: default
   uint64_t level = 0;                                   // set by Enqueue: the priority level it queues at
   uint64_t order = 0;                                   // set by Enqueue: admission order
+  bool delay_on_timeout = false;                        // set by Enqueue: the queue policy's DELAY
+  bool delayed = false;                                 // its DELAY timeout passed: it runs last
   // Called exactly once. OK: work->status and outputs hold the result.
   std::function<void(Pending&, const absl::Status&)> done;
   uint64_t queue_ns = 0, compute_ns = 0;                // filled by the scheduler

@@ -592,6 +592,29 @@ TEST(SchedulerTest, PriorityLevelsOrderTheQueue) {
   h.answers.ExpectEachOnce({100, 0, 1, 2, 3, 4, 5});
 }
 
+// Triton's timeout_action DELAY: a request whose queue timeout passed is not dropped; it
+// runs once nothing else can.
+TEST(SchedulerTest, DelayedRequestsRunAfterTheOthers) {
+  SchedulerOptions o = Options(milliseconds(0));
+  o.queue_timeout = milliseconds(10);
+  o.delay_on_timeout = true;
+  o.allow_timeout_override = true;  // 2 and 3 below carry a long timeout of their own
+  Harness h(o);
+  h.Plug(100);
+  ASSERT_TRUE(h.Enqueue({.id = 0, .batch_key = "a"}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 1, .batch_key = "b"}).ok());
+  std::this_thread::sleep_for(milliseconds(40));  // 0 and 1 pass their timeout
+  ASSERT_TRUE(h.Enqueue({.id = 2, .batch_key = "c", .timeout = std::chrono::seconds(60)}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 3, .batch_key = "c", .timeout = std::chrono::seconds(60)}).ok());
+  h.model.gate.Open();
+  ASSERT_TRUE(h.answers.WaitFor(5));
+  h.scheduler->Shutdown();
+  std::vector<int> order;
+  for (const auto& b : h.model.batches()) order.insert(order.end(), b.begin(), b.end());
+  EXPECT_EQ(order, (std::vector<int>{100, 2, 3, 0, 1}));
+  h.answers.ExpectEachOnce({100, 0, 1, 2, 3});
+}
+
 // Triton's priority_queue_policy: a level's own queue length and timeout.
 TEST(SchedulerTest, PriorityLevelHasItsOwnQueuePolicy) {
   SchedulerOptions o = Options(milliseconds(0));
