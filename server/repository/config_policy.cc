@@ -19,7 +19,8 @@ constexpr FieldPolicy H = FieldPolicy::kHonour, R = FieldPolicy::kRefuse, I = Fi
 const std::vector<FieldRule> kRules = {
     {"name", H, "the model's name; it must equal the folder's"},
     {"platform", I, "the `kind` parameter chooses the model, not a framework"},
-    {"backend", I, "the `kind` parameter chooses the model and --backend the device, not a framework backend"},
+    {"backend", I, "the `kind` parameter chooses the model and --backend the device, not a framework backend",
+     "flashq"},
     {"runtime", I, "no framework runtime is loaded"},
     {"version_policy", I, "each model serves one version, 1"},
     {"max_batch_size", H, "must be 0: requests are batched inside ragged tensors, not along a batch dimension"},
@@ -135,7 +136,11 @@ struct Walker {
       const int n = f->is_repeated() ? refl->FieldSize(m, f) : 1;
       const bool descend = f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && !f->is_map();
       const FieldRule* rule = RuleFor(path);
-      const FieldPolicy policy = rule ? rule->policy : FieldPolicy::kIgnore;
+      FieldPolicy policy = rule ? rule->policy : FieldPolicy::kIgnore;
+      if (rule && rule->honoured_value && f->cpp_type() == FieldDescriptor::CPPTYPE_STRING && !f->is_repeated() &&
+          refl->GetString(m, f) == rule->honoured_value) {
+        policy = FieldPolicy::kHonour;
+      }
       if (policy == FieldPolicy::kRefuse) {
         status = absl::InvalidArgumentError(
             absl::StrCat(At(tree, f, 0, outer), ": ", path, " is refused: ", rule->reason));

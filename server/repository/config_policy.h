@@ -20,6 +20,9 @@ struct FieldRule {
   const char* path;    // dotted field path from ModelConfig; the longest matching prefix decides
   FieldPolicy policy;
   const char* reason;  // why: the meaning flashq gives it, or why it is refused or ignored
+  // A string value that is honoured whatever `policy` says (`backend: "flashq"` names this
+  // server, and is what its own configs write). Null: none.
+  const char* honoured_value = nullptr;
 };
 
 // The table, for tests and docs.
