@@ -90,7 +90,6 @@ const std::vector<FieldRule> kRules = {
     {"model_repository_agents", R,
      "repository agents (checksum, decryption) are not run; serving files they were meant to process would be wrong"},
     {"response_cache", I, "responses are not cached; every request is computed"},
-    {"model_metrics", I, "histogram buckets are fixed (docs/metrics.md)"},
 };
 
 const FieldRule* RuleFor(const std::string& path) {

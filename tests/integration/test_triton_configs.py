@@ -86,3 +86,42 @@ def test_refused_config_stops_the_start_up(tmp_dir, name, reason):
         s.start(timeout=60)
     s.stop()
     assert f"{root / name / 'config.pbtxt'}:" in str(e.value) and reason in str(e.value), str(e.value)
+
+
+def _fields(descriptor, path, out, seen):
+    """{path: (number, type, label)} of every field reachable from `descriptor`, and enum values."""
+    if descriptor.full_name.split(".", 1)[1] in seen:
+        return
+    seen.add(descriptor.full_name.split(".", 1)[1])
+    for f in descriptor.fields:
+        out[f"{path}.{f.name}"] = (f.number, f.type, f.label)
+        if f.enum_type is not None:
+            out[f"{path}.{f.name}:enum"] = tuple(sorted((v.name, v.number) for v in f.enum_type.values))
+        if f.message_type is not None:
+            _fields(f.message_type, f"{path}.{f.name}", out, seen)
+
+
+def test_schema_matches_tritonclients(tmp_dir):
+    """proto/model_config.proto has the names, numbers, types and enum values of the
+    ModelConfig that tritonclient ships, field for field."""
+    import importlib
+    import subprocess
+    import sys
+    protoc = shutil.which("protoc")
+    if not protoc:
+        pytest.skip("protoc not found")
+    # A package of its own, so that both schemas load into one process.
+    src = (ROOT / "proto/model_config.proto").read_text().replace("package inference;", "package flashq_schema;")
+    (tmp_dir / "flashq_schema.proto").write_text(src)
+    subprocess.run([protoc, f"-I{tmp_dir}", f"--python_out={tmp_dir}", "flashq_schema.proto"], check=True)
+    sys.path.insert(0, str(tmp_dir))
+    try:
+        ours = importlib.import_module("flashq_schema_pb2")
+    finally:
+        sys.path.pop(0)
+    from tritonclient.grpc import model_config_pb2 as theirs
+    mine, triton = {}, {}
+    _fields(ours.ModelConfig.DESCRIPTOR, "ModelConfig", mine, set())
+    _fields(theirs.ModelConfig.DESCRIPTOR, "ModelConfig", triton, set())
+    assert {k: v for k, v in mine.items() if triton.get(k) != v} == {}
+    assert sorted(set(triton) - set(mine)) == []
