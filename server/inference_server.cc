@@ -5,6 +5,7 @@
 #include <cstring>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -34,14 +35,74 @@ constexpr auto kReleaseWait = std::chrono::seconds(2);
 
 uint64_t Ns(Clock::duration d) { return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); }
 
-absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfig& c, const InferenceServerOptions& o) {
+constexpr int64_t kMaxWorkersPerModel = 256;
+constexpr uint64_t kMaxQueueTimeoutUs = uint64_t(24) * 3600 * 1'000'000;
+
+// Workers of a model from Triton's instance_group: `count` instances (default 1) on each
+// GPU of `gpus`, on every GPU when `gpus` is empty, or `count` for a KIND_CPU group.
+absl::StatusOr<int> WorkersFromInstanceGroups(const inference::ModelConfig& c, int devices) {
+  int64_t workers = 0;
+  for (const auto& g : c.instance_group()) {
+    if (g.count() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", c.name(), "': instance_group count is ", g.count(),
+                                                     "; it must be >= 1"));
+    }
+    const int64_t places = g.kind() == inference::ModelInstanceGroup::KIND_CPU ? 1
+                           : g.gpus().empty()                                  ? std::max(devices, 1)
+                                                                               : g.gpus_size();
+    workers += int64_t(std::max(g.count(), 1)) * places;
+  }
+  if (workers > kMaxWorkersPerModel) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", c.name(), "': instance_group asks for ", workers,
+                                                   " workers; the limit is ", kMaxWorkersPerModel));
+  }
+  return int(workers);
+}
+
+}  // namespace
+
+absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfig& c, const InferenceServerOptions& o,
+                                                     int devices) {
   SchedulerOptions s;
   int64_t size = 1024, delay = 0;
   if (c.has_dynamic_batching()) {
+    const auto& policy = c.dynamic_batching().default_queue_policy();
     delay = int64_t(c.dynamic_batching().max_queue_delay_microseconds());
-    if (c.dynamic_batching().default_queue_policy().max_queue_size() > 0) {
-      size = c.dynamic_batching().default_queue_policy().max_queue_size();
+    if (policy.max_queue_size() > 0) size = policy.max_queue_size();
+    if (policy.default_timeout_microseconds() > kMaxQueueTimeoutUs) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", c.name(), "': default_queue_policy.default_timeout_microseconds is ",
+          policy.default_timeout_microseconds(), "; it must be at most ", kMaxQueueTimeoutUs, " (a day)"));
     }
+    const uint64_t levels = c.dynamic_batching().priority_levels();
+    const uint64_t def = c.dynamic_batching().default_priority_level();
+    if (levels > 0 && (def < 1 || def > levels)) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", c.name(), "': dynamic_batching.default_priority_level is ",
+                                                     def, "; with priority_levels ", levels, " it must be in 1..",
+                                                     levels));
+    }
+    s.preserve_ordering = c.dynamic_batching().preserve_ordering();
+    for (const auto& [level, lp] : c.dynamic_batching().priority_queue_policy()) {
+      if (level < 1 || level > levels) {
+        return absl::InvalidArgumentError(absl::StrCat("model '", c.name(), "': dynamic_batching.priority_queue_policy has level ",
+                                                       level, "; the levels are 1..", levels, " (priority_levels)"));
+      }
+      if (lp.default_timeout_microseconds() > kMaxQueueTimeoutUs) {
+        return absl::InvalidArgumentError(absl::StrCat("model '", c.name(), "': priority_queue_policy of level ", level,
+                                                       ": default_timeout_microseconds must be at most ",
+                                                       kMaxQueueTimeoutUs, " (a day)"));
+      }
+      SchedulerOptions::LevelPolicy& out = s.level_policies[level];
+      out.max_queue_size = lp.max_queue_size();
+      out.queue_timeout = std::chrono::microseconds(lp.default_timeout_microseconds());
+      out.allow_timeout_override = lp.allow_timeout_override();
+      out.delay_on_timeout = lp.timeout_action() == inference::ModelQueuePolicy::DELAY;
+    }
+    s.priority_levels = levels;
+    s.default_priority = def;
+    s.queue_timeout = std::chrono::microseconds(policy.default_timeout_microseconds());
+    s.allow_timeout_override = policy.allow_timeout_override();
+    s.delay_on_timeout = policy.timeout_action() == inference::ModelQueuePolicy::DELAY;
   }
   auto p_size = ConfigIntParam(c, "max_queue_size", size, 1, 10'000'000);
   auto p_delay = ConfigIntParam(c, "max_queue_delay_us", delay, 0, 60'000'000);
@@ -53,6 +114,11 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
   s.max_queue_delay = std::chrono::microseconds(o.max_queue_delay_us.value_or(*p_delay));
   s.max_batch_tokens = o.max_batch_tokens.value_or(*p_tokens);
   s.workers = o.workers_per_model;
+  if (!o.workers_per_model_from_flag && c.instance_group_size() > 0) {
+    auto w = WorkersFromInstanceGroups(c, devices);
+    if (!w.ok()) return w.status();
+    s.workers = *w;
+  }
   s.idle_spin = std::chrono::microseconds(o.idle_spin_us);
   if (s.max_queue_size < 1 || s.max_batch_tokens < 1 || s.max_queue_delay.count() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("model '", c.name(),
@@ -60,8 +126,6 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfi
   }
   return s;
 }
-
-}  // namespace
 
 absl::StatusOr<ModelControlMode> ParseModelControlMode(const std::string& s) {
   if (s == "none") return ModelControlMode::kNone;
@@ -100,7 +164,10 @@ absl::StatusOr<std::vector<InferenceServer::VersionSet>> InferenceServer::Build(
   };
   std::vector<Job> jobs;
   for (size_t i = 0; i < entries.size(); ++i) {
-    if (auto s = SchedulerOptionsFor(entries[i].config, options_); !s.ok()) return s.status();
+    for (const std::string& w : entries[i].warnings) {
+      if (log_) log_(entries[i].config.name(), w);
+    }
+    if (auto s = SchedulerOptionsFor(entries[i].config, options_, backend_.devices()); !s.ok()) return s.status();
     auto versions = ServedVersions(entries[i]);
     if (!versions.ok()) return versions.status();
     for (ModelVersion& v : *versions) jobs.push_back({i, std::move(v)});
@@ -158,7 +225,7 @@ absl::StatusOr<std::vector<InferenceServer::VersionSet>> InferenceServer::Build(
 
 absl::StatusOr<std::shared_ptr<InferenceServer::Served>> InferenceServer::Wrap(const ModelEntry& entry, int64_t version,
                                                                                 std::unique_ptr<Model> model) {
-  auto sched = SchedulerOptionsFor(entry.config, options_);
+  auto sched = SchedulerOptionsFor(entry.config, options_, backend_.devices());
   if (!sched.ok()) return sched.status();
   auto s = std::make_shared<Served>();
   s->version = version;
@@ -547,6 +614,24 @@ absl::Status InferenceServer::Admit(Served& s, const inference::ModelInferReques
   p->enqueued = Clock::now();  // queue time counts from here, not from the decoding before
   p->deadline = deadline;
   p->cancelled = std::move(cancelled);
+  // Triton's per-request queue timeout (microseconds), which the model's queue policy may
+  // let replace default_timeout_microseconds, and priority level (0: the model's default).
+  for (const std::string_view key : {"timeout", "priority"}) {
+    auto t = request.parameters().find(std::string(key));
+    if (t == request.parameters().end()) continue;
+    const auto& v = t->second;
+    const int64_t n = v.has_int64_param() ? v.int64_param() : v.has_uint64_param() ? int64_t(v.uint64_param()) : -1;
+    const uint64_t hi = key == "timeout" ? kMaxQueueTimeoutUs : uint64_t(INT64_MAX);
+    if (n < 0 || uint64_t(n) > hi) {
+      absl::Status bad = absl::InvalidArgumentError(
+          absl::StrCat("parameter '", absl::string_view(key.data(), key.size()), "' must be an integer in 0..", hi,
+                       key == "timeout" ? " (microseconds)" : ""));
+      s.model->Drop(*p->work, bad);
+      return bad;
+    }
+    if (key == "priority") p->priority = uint64_t(n);
+    else if (n > 0) p->timeout = std::chrono::microseconds(n);
+  }
   p->done = [finish, done](Pending& p, const absl::Status& st) { finish(st, p.work.get(), p.queue_ns, p.compute_ns, done); };
   return s.scheduler->Enqueue(std::move(p));  // a refusal has dropped the work
 }

@@ -40,6 +40,9 @@ struct InferenceServerOptions {
   std::optional<int64_t> max_queue_delay_us;
   std::optional<int64_t> max_batch_tokens;
   int workers_per_model = 1;
+  // True: workers_per_model was given (--workers-per-model) and overrides the models'
+  // instance_group counts. False: a model with instance_group gets the workers it asks for.
+  bool workers_per_model_from_flag = false;
   int64_t idle_spin_us = 0;  // SchedulerOptions::idle_spin
   // The largest response the frontend can send (its message limit); a request whose
   // outputs would not fit is refused before compute. 0: no limit.
@@ -64,6 +67,12 @@ struct InferenceServerOptions {
 struct ModelIndexEntry {
   std::string name, version, state, reason;  // state: READY, UNAVAILABLE or "" (never loaded)
 };
+
+// A model's queue and workers: its config (dynamic_batching and its queue policy,
+// instance_group, the queue parameters) under the server's overrides. `devices` is the
+// number of GPUs (1 on CPU), which an instance_group without `gpus` places count on each.
+absl::StatusOr<SchedulerOptions> SchedulerOptionsFor(const inference::ModelConfig& c, const InferenceServerOptions& o,
+                                                     int devices);
 
 // Models are served through shared references: a request holds its model for its
 // lifetime, so an unload or a reload never pulls a model from under a request. Unloading

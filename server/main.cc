@@ -144,8 +144,8 @@ void AddFlags(FlagSet& f, Options& o) {
         "2 s goes back to the OS. -1: keep all freed memory.",
         -1, int64_t(1) << 30);
   f.Add("workers-per-model", &o.workers_per_model,
-        "Batches executed concurrently per model. -1: 2 per GPU (2 with the CPU backend), so that each GPU has one "
-        "batch computing while the next one's copies run.", -1, 256);
+        "Batches executed concurrently per model; overrides instance_group. -1: the model's instance_group, else 2 per "
+        "GPU (2 with the CPU backend), so that each GPU has one batch computing while the next one's copies run.", -1, 256);
   f.Add("idle-spin-us", &o.idle_spin_us,
         "After a batch, one idle worker per model polls its queue this long (busy, one core) before it sleeps, so "
         "that a request arriving meanwhile starts without a thread wake-up; 0: sleep at once. -1: 500 with the CUDA "
@@ -385,6 +385,7 @@ int Run(const Options& o) {
   opts.max_queue_delay_us = Override(o.max_queue_delay_us);
   opts.max_batch_tokens = Override(o.max_batch_tokens);
   opts.workers_per_model = int(o.workers_per_model > 0 ? o.workers_per_model : 2 * (*backend)->devices());
+  opts.workers_per_model_from_flag = o.workers_per_model > 0;
   // With the CUDA backend a worker's core waits on the GPU; with the CPU backend the
   // cores compute, and a polling worker would take one from them.
   opts.idle_spin_us = o.idle_spin_us >= 0 ? o.idle_spin_us : (*backend)->name() == "cpu" ? 0 : 500;

@@ -23,6 +23,12 @@ Scheduler::~Scheduler() { Shutdown(); }
 
 absl::Status Scheduler::Enqueue(std::unique_ptr<Pending> p) {
   absl::Status rejected;
+  if (options_.priority_levels > 0) {
+    const bool valid = p->priority >= 1 && p->priority <= options_.priority_levels;
+    p->level = valid ? p->priority : options_.default_priority;
+  }
+  const auto own = options_.level_policies.find(p->level);
+  const SchedulerOptions::LevelPolicy* level_policy = own == options_.level_policies.end() ? nullptr : &own->second;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stop_) {
@@ -30,9 +36,32 @@ absl::Status Scheduler::Enqueue(std::unique_ptr<Pending> p) {
     } else if (int64_t(queue_.size()) >= options_.max_queue_size) {
       rejected = absl::ResourceExhaustedError(absl::StrCat("queue of model '", model_.name(), "' is full (",
                                                            options_.max_queue_size, " requests, max_queue_size)"));
+    } else if (level_policy && level_policy->max_queue_size > 0 &&
+               level_depth_[p->level] >= level_policy->max_queue_size) {
+      rejected = absl::ResourceExhaustedError(absl::StrCat(
+          "priority level ", p->level, " of model '", model_.name(), "' is full (", level_policy->max_queue_size,
+          " requests, priority_queue_policy max_queue_size)"));
     } else if (rejected = model_.Admit(*p->work); rejected.ok()) {
+      const auto base = level_policy ? level_policy->queue_timeout : options_.queue_timeout;
+      p->delay_on_timeout = level_policy ? level_policy->delay_on_timeout : options_.delay_on_timeout;
+      const bool may_override = level_policy ? level_policy->allow_timeout_override : options_.allow_timeout_override;
+      const auto timeout = may_override && p->timeout ? *p->timeout : base;
+      if (timeout.count() > 0) p->queue_deadline = p->enqueued + timeout;
+      p->order = next_order_++;
       queued_tokens_ += p->work->tokens;
-      queue_.push_back(std::move(p));
+      ++level_depth_[p->level];
+      auto pos = queue_.end();
+      if (options_.priority_levels > 0) {
+        // Behind its level and the higher ones; behind its own sequence's earlier requests,
+        // which must run first whatever their level.
+        const std::string& ex = p->work->exclusive_key;
+        while (pos != queue_.begin()) {
+          const Pending& prev = **std::prev(pos);
+          if (prev.level <= p->level || (!ex.empty() && prev.work->exclusive_key == ex)) break;
+          --pos;
+        }
+      }
+      queue_.insert(pos, std::move(p));
       enqueued_.fetch_add(1, std::memory_order_release);
       metrics_.queue_depth->Set(double(queue_.size()));
     }
@@ -75,41 +104,58 @@ bool Scheduler::HasRunnable() const {
 
 void Scheduler::FormBatch(Clock::time_point now, std::vector<std::unique_ptr<Pending>>* batch,
                           std::vector<std::pair<std::unique_ptr<Pending>, absl::Status>>* dropped) {
-  const std::string* key = nullptr;
-  int64_t tokens = 0;
-  std::set<std::string> held;  // exclusive keys that must wait (order within a sequence)
-  for (auto it = queue_.begin(); it != queue_.end();) {
-    Pending& p = **it;
-    absl::Status drop;
-    // Deadline first: gRPC also marks a call whose deadline passed as cancelled.
-    if (p.deadline && now >= *p.deadline) {
-      drop = absl::DeadlineExceededError(absl::StrCat("request passed its deadline after ",
-                                                      Ns(now - p.enqueued) / 1000, " us in the queue of model '",
-                                                      model_.name(), "'"));
-    } else if (p.cancelled && p.cancelled()) {
-      drop = absl::CancelledError("request was cancelled by the client before compute");
-    }
-    if (!drop.ok()) {
-      queued_tokens_ -= p.work->tokens;
-      dropped->emplace_back(std::move(*it), drop);
-      it = queue_.erase(it);
-      continue;
-    }
-    const std::string& ex = p.work->exclusive_key;
-    const bool blocked = (!ex.empty() && (running_keys_.count(ex) || held.count(ex))) || !Startable(*p.work);
-    const bool fits = !key || (p.work->batch_key == *key && tokens + p.work->tokens <= options_.max_batch_tokens);
-    if (blocked || !fits) {
+  // Delayed requests (a DELAY queue timeout passed) join a batch only when no other
+  // request can start one: the second pass.
+  for (const bool take_delayed : {false, true}) {
+    if (!batch->empty()) break;
+    const std::string* key = nullptr;
+    int64_t tokens = 0;
+    std::set<std::string> held;  // exclusive keys that must wait (order within a sequence)
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      Pending& p = **it;
+      absl::Status drop;
+      // Deadline first: gRPC also marks a call whose deadline passed as cancelled.
+      if (p.deadline && now >= *p.deadline) {
+        drop = absl::DeadlineExceededError(absl::StrCat("request passed its deadline after ",
+                                                        Ns(now - p.enqueued) / 1000, " us in the queue of model '",
+                                                        model_.name(), "'"));
+      } else if (p.queue_deadline && now >= *p.queue_deadline && p.delay_on_timeout) {
+        p.delayed = true;
+        p.queue_deadline.reset();
+      } else if (p.queue_deadline && now >= *p.queue_deadline) {
+        drop = absl::DeadlineExceededError(absl::StrCat(
+            "request timed out after ", Ns(now - p.enqueued) / 1000, " us in the queue of model '", model_.name(),
+            "' (queue timeout ",
+            std::chrono::duration_cast<std::chrono::microseconds>(*p.queue_deadline - p.enqueued).count(),
+            " us: default_timeout_microseconds or the request's timeout)"));
+      } else if (p.cancelled && p.cancelled()) {
+        drop = absl::CancelledError("request was cancelled by the client before compute");
+      }
+      if (!drop.ok()) {
+        queued_tokens_ -= p.work->tokens;
+        --level_depth_[p.level];
+        dropped->emplace_back(std::move(*it), drop);
+        it = queue_.erase(it);
+        continue;
+      }
+      const std::string& ex = p.work->exclusive_key;
+      const bool blocked = (!ex.empty() && (running_keys_.count(ex) || held.count(ex))) || !Startable(*p.work) ||
+                           (p.delayed && !take_delayed);
+      const bool fits = !key || (p.work->batch_key == *key && tokens + p.work->tokens <= options_.max_batch_tokens);
+      if (blocked || !fits) {
+        if (!ex.empty()) held.insert(ex);
+        ++it;
+        continue;
+      }
+      key = &p.work->batch_key;
+      tokens += p.work->tokens;
       if (!ex.empty()) held.insert(ex);
-      ++it;
-      continue;
+      --level_depth_[p.level];
+      batch->push_back(std::move(*it));
+      it = queue_.erase(it);
     }
-    key = &p.work->batch_key;
-    tokens += p.work->tokens;
-    if (!ex.empty()) held.insert(ex);
-    batch->push_back(std::move(*it));
-    it = queue_.erase(it);
+    queued_tokens_ -= tokens;
   }
-  queued_tokens_ -= tokens;
   for (const auto& p : *batch) {
     if (!p->work->exclusive_key.empty()) running_keys_.insert(p->work->exclusive_key);
   }
@@ -162,19 +208,23 @@ void Scheduler::WorkerLoop() {
         const std::string& ex = p->work->exclusive_key;
         if (!after_run && !ex.empty() && batch_keys.count(ex)) continue;
         model_.Drop(*p->work, why);
-        p->done(*p, why);
-        p.reset();
+        Answer(std::move(p), why);
       }
     };
     answer_drops(false);
+    // Run answers (and hands over) the batch's requests: what the bookkeeping below
+    // needs is taken first.
+    std::vector<std::string> ran_keys;
+    for (const auto& p : batch) {
+      if (!p->work->exclusive_key.empty()) ran_keys.push_back(p->work->exclusive_key);
+    }
+    const bool ran_bulk = IsBulk(batch);
     if (!batch.empty()) Run(batch);
     answer_drops(true);
     {
       std::lock_guard<std::mutex> l(mu_);
-      for (const auto& p : batch) {
-        if (!p->work->exclusive_key.empty()) running_keys_.erase(running_keys_.find(p->work->exclusive_key));
-      }
-      running_bulk_ -= IsBulk(batch);
+      for (const std::string& k : ran_keys) running_keys_.erase(running_keys_.find(k));
+      running_bulk_ -= ran_bulk;
     }
     cv_.notify_all();
   }
@@ -199,7 +249,38 @@ void Scheduler::Run(std::vector<std::unique_ptr<Pending>>& batch) {
     p->compute_ns = compute_ns;
     metrics_.queue_seconds->Observe(Seconds(p->queue_ns));
     metrics_.compute_seconds->Observe(Seconds(compute_ns));
-    p->done(*p, absl::OkStatus());
+  }
+  for (auto& p : batch) Answer(std::move(p), absl::OkStatus());
+}
+
+void Scheduler::Answer(std::unique_ptr<Pending> p, const absl::Status& status) {
+  if (!options_.preserve_ordering) {
+    p->done(*p, status);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> l(order_mu_);
+    const uint64_t order = p->order;
+    ready_.emplace(order, std::make_pair(std::move(p), status));
+    if (answering_) return;  // the thread answering now reaches it
+    answering_ = true;
+  }
+  // One thread at a time answers, in admission order, every request whose predecessors
+  // have all been answered; `done` runs outside the lock.
+  for (;;) {
+    std::vector<std::pair<std::unique_ptr<Pending>, absl::Status>> next;
+    {
+      std::lock_guard<std::mutex> l(order_mu_);
+      for (auto it = ready_.begin(); it != ready_.end() && it->first == next_answer_; ++next_answer_) {
+        next.push_back(std::move(it->second));
+        it = ready_.erase(it);
+      }
+      if (next.empty()) {
+        answering_ = false;
+        return;
+      }
+    }
+    for (auto& [q, st] : next) q->done(*q, st);
   }
 }
 

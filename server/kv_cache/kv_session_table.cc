@@ -7,7 +7,7 @@
 namespace flashq::server {
 
 KvSessionTable::KvSessionTable(int num_blocks, int page_size, int64_t max_tokens_per_sequence,
-                               std::chrono::seconds idle_timeout)
+                               std::chrono::microseconds idle_timeout)
     : num_blocks_(std::max(num_blocks, 0)),
       page_size_(std::max(page_size, 1)),
       max_tokens_(max_tokens_per_sequence),
@@ -172,8 +172,8 @@ int KvSessionTable::ReapIdle(Clock::time_point now) {
     Sequence& s = it->second;
     if (s.in_flight == 0 && now - s.last_used > idle_timeout_) {
       FreeBlocksLocked(&s.blocks);
-      RecordAbortLocked(it->first, absl::StrCat("idle for more than ", idle_timeout_.count(),
-                                                " s, the session_idle_timeout_s"));
+      RecordAbortLocked(it->first, absl::StrCat("idle for more than ", double(idle_timeout_.count()) * 1e-6,
+                                                " s, the model's max_sequence_idle_microseconds"));
       it = live_.erase(it);
       ++reaped;
     } else {

@@ -39,7 +39,7 @@ struct KvReservation {
 class KvSessionTable {
  public:
   using Clock = std::chrono::steady_clock;
-  KvSessionTable(int num_blocks, int page_size, int64_t max_tokens_per_sequence, std::chrono::seconds idle_timeout);
+  KvSessionTable(int num_blocks, int page_size, int64_t max_tokens_per_sequence, std::chrono::microseconds idle_timeout);
 
   // `sequence_id` is the key as messages print it (e.g. 42, or "abc" with its quotes).
   // start && live            -> ALREADY_EXISTS   ("sequence 42 is already active ...")
@@ -85,7 +85,7 @@ class KvSessionTable {
 
   const int num_blocks_, page_size_;
   const int64_t max_tokens_;
-  const std::chrono::seconds idle_timeout_;
+  const std::chrono::microseconds idle_timeout_;
   mutable std::mutex mu_;
   std::vector<int32_t> free_;        // free block ids (LIFO)
   std::map<std::string, Sequence> live_;

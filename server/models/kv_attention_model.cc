@@ -42,6 +42,23 @@ absl::StatusOr<std::unique_ptr<Model>> KvAttentionModel::Create(inference::Model
     if (!v.ok()) return v.status();
     *p.out = *v;
   }
+  // Triton's sequence_batching.max_sequence_idle_microseconds is the idle timeout; the
+  // older session_idle_timeout_s parameter remains its fallback and must not contradict it.
+  std::chrono::microseconds idle = std::chrono::seconds(idle_s);
+  if (config.has_sequence_batching() && config.sequence_batching().max_sequence_idle_microseconds() > 0) {
+    const uint64_t us = config.sequence_batching().max_sequence_idle_microseconds();
+    if (us > uint64_t(365) * 24 * 3600 * 1'000'000) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", config.name(),
+                                                     "': sequence_batching.max_sequence_idle_microseconds is ", us,
+                                                     "; it must be at most a year"));
+    }
+    if (config.parameters().count("session_idle_timeout_s") && uint64_t(idle_s) * 1'000'000 != us) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", config.name(), "': sequence_batching.max_sequence_idle_microseconds is ", us,
+          " but parameter session_idle_timeout_s is ", idle_s, "; set only max_sequence_idle_microseconds"));
+    }
+    idle = std::chrono::microseconds(us);
+  }
   if (hq % hkv != 0) {
     return absl::InvalidArgumentError(absl::StrCat("model '", config.name(), "': num_heads_q ", hq,
                                                    " is not a multiple of num_heads_kv ", hkv));
@@ -66,7 +83,7 @@ absl::StatusOr<std::unique_ptr<Model>> KvAttentionModel::Create(inference::Model
   g.max_blocks_per_sequence = int((max_tokens + page - 1) / page);
   auto exec = backend.CreateKvAttention(g);
   if (!exec.ok()) return exec.status();
-  auto sessions = std::make_unique<KvSessionTable>(g.num_blocks, g.page_size, max_tokens, std::chrono::seconds(idle_s));
+  auto sessions = std::make_unique<KvSessionTable>(g.num_blocks, g.page_size, max_tokens, idle);
   return std::unique_ptr<Model>(new KvAttentionModel(std::move(config), g, std::move(sessions), std::move(*exec)));
 }
 

@@ -8,6 +8,7 @@
 #include "server/models/attention_model.h"
 #include "server/models/kv_attention_model.h"
 #include "server/models/linear_model.h"
+#include "server/models/model_warmup.h"
 
 namespace flashq::server {
 namespace {
@@ -104,6 +105,9 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelEntry& entry, Back
                                 &notes);
     if (options.log)
       for (const std::string& n : notes) options.log(entry.config.name(), n);
+  }
+  if (model.ok()) {
+    if (absl::Status s = RunModelWarmup(**model, entry.dir); !s.ok()) model = s;
   }
   if (!model.ok()) {
     return absl::Status(model.status().code(), absl::StrCat("loading model '", entry.config.name(), "' (", entry.dir,

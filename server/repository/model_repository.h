@@ -15,6 +15,9 @@ namespace flashq::server {
 struct ModelEntry {
   std::string dir;                 // absolute path of the model's folder
   inference::ModelConfig config;   // parsed and checked; name defaults to the folder name
+  // One line per field the config sets that flashq ignores (config_policy.h), with its
+  // file and line; the server logs them at load.
+  std::vector<std::string> warnings;
 };
 
 // Reads every sub-folder that holds a config.pbtxt. A malformed config is an error that
@@ -22,8 +25,11 @@ struct ModelEntry {
 absl::StatusOr<std::vector<ModelEntry>> ScanModelRepository(const std::string& root);
 
 // Parses and checks one config.pbtxt; `folder` is the model folder's name (the default
-// model name). Errors read "<path>:<line>:<column>: <message>".
-absl::StatusOr<inference::ModelConfig> ParseModelConfigFile(const std::string& path, const std::string& folder);
+// model name). Errors read "<path>:<line>:<column>: <message>" (syntax) or
+// "<path>:<line>: <field> is refused: <why>" (config_policy.h). Fields accepted but
+// ignored are described in `warnings` (may be null).
+absl::StatusOr<inference::ModelConfig> ParseModelConfigFile(const std::string& path, const std::string& folder,
+                                                            std::vector<std::string>* warnings = nullptr);
 
 
 }  // namespace flashq::server

@@ -104,15 +104,15 @@ output [ { name: "Y" data_type: TYPE_FP16 dims: [ -1, 8 ] } ]
   const std::vector<Case> cases = {
       {"no kind", io, "no \"kind\""},
       {"bad kind", io + R"(parameters { key: "kind" value: { string_value: "conv" } })", "kind is 'conv'"},
-      {"name mismatch", "name: \"other\"\n" + io + kind, "differs from the folder name"},
-      {"batch dim", "max_batch_size: 8\n" + io + kind, "max_batch_size is 8"},
+      {"name mismatch", "name: \"other\"\n" + io + kind, "config.pbtxt:1: name 'other' differs from the folder name"},
+      {"batch dim", "max_batch_size: 8\n" + io + kind, "config.pbtxt:1: max_batch_size is 8"},
       {"no inputs", R"(output [ { name: "Y" data_type: TYPE_FP16 dims: [ -1 ] } ])" + kind, "no input"},
       {"duplicate tensor", R"(input [ { name: "X" data_type: TYPE_FP16 dims: [ -1 ] } ]
-output [ { name: "X" data_type: TYPE_FP16 dims: [ -1 ] } ])" + kind, "'X' is used twice"},
+output [ { name: "X" data_type: TYPE_FP16 dims: [ -1 ] } ])" + kind, "config.pbtxt:2: tensor name 'X' is used twice"},
       {"no dtype", R"(input [ { name: "X" dims: [ -1 ] } ]
 output [ { name: "Y" data_type: TYPE_FP16 dims: [ -1 ] } ])" + kind, "'X' has no data_type"},
       {"bad dim", R"(input [ { name: "X" data_type: TYPE_FP16 dims: [ -2 ] } ]
-output [ { name: "Y" data_type: TYPE_FP16 dims: [ -1 ] } ])" + kind, "dimension -2"},
+output [ { name: "Y" data_type: TYPE_FP16 dims: [ -1 ] } ])" + kind, "config.pbtxt:1: input 'X' has dimension -2"},
   };
   for (const Case& c : cases) {
     fs::remove_all(root_ / "m");

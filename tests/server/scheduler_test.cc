@@ -158,6 +158,7 @@ class Answers {
     {
       std::lock_guard<std::mutex> l(mu_);
       codes_[id].push_back(s.code());
+      order_.push_back(id);
       messages_[id] = std::string(s.message());
       queue_ns_[id] = p.queue_ns;
       if (s.ok()) {
@@ -191,6 +192,7 @@ class Answers {
   }
   std::string message(int id) { std::lock_guard<std::mutex> l(mu_); return messages_[id]; }
   uint64_t queue_ns(int id) { std::lock_guard<std::mutex> l(mu_); return queue_ns_[id]; }
+  std::vector<int> order() { std::lock_guard<std::mutex> l(mu_); return order_; }  // ids as answered
 
  private:
   std::mutex mu_;
@@ -199,6 +201,7 @@ class Answers {
   std::map<int, std::string> messages_;
   std::map<int, uint64_t> queue_ns_;
   std::vector<int> bad_outputs_;
+  std::vector<int> order_;
   int total_ = 0;
 };
 
@@ -211,6 +214,8 @@ struct Req {
   bool bulk = false;
   std::optional<Clock::time_point> deadline;
   std::function<bool()> cancelled;
+  std::optional<std::chrono::microseconds> timeout;  // the request's own queue timeout
+  uint64_t priority = 0;
 };
 
 // Members are destroyed in reverse order: the scheduler (joins its workers) first.
@@ -231,6 +236,8 @@ struct Harness {
     p->work = std::move(w);
     p->deadline = r.deadline;
     p->cancelled = r.cancelled;
+    p->timeout = r.timeout;
+    p->priority = r.priority;
     const int id = r.id;
     p->done = [this, id](Pending& p, const absl::Status& s) { answers.Record(id, s, p); };
     return scheduler->Enqueue(std::move(p));
@@ -534,6 +541,132 @@ TEST(SchedulerTest, ExpiredDeadlineIsAnsweredAndNeverComputed) {
   EXPECT_EQ(h.answers.code(2), absl::StatusCode::kOk);
   EXPECT_EQ(h.model.drops().size(), 2u);
   h.answers.ExpectEachOnce({100, 0, 1, 2, 3});
+}
+
+// Triton's queue policy: default_timeout_microseconds, and a request's own timeout
+// where allow_timeout_override.
+TEST(SchedulerTest, QueueTimeoutAnswersAndNeverComputes) {
+  for (bool allow_override : {true, false}) {
+    SchedulerOptions o = Options(milliseconds(0));
+    o.queue_timeout = milliseconds(10);
+    o.allow_timeout_override = allow_override;
+    Harness h(o);
+    h.Plug(100);
+    ASSERT_TRUE(h.Enqueue({.id = 0}).ok());
+    ASSERT_TRUE(h.Enqueue({.id = 1, .timeout = std::chrono::seconds(60)}).ok());
+    std::this_thread::sleep_for(milliseconds(40));  // the default timeout passes while they wait
+    h.model.gate.Open();
+    ASSERT_TRUE(h.answers.WaitFor(3));
+    h.scheduler->Shutdown();
+
+    EXPECT_EQ(h.answers.code(0), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_TRUE(h.answers.message(0).find("queue timeout 10000 us") != std::string::npos) << h.answers.message(0);
+    EXPECT_FALSE(h.model.Executed(0));
+    EXPECT_EQ(h.answers.code(1), allow_override ? absl::StatusCode::kOk : absl::StatusCode::kDeadlineExceeded)
+        << "allow_timeout_override " << allow_override;
+    EXPECT_EQ(h.model.Executed(1), allow_override);
+    h.answers.ExpectEachOnce({100, 0, 1});
+  }
+}
+
+// Triton's priority levels: 1 first; 0 and out-of-range priorities take the default
+// level; a sequence's requests keep their order whatever their levels.
+TEST(SchedulerTest, PriorityLevelsOrderTheQueue) {
+  SchedulerOptions o = Options(milliseconds(0));
+  o.priority_levels = 3;
+  o.default_priority = 2;
+  Harness h(o);
+  h.Plug(100);
+  ASSERT_TRUE(h.Enqueue({.id = 0, .batch_key = "a", .priority = 3}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 1, .batch_key = "b", .priority = 0}).ok());   // default: 2
+  ASSERT_TRUE(h.Enqueue({.id = 2, .batch_key = "c", .priority = 1}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 3, .batch_key = "d", .priority = 9}).ok());   // out of range: 2
+  ASSERT_TRUE(h.Enqueue({.id = 4, .batch_key = "e", .exclusive_key = "s", .priority = 3}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 5, .batch_key = "f", .exclusive_key = "s", .priority = 1}).ok());
+  h.model.gate.Open();
+  ASSERT_TRUE(h.answers.WaitFor(7));
+  h.scheduler->Shutdown();
+  std::vector<int> order;
+  for (const auto& b : h.model.batches()) order.insert(order.end(), b.begin(), b.end());
+  // 5 may not pass 4 (same sequence), so it waits behind 4 at level 3 in arrival order.
+  EXPECT_EQ(order, (std::vector<int>{100, 2, 1, 3, 0, 4, 5}));
+  h.answers.ExpectEachOnce({100, 0, 1, 2, 3, 4, 5});
+}
+
+// Triton's timeout_action DELAY: a request whose queue timeout passed is not dropped; it
+// runs once nothing else can.
+TEST(SchedulerTest, DelayedRequestsRunAfterTheOthers) {
+  SchedulerOptions o = Options(milliseconds(0));
+  o.queue_timeout = milliseconds(10);
+  o.delay_on_timeout = true;
+  o.allow_timeout_override = true;  // 2 and 3 below carry a long timeout of their own
+  Harness h(o);
+  h.Plug(100);
+  ASSERT_TRUE(h.Enqueue({.id = 0, .batch_key = "a"}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 1, .batch_key = "b"}).ok());
+  std::this_thread::sleep_for(milliseconds(40));  // 0 and 1 pass their timeout
+  ASSERT_TRUE(h.Enqueue({.id = 2, .batch_key = "c", .timeout = std::chrono::seconds(60)}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 3, .batch_key = "c", .timeout = std::chrono::seconds(60)}).ok());
+  h.model.gate.Open();
+  ASSERT_TRUE(h.answers.WaitFor(5));
+  h.scheduler->Shutdown();
+  std::vector<int> order;
+  for (const auto& b : h.model.batches()) order.insert(order.end(), b.begin(), b.end());
+  EXPECT_EQ(order, (std::vector<int>{100, 2, 3, 0, 1}));
+  h.answers.ExpectEachOnce({100, 0, 1, 2, 3});
+}
+
+// Triton's priority_queue_policy: a level's own queue length and timeout.
+TEST(SchedulerTest, PriorityLevelHasItsOwnQueuePolicy) {
+  SchedulerOptions o = Options(milliseconds(0));
+  o.priority_levels = 2;
+  o.default_priority = 2;
+  o.level_policies[1] = {.max_queue_size = 2, .queue_timeout = milliseconds(10)};
+  Harness h(o);
+  h.Plug(100);
+  ASSERT_TRUE(h.Enqueue({.id = 0, .batch_key = "a", .priority = 1}).ok());
+  ASSERT_TRUE(h.Enqueue({.id = 1, .batch_key = "a", .priority = 1}).ok());
+  absl::Status full = h.Enqueue({.id = 2, .batch_key = "a", .priority = 1});
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Contains(full, "priority level 1")) << full;
+  ASSERT_TRUE(h.Enqueue({.id = 3, .batch_key = "b", .priority = 2}).ok());  // its level has room
+  std::this_thread::sleep_for(milliseconds(40));  // level 1's timeout passes; level 2 has none
+  h.model.gate.Open();
+  ASSERT_TRUE(h.answers.WaitFor(4));
+  // Level 1 has room again once its requests left the queue.
+  ASSERT_TRUE(h.Enqueue({.id = 4, .batch_key = "a", .priority = 1}).ok());
+  ASSERT_TRUE(h.answers.WaitFor(5));
+  h.scheduler->Shutdown();
+  EXPECT_EQ(h.answers.code(0), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(h.answers.code(1), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(h.answers.code(3), absl::StatusCode::kOk);
+  EXPECT_EQ(h.answers.code(4), absl::StatusCode::kOk);
+  h.answers.ExpectEachOnce({100, 0, 1, 3, 4});
+}
+
+// Triton's preserve_ordering: with two workers a short batch finishes while an earlier
+// request still computes, and its answer waits for the earlier one's; drops wait too.
+TEST(SchedulerTest, PreserveOrderingAnswersInAdmissionOrder) {
+  for (bool preserve : {true, false}) {
+    SchedulerOptions o = Options(milliseconds(0), 16384, /*workers=*/2);
+    o.preserve_ordering = preserve;
+    Harness h(o);
+    h.Plug(100);                                  // holds one worker
+    ASSERT_TRUE(h.Enqueue({.id = 1, .batch_key = "b"}).ok());
+    ASSERT_TRUE(h.model.WaitForBatches(2));
+    ASSERT_TRUE(h.Enqueue({.id = 2, .batch_key = "b", .deadline = Clock::now() - milliseconds(1)}).ok());
+    ASSERT_TRUE(h.Enqueue({.id = 3, .batch_key = "c"}).ok());
+    ASSERT_TRUE(h.model.WaitForBatches(3));
+    std::this_thread::sleep_for(milliseconds(20));  // 1 and 3 are done computing, 2 is dropped
+    EXPECT_EQ(h.answers.count(1), preserve ? 0 : 1) << "preserve_ordering " << preserve;
+    h.model.gate.Open();
+    ASSERT_TRUE(h.answers.WaitFor(4));
+    h.scheduler->Shutdown();
+    if (preserve) EXPECT_EQ(h.answers.order(), (std::vector<int>{100, 1, 2, 3}));
+    else EXPECT_EQ(h.answers.order().back(), 100);
+    EXPECT_EQ(h.answers.code(2), absl::StatusCode::kDeadlineExceeded);
+    h.answers.ExpectEachOnce({100, 1, 2, 3});
+  }
 }
 
 TEST(SchedulerTest, CancelledRequestIsDroppedBeforeCompute) {
