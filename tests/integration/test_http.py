@@ -141,7 +141,26 @@ def test_repository_paths_without_model_control(server):
     assert {(e["name"], e["state"]) for e in index} == {(m, "READY") for m in DEMO_MODELS}, index
     for action in ("load", "unload"):
         code, _, out = curl(server, "POST", f"/v2/repository/models/attention/{action}", "{}")
-        assert_error(code, out, 503, "model control is not enabled")
+        assert_error(code, out, 400, "--model-control-mode=explicit")
+
+
+def test_repository_load_and_unload_in_explicit_mode(start_server):
+    """The HTTP repository endpoints drive model control as the gRPC RPCs do: an unloaded
+    model is listed without a state and refuses requests, a load serves it again, and an
+    unknown model is 404."""
+    s = start_server("--model-control-mode=explicit", "--load-model=attention", name="http-explicit")
+    ready = {e["name"] for e in get_json(s, "/v2/repository/index", method="POST", body='{"ready": true}')}
+    assert ready == {"attention"}, ready
+    assert curl(s, "POST", "/v2/repository/models/attention/unload", "{}")[0] == 200
+    q, kv = small_attention()
+    code, _, out = curl(s, "POST", "/v2/models/attention/infer", json_attention_body(q, kv))
+    assert code >= 400 and "attention" in json.loads(out)["error"], (code, out)
+    states = {e["name"]: e.get("state", "") for e in get_json(s, "/v2/repository/index", method="POST", body="{}")}
+    assert states["attention"] != "READY", states
+    assert curl(s, "POST", "/v2/repository/models/attention/load", "")[0] == 200
+    assert_still_serving(s)
+    code, _, out = curl(s, "POST", "/v2/repository/models/no_such_model/load", "{}")
+    assert_error(code, out, 404, "no_such_model")
 
 
 def test_shared_memory_paths(server):
