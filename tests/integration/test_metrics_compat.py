@@ -71,11 +71,15 @@ def test_triton_names_agree_with_model_statistics(compat):
         "nv_inference_request_duration_us": int(inf["success"]["ns"]) // 1000,
         "nv_inference_queue_duration_us": int(inf["queue"]["ns"]) // 1000,
         "nv_inference_compute_infer_duration_us": int(inf["compute_infer"]["ns"]) // 1000,
+        "nv_inference_compute_input_duration_us": int(inf["compute_input"]["ns"]) // 1000,
+        "nv_inference_compute_output_duration_us": int(inf["compute_output"]["ns"]) // 1000,
         "nv_inference_pending_request_count": 0,
     }
     assert got == want, f"/metrics {got}\nModelStatistics {want}"
     assert want["nv_inference_request_success"] == 5 and want["nv_inference_request_failure"] == 1, want
     assert 1 <= want["nv_inference_exec_count"] <= 5 and want["nv_inference_compute_infer_duration_us"] > 0, want
+    # The CPU backend's conversions of the inputs to float and of the outputs back are the copies.
+    assert int(inf["compute_input"]["ns"]) > 0 and int(inf["compute_output"]["ns"]) > 0, inf
     # Every served model has its series from the start, labelled as Triton labels them.
     models = {dict(l)["model"] for (n, l) in samples if n == "nv_inference_request_success"}
     assert {"attention", "kv_attention", "up_proj_bf16"} <= models, models
