@@ -320,12 +320,15 @@ void InferenceServer::Retire(VersionSet& versions) {
   versions.clear();
 }
 
+absl::Status InferenceServer::RequireExplicitControl() const {
+  if (control_ == ModelControlMode::kExplicit) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "models load and unload on request only with --model-control-mode=explicit; this server runs with ",
+      control_ == ModelControlMode::kPoll ? "poll (it follows the repository)" : "none (the repository's models, fixed)"));
+}
+
 absl::Status InferenceServer::LoadModel(const std::string& name) {
-  if (control_ != ModelControlMode::kExplicit) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "models load and unload on request only with --model-control-mode=explicit; this server runs with ",
-        control_ == ModelControlMode::kPoll ? "poll (it follows the repository)" : "none (the repository's models, fixed)"));
-  }
+  if (absl::Status e = RequireExplicitControl(); !e.ok()) return e;
   std::lock_guard<std::mutex> g(control_mu_);
   return LoadLocked(name);
 }
@@ -364,11 +367,7 @@ absl::Status InferenceServer::LoadLocked(const std::string& name) {
 }
 
 absl::Status InferenceServer::UnloadModel(const std::string& name) {
-  if (control_ != ModelControlMode::kExplicit) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "models load and unload on request only with --model-control-mode=explicit; this server runs with ",
-        control_ == ModelControlMode::kPoll ? "poll (it follows the repository)" : "none (the repository's models, fixed)"));
-  }
+  if (absl::Status e = RequireExplicitControl(); !e.ok()) return e;
   std::lock_guard<std::mutex> g(control_mu_);
   return UnloadLocked(name, "unloaded");
 }

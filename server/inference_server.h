@@ -162,6 +162,8 @@ class InferenceServer {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Drains versions taken out of the served set and destroys them.
   void Retire(VersionSet& versions);
+  // FAILED_PRECONDITION naming the mode, unless models load and unload on request.
+  absl::Status RequireExplicitControl() const;
   absl::Status LoadLocked(const std::string& name);
   absl::Status UnloadLocked(const std::string& name, const std::string& reason);
   std::vector<std::shared_ptr<Served>> Snapshot() const;

@@ -64,22 +64,28 @@ inline Scatter IntoString(std::string* out, size_t bytes) {
 // conversion, scatter), which ModelStatistics reports as compute_input and compute_output.
 // Atomic: a batch may run on several GPUs' threads at once.
 struct StageTimes {
+  enum Stage { kInput, kOutput };
   std::atomic<uint64_t> input_ns{0}, output_ns{0};
+  // Adds the time since `start` to `stage`; nothing when `times` is null.
+  static void AddSince(StageTimes* times, Stage stage, std::chrono::steady_clock::time_point start) {
+    if (!times) return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+    (stage == kInput ? times->input_ns : times->output_ns).fetch_add(uint64_t(ns.count()));
+  }
 };
 
-// Adds the time from construction to destruction to `*to` (nothing when `to` is null).
+// Adds the time from construction to destruction to one stage of `times` (may be null).
 class StageTimer {
  public:
-  explicit StageTimer(std::atomic<uint64_t>* to) : to_(to), start_(std::chrono::steady_clock::now()) {}
-  ~StageTimer() {
-    if (to_) to_->fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now() - start_).count()));
-  }
+  StageTimer(StageTimes* times, StageTimes::Stage stage)
+      : times_(times), stage_(stage), start_(std::chrono::steady_clock::now()) {}
+  ~StageTimer() { StageTimes::AddSince(times_, stage_, start_); }
   StageTimer(const StageTimer&) = delete;
   StageTimer& operator=(const StageTimer&) = delete;
 
  private:
-  std::atomic<uint64_t>* to_;
+  StageTimes* times_;
+  StageTimes::Stage stage_;
   std::chrono::steady_clock::time_point start_;
 };
 

@@ -308,15 +308,24 @@ grpc::ServerUnaryReactor* GrpcInferenceService::RepositoryIndex(grpc::CallbackSe
   return Reply(ctx, grpc::Status::OK);
 }
 
-template <typename Fn>
-grpc::ServerUnaryReactor* GrpcInferenceService::RunControl(grpc::CallbackServerContext* ctx, Fn fn) {
+grpc::ServerUnaryReactor* GrpcInferenceService::Control(
+    grpc::CallbackServerContext* ctx, const char* rpc, const std::string& model,
+    const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>& params, bool load) {
+  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
+  InferenceServer* s = server_.load();
+  if (!s) return Reply(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is loading models"));
+  if (grpc::Status p = CheckNoParameters(params, rpc); !p.ok()) return Reply(ctx, p);
+  if (model.empty())
+    return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat(rpc, ": model_name is empty")));
+  // A load reads and warms up weights, an unload waits for the model's queued requests:
+  // seconds, on a thread of its own rather than a gRPC one.
   auto* reactor = ctx->DefaultReactor();
   {
     std::lock_guard<std::mutex> l(control_mu_);
     ++control_calls_;
   }
-  std::thread([this, reactor, fn = std::move(fn)] {
-    reactor->Finish(ToGrpc(fn()));
+  std::thread([this, reactor, s, model, load] {
+    reactor->Finish(ToGrpc(load ? s->LoadModel(model) : s->UnloadModel(model)));
     std::lock_guard<std::mutex> l(control_mu_);
     if (--control_calls_ == 0) control_cv_.notify_all();
   }).detach();
@@ -331,26 +340,13 @@ void GrpcInferenceService::WaitForControlCalls() {
 grpc::ServerUnaryReactor* GrpcInferenceService::RepositoryModelLoad(grpc::CallbackServerContext* ctx,
                                                                     const inference::RepositoryModelLoadRequest* req,
                                                                     inference::RepositoryModelLoadResponse*) {
-  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
-  InferenceServer* s = server_.load();
-  if (!s) return Reply(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is loading models"));
-  if (grpc::Status p = CheckNoParameters(req->parameters(), "RepositoryModelLoad"); !p.ok()) return Reply(ctx, p);
-  if (req->model_name().empty())
-    return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "RepositoryModelLoad: model_name is empty"));
-  return RunControl(ctx, [s, name = req->model_name()] { return s->LoadModel(name); });
+  return Control(ctx, "RepositoryModelLoad", req->model_name(), req->parameters(), /*load=*/true);
 }
 
 grpc::ServerUnaryReactor* GrpcInferenceService::RepositoryModelUnload(grpc::CallbackServerContext* ctx,
                                                                       const inference::RepositoryModelUnloadRequest* req,
                                                                       inference::RepositoryModelUnloadResponse*) {
-  if (grpc::Status a = Authenticate(*ctx, false); !a.ok()) return Reply(ctx, a);
-  InferenceServer* s = server_.load();
-  if (!s) return Reply(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is loading models"));
-  if (grpc::Status p = CheckNoParameters(req->parameters(), "RepositoryModelUnload"); !p.ok()) return Reply(ctx, p);
-  if (req->model_name().empty())
-    return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "RepositoryModelUnload: model_name is empty"));
-  // Draining waits for the model's queued requests to be answered.
-  return RunControl(ctx, [s, name = req->model_name()] { return s->UnloadModel(name); });
+  return Control(ctx, "RepositoryModelUnload", req->model_name(), req->parameters(), /*load=*/false);
 }
 
 namespace {

@@ -118,8 +118,10 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
   std::mutex control_mu_;
   std::condition_variable control_cv_;
   int control_calls_ = 0;  // RepositoryModelLoad/Unload threads still running
-  template <typename Fn>
-  grpc::ServerUnaryReactor* RunControl(grpc::CallbackServerContext* ctx, Fn fn);
+  // RepositoryModelLoad (load) and RepositoryModelUnload: their checks, then the call.
+  grpc::ServerUnaryReactor* Control(grpc::CallbackServerContext* ctx, const char* rpc, const std::string& model,
+                                    const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>& params,
+                                    bool load);
 };
 
 // Moves a finished work's outputs into a response (raw_output_contents). An output

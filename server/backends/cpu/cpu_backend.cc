@@ -42,7 +42,7 @@ class CpuAttention : public AttentionExecutor {
   absl::Status Run(const AttentionBatch& b, std::vector<float>* lse) override {
     std::vector<float> q, k, v;
     {
-      StageTimer t(b.times ? &b.times->input_ns : nullptr);
+      StageTimer t(b.times, StageTimes::kInput);
       q = GatherAsFloat(b.dtype, b.q), k = GatherAsFloat(b.dtype, b.k), v = GatherAsFloat(b.dtype, b.v);
     }
     const int batch = int(b.cu_seqlens_q.size()) - 1;
@@ -65,7 +65,7 @@ class CpuAttention : public AttentionExecutor {
         }
       }
     });
-    StageTimer t(b.times ? &b.times->output_ns : nullptr);
+    StageTimer t(b.times, StageTimes::kOutput);
     ScatterFromFloat(b.dtype, out.data(), int64_t(out.size()), b.o);
     return absl::OkStatus();
   }
@@ -167,7 +167,7 @@ class CpuLinear : public LinearExecutor {
   absl::Status Run(DType dtype, int M, const Gather& x_in, const Scatter& y_out, StageTimes* times) override {
     std::vector<float> x;
     {
-      StageTimer t(times ? &times->input_ns : nullptr);
+      StageTimer t(times, StageTimes::kInput);
       x = GatherAsFloat(dtype, x_in);
     }
     const int N = this->N();
@@ -195,7 +195,7 @@ class CpuLinear : public LinearExecutor {
     if (!bias_.empty()) {  // in Y's type: round, add through float, round again
       for (size_t i = 0; i < y.size(); ++i) y[i] = RoundThrough(dtype, RoundThrough(dtype, y[i]) + bias_[i % N]);
     }
-    StageTimer t(times ? &times->output_ns : nullptr);
+    StageTimer t(times, StageTimes::kOutput);
     ScatterFromFloat(dtype, y.data(), int64_t(y.size()), y_out);
     return absl::OkStatus();
   }

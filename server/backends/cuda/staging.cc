@@ -124,9 +124,8 @@ absl::Status BatchStaging::Download(const char* src, const Scatter& dst, size_t 
 
 absl::StatusOr<cudaStream_t> BatchStaging::stream() {
   if (auto s = Flush(up_); !s.ok()) return s;
-  if (times_ && !input_counted_) {
-    times_->input_ns.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                            std::chrono::steady_clock::now() - start_).count()));
+  if (!input_counted_) {
+    StageTimes::AddSince(times_, StageTimes::kInput, start_);
     input_counted_ = true;
   }
   queued_ = true;  // the caller launches on it
@@ -139,7 +138,7 @@ absl::Status BatchStaging::Finish() {
   queued_ = false;
   FQ_CUDA_OK(cudaStreamSynchronize(slot_.stream));
   {
-    StageTimer t(times_ ? &times_->output_ns : nullptr);
+    StageTimer t(times_, StageTimes::kOutput);
     for (const HostCopy& c : host_copies_) std::memcpy(c.dst, c.src, c.n);
   }
   host_copies_.clear();
