@@ -1,5 +1,7 @@
 #include "server/batcher/scheduler.h"
 
+#include <pthread.h>
+
 #include "absl/strings/str_cat.h"
 
 namespace flashq::server {
@@ -179,6 +181,8 @@ void Scheduler::Spin(std::unique_lock<std::mutex>& l) {
 }
 
 void Scheduler::WorkerLoop() {
+  // Named so that top, perf and gdb tell the batch workers from gRPC's threads.
+  pthread_setname_np(pthread_self(), "flashq-batch");
   for (;;) {
     std::vector<std::unique_ptr<Pending>> batch;
     std::vector<std::pair<std::unique_ptr<Pending>, absl::Status>> dropped;
