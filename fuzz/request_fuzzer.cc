@@ -1,10 +1,12 @@
 // libFuzzer target over the server's request path (ASan + UBSan, clang):
 //
-//   bytes -> inference::ModelInferRequest::ParseFromArray
+//   bytes -> inference::ModelInferRequest::ParseFromArray, and the gRPC frontend's own codec
+//            (ParseRawInferRequest over the bytes cut into slices), which must agree with it
 //         -> Model::Prepare (decode + validation) of the real models on a CPU backend
 //         -> Model::Execute alone and merged with copies of itself (batch assembly,
 //            ragged concatenation, output split), checked bitwise: batch invariance
-//         -> InferenceServer::Infer (bounded queue, scheduler, Execute, the one answer)
+//         -> InferenceServer::Infer with the codec's views (bounded queue, scheduler,
+//            Execute, the one answer, whose raw serialization must be protobuf's bytes)
 //   and, for each parsed request, kVariants copies whose input dims are replaced by
 //   extreme values (0, 1, 2, 2^31-1, 2^31, 2^32-1, 2^63-1; chosen by a hash of the input
 //   bytes), with raw contents resized to match when that is small (empty tensors): the
@@ -33,10 +35,12 @@
 #include <thread>
 
 #include <google/protobuf/stubs/logging.h>
+#include <google/protobuf/util/message_differencer.h>
 
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/inference_server.h"
 #include "server/frontend/grpc_service.h"
+#include "server/frontend/infer_codec.h"
 #include "server/models/model_factory.h"
 #include "server/repository/model_repository.h"
 #include "server/repository/safetensors.h"
@@ -187,17 +191,30 @@ bool Direct(const inference::ModelInferRequest& req) {
   return true;
 }
 
-void Served(const inference::ModelInferRequest& req) {
+std::string Joined(const std::vector<grpc::Slice>& slices) {
+  std::string s;
+  for (const grpc::Slice& p : slices) s.append(reinterpret_cast<const char*>(p.begin()), p.size());
+  return s;
+}
+
+// Serves `req`, whose raw_input_contents are in `raw` when they stayed in receive slices,
+// and checks its one answer. The gRPC frontend's response bytes must be protobuf's.
+void Served(const inference::ModelInferRequest& req, const RawContents& raw = {}) {
   std::mutex mu;
   std::condition_variable cv;
   int answers = 0;
-  H().server->Infer(req, std::nullopt, [] { return false; }, [&](const absl::Status& st, Work* work) {
+  H().server->Infer(req, raw, std::nullopt, [] { return false; }, [&](const absl::Status& st, Work* work) {
     if (kTrace) std::fprintf(stderr, "trace: served %s %s\n", req.model_name().c_str(), st.ToString().c_str());
     if (st.ok()) {
       if (!work) Fail("OK without a work");
       CheckOutputs(*work);
+      const std::vector<OutputTensor> outputs = work->outputs;
       inference::ModelInferResponse resp;
       FillInferResponse(req, *work, &resp);
+      work->outputs = outputs;
+      std::vector<grpc::Slice> sent;
+      if (!SerializeInferResponse(req, *work).Dump(&sent).ok() || Joined(sent) != resp.SerializeAsString())
+        Fail("the raw response's bytes differ from protobuf's");
     }
     std::lock_guard<std::mutex> l(mu);
     ++answers;
@@ -277,13 +294,51 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   return 0;
 }
 
+// The bytes cut into slices as a transport may deliver them: lengths picked by `h`.
+std::vector<grpc::Slice> CutIntoSlices(const uint8_t* data, size_t size, uint64_t h) {
+  constexpr size_t kLengths[] = {1, 2, 3, 7, 16, 61, 4096};
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < size; h = Mix(h)) {
+    const size_t n = std::min(size - at, kLengths[h % std::size(kLengths)]);
+    slices.emplace_back(data + at, n);
+    at += n;
+  }
+  return slices;
+}
+
+// The gRPC frontend's request codec must agree with protobuf: accept what it accepts, and
+// give the same message, with the same raw_input_contents in pieces.
+void CheckCodec(const inference::ModelInferRequest* parsed, const uint8_t* data, size_t size, uint64_t h,
+                RawInferRequest* raw) {
+  const absl::Status s = ParseRawInferRequest(CutIntoSlices(data, size, h), raw);
+  if (!parsed) {
+    if (s.ok()) Fail("the raw codec accepts bytes that protobuf refuses");
+    return;
+  }
+  if (!s.ok()) Fail("the raw codec refuses a request that protobuf parses:", s.ToString());
+  if (int(raw->raw.size()) != parsed->raw_input_contents_size()) Fail("raw codec: raw_input_contents count");
+  for (size_t i = 0; i < raw->raw.size(); ++i) {
+    std::string joined;
+    for (std::string_view p : raw->raw[i]) joined.append(p);
+    if (joined != parsed->raw_input_contents(int(i))) Fail("raw codec: raw_input_contents bytes");
+  }
+  inference::ModelInferRequest rest = *parsed;
+  rest.clear_raw_input_contents();
+  if (!google::protobuf::util::MessageDifferencer::Equals(rest, raw->message)) Fail("raw codec: the rest of the message");
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const uint64_t h = HashBytes(data, size);
   inference::ModelInferRequest req;
-  if (!req.ParseFromArray(data, int(size))) return -1;  // not a request: keep it out of the corpus
+  RawInferRequest raw;
+  if (!req.ParseFromArray(data, int(size))) {
+    CheckCodec(nullptr, data, size, h, &raw);
+    return -1;  // not a request: keep it out of the corpus
+  }
+  CheckCodec(&req, data, size, h, &raw);
   if (kPlantedCrash && req.id() == "flashq-fuzz-planted-crash") Fail("planted crash (FLASHQ_FUZZ_PLANTED_CRASH)");
   Direct(req);
-  Served(req);
-  const uint64_t h = HashBytes(data, size);
+  Served(raw.message, raw.raw);
   for (int i = 0; i < kVariants; ++i) {
     const inference::ModelInferRequest v = ExtremeVariant(req, Mix(h + uint64_t(i)));
     if (kTrace) std::fprintf(stderr, "trace: variant %d %s\n", i, v.ShortDebugString().substr(0, 300).c_str());

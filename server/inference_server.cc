@@ -528,8 +528,8 @@ void InferenceServer::CountRejected(const std::string& model, absl::StatusCode c
   metrics_.CountRequest(known ? model : "(unknown)", CodeName(code));
 }
 
-void InferenceServer::Infer(const inference::ModelInferRequest& request, std::optional<Clock::time_point> deadline,
-                            std::function<bool()> cancelled, Done done) {
+void InferenceServer::Infer(const inference::ModelInferRequest& request, RawContents raw,
+                            std::optional<Clock::time_point> deadline, std::function<bool()> cancelled, Done done) {
   const auto start = Clock::now();
   std::shared_ptr<Served> sp;
   absl::Status refused;  // answered once mu_ is released, so that `done` may call back in
@@ -570,7 +570,7 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
         done(st, work);
       };
       sp->metrics->inflight->Increment();
-      refused = Admit(*sp, request, deadline, std::move(cancelled), finish, done);
+      refused = Admit(*sp, request, std::move(raw), deadline, std::move(cancelled), finish, done);
     }
   }
   if (!sp) {
@@ -581,7 +581,7 @@ void InferenceServer::Infer(const inference::ModelInferRequest& request, std::op
   }
 }
 
-absl::Status InferenceServer::Admit(Served& s, const inference::ModelInferRequest& request,
+absl::Status InferenceServer::Admit(Served& s, const inference::ModelInferRequest& request, RawContents raw,
                                     std::optional<Clock::time_point> deadline, std::function<bool()> cancelled,
                                     const Finish& finish, const Done& done) {
   if (draining_) return absl::UnavailableError("server is shutting down");
@@ -589,7 +589,7 @@ absl::Status InferenceServer::Admit(Served& s, const inference::ModelInferReques
     return absl::InvalidArgumentError(absl::StrCat("request id is ", request.id().size(), " bytes; the limit is ",
                                                    kMaxRequestIdBytes));
   }
-  auto work = s.model->Prepare(request, shared_memory_);
+  auto work = s.model->Prepare(request, RequestBytes{std::move(raw), shared_memory_});
   if (!work.ok()) return work.status();
   if (absl::Status bound = BindSharedMemoryOutputs(request, shared_memory_, **work); !bound.ok()) {
     s.model->Drop(**work, bound);

@@ -93,7 +93,9 @@ class InferenceServer {
   // Called exactly once per request: with the finished work, or with an error (work may be
   // null); on the calling thread or a worker, never under the server's locks.
   using Done = std::function<void(const absl::Status&, Work* work)>;
-  void Infer(const inference::ModelInferRequest& request, std::optional<Clock::time_point> deadline,
+  // `raw`: the request's raw_input_contents when they stayed in the transport's buffers
+  // (RequestBytes::raw); they, like `request`, must outlive the call to `done`.
+  void Infer(const inference::ModelInferRequest& request, RawContents raw, std::optional<Clock::time_point> deadline,
              std::function<bool()> cancelled, Done done);
 
   // Counts a request the frontend refused before Infer (e.g. UNAUTHENTICATED) in
@@ -157,7 +159,8 @@ class InferenceServer {
   using Finish = std::function<void(const absl::Status&, Work*, uint64_t queue_ns, uint64_t compute_ns, const Done&)>;
   // Prepares a request and admits it into `s`'s queue, under mu_ (shared). An error:
   // nothing was admitted, and the caller answers it.
-  absl::Status Admit(Served& s, const inference::ModelInferRequest& request, std::optional<Clock::time_point> deadline,
+  absl::Status Admit(Served& s, const inference::ModelInferRequest& request, RawContents raw,
+                     std::optional<Clock::time_point> deadline,
                      std::function<bool()> cancelled, const Finish& finish, const Done& done)
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Drains versions taken out of the served set and destroys them.

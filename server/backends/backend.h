@@ -128,10 +128,10 @@ struct KvGeometry {
 
 struct KvItem {
   std::string_view sequence_id;        // pins the sequence to one GPU
-  ConstBytes q, k, v;                  // new tokens: [n, Hq, D], [n, Hkv, D]
+  Gather q, k, v;                      // new tokens: [n, Hq, D], [n, Hkv, D]
   int n = 0;
   int64_t start_pos = 0;               // tokens already cached for this sequence
-  const std::vector<int32_t>* blocks;  // block table covering start_pos + n tokens
+  const std::vector<int32_t>* blocks = nullptr;  // block table covering start_pos + n tokens
   MutableBytes o;                      // [n, Hq, D]
 };
 

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "grpc_service.pb.h"
 #include "model_config.pb.h"
+#include "server/core/request_decoder.h"
 #include "server/core/shared_memory.h"
 #include "server/core/work.h"
 
@@ -26,13 +27,13 @@ class Model {
   const inference::ModelConfig& config() const { return config_; }
 
   // Decodes and validates one request (on the gRPC thread). Errors name the tensor,
-  // the parameter or the limit, and the expected value. Inputs that name a region of
-  // `shared_memory` are read from it in place (null: such inputs are refused).
+  // the parameter or the limit, and the expected value. Tensor bytes are read in place,
+  // from the message, the transport's buffers or shared memory (see RequestBytes).
   virtual absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request,
-                                                        const SharedMemoryRegistry* shared_memory) = 0;
+                                                        const RequestBytes& bytes) = 0;
   // A request whose tensors all travel in the message.
   absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request) {
-    return Prepare(request, nullptr);
+    return Prepare(request, RequestBytes{});
   }
   // Called by the scheduler, with its queue locked, as a prepared work joins the queue.
   // State that must follow queue order (a KV sequence's cache positions) is reserved

@@ -108,11 +108,18 @@ const InputTensor* DecodedInputs::Find(const std::string& name) const {
   return it == tensors.end() ? nullptr : &it->second;
 }
 
-absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& request,
-                                           const inference::ModelConfig& config,
-                                           const SharedMemoryRegistry* shared_memory) {
+absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& request, const RequestBytes& bytes,
+                                           const inference::ModelConfig& config) {
   const std::string& model = config.name();
-  const int n_raw = request.raw_input_contents_size();
+  const SharedMemoryRegistry* shared_memory = bytes.shared_memory;
+  const bool outside = !bytes.raw.empty();
+  const int n_raw = outside ? int(bytes.raw.size()) : request.raw_input_contents_size();
+  auto raw_size = [&](int i) {
+    if (!outside) return int64_t(request.raw_input_contents(i).size());
+    int64_t n = 0;
+    for (std::string_view f : bytes.raw[size_t(i)]) n += int64_t(f.size());
+    return n;
+  };
   // An input read from shared memory has no raw_input_contents entry (as in Triton).
   std::vector<std::optional<SharedMemoryRef>> shm(request.inputs_size());
   int n_shm = 0;
@@ -212,15 +219,28 @@ absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& r
       out.tensors.emplace(t.name, std::move(t));
       continue;
     }
-    const int64_t sent =
-        n_raw ? int64_t(request.raw_input_contents(next_raw).size()) : TypedContentsBytes(t.dtype, in.contents());
+    const int64_t sent = n_raw ? raw_size(next_raw) : TypedContentsBytes(t.dtype, in.contents());
     if (sent != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
           "input '", in.name(), "': shape ", ShapeString(t.shape), " of ", in.datatype(), " needs ", expected,
           " bytes but ", sent, " were sent"));
     }
-    if (n_raw) {
+    if (n_raw && !outside) {
       t.data = request.raw_input_contents(next_raw++);
+    } else if (n_raw) {
+      const std::vector<std::string_view>& pieces = bytes.raw[size_t(next_raw++)];
+      if (pieces.size() == 1) {
+        t.data = pieces[0];
+      } else if (t.dtype == DType::kF16 || t.dtype == DType::kBF16 || t.dtype == DType::kF32) {
+        t.fragments = pieces;  // a backend gathers them as they are
+      } else {
+        // Models read integer inputs (offsets, lengths) on the host, in one piece.
+        auto joined = std::make_unique<std::string>();
+        joined->reserve(size_t(expected));
+        for (std::string_view f : pieces) joined->append(f);
+        out.owned.push_back(std::move(joined));
+        t.data = *out.owned.back();
+      }
     } else {
       out.owned.push_back(ContentsAsRaw(t.dtype, in.contents()));
       t.data = *out.owned.back();

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -16,6 +17,17 @@
 #include "server/core/work.h"
 
 namespace flashq::server {
+
+// raw_input_contents left in the transport's receive buffers, each in one or more pieces.
+using RawContents = std::vector<std::vector<std::string_view>>;
+
+// Where a request's tensor bytes are, besides the message's own fields.
+struct RequestBytes {
+  // When not empty, the raw_input_contents (the message then holds none).
+  RawContents raw;
+  // The registered regions that inputs and outputs may name; null: such tensors are refused.
+  const SharedMemoryRegistry* shared_memory = nullptr;
+};
 
 struct DecodedInputs {
   std::map<std::string, InputTensor> tensors;
@@ -50,13 +62,14 @@ absl::StatusOr<std::optional<SharedMemoryRef>> SharedMemoryParams(
 // memory, typed contents sent beside raw bytes or beside a shared-memory region, a
 // missing required input, an output not declared or requested twice.
 // RESOURCE_EXHAUSTED for a tensor over the model's max_tensor_bytes.
-// An input in a region of `shared_memory` is read in place: its shared_memory_byte_size
-// must equal shape x datatype (INVALID_ARGUMENT), and the region's errors (NOT_FOUND for
-// one not registered, INVALID_ARGUMENT for a range outside it) name the input too.
-// With `shared_memory` null, such inputs are UNIMPLEMENTED.
-absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& request,
-                                           const inference::ModelConfig& config,
-                                           const SharedMemoryRegistry* shared_memory);
+// Raw bytes are read in place, from the message or from bytes.raw (fragmented FP16, BF16
+// and FP32 tensors stay in fragments; others are joined). An input in a region of
+// bytes.shared_memory is read in place: its shared_memory_byte_size must equal shape x
+// datatype (INVALID_ARGUMENT), and the region's errors (NOT_FOUND for one not registered,
+// INVALID_ARGUMENT for a range outside it) name the input too. With bytes.shared_memory
+// null, such inputs are UNIMPLEMENTED.
+absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& request, const RequestBytes& bytes,
+                                           const inference::ModelConfig& config);
 
 // Binds the outputs that `request` asks to receive in shared-memory regions into
 // work.shm_outputs, after Prepare (work.output_sizes holds each output's size). Before

@@ -39,16 +39,27 @@ struct MutableBytes {
   int device = -1;  // kDevice only
 };
 
-// A decoded input: it points into the request's raw_input_contents or a shared-memory
-// region (no copy).
+// A decoded input: it points into the request's raw_input_contents, the transport's
+// receive buffers or a shared-memory region (no copy).
 struct InputTensor {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
+  // The bytes: one contiguous piece, or, for a tensor left in the transport's receive
+  // buffers, host-memory `fragments` laid end to end (`data` is then empty). Only tensors
+  // that a backend gathers (FP16, BF16, FP32) stay in fragments; the decoder joins others.
   std::string_view data;
+  std::vector<std::string_view> fragments;
   MemoryKind kind = MemoryKind::kHost;
   int device = -1;
-  ConstBytes bytes() const { return {data.data(), data.size(), kind, device}; }
+  // Appends the bytes to a batch's gather, as one piece or its fragments.
+  void AppendTo(std::vector<ConstBytes>* pieces) const {
+    if (fragments.empty()) {
+      pieces->push_back({data.data(), data.size(), kind, device});
+      return;
+    }
+    for (std::string_view f : fragments) pieces->push_back(HostBytes(f));
+  }
 };
 
 struct OutputTensor {

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/core/client_text.h"
+#include "server/frontend/infer_codec.h"
 
 namespace flashq::server {
 namespace {
@@ -45,22 +46,6 @@ const char* ConfigDType(inference::DataType t) {
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
-                       inference::ModelInferResponse* response) {
-  response->set_model_name(request.model_name());
-  response->set_model_version(work.model_version > 0 ? std::to_string(work.model_version)
-                              : request.model_version().empty() ? "1" : request.model_version());
-  response->set_id(request.id());
-  for (OutputTensor& t : work.outputs) {
-    auto* o = response->add_outputs();
-    o->set_name(t.name);
-    o->set_datatype(std::string(DTypeName(t.dtype)));
-    for (int64_t d : t.shape) o->add_shape(d);
-    std::string* raw = response->add_raw_output_contents();
-    if (!work.BoundRegion(t.name)) *raw = std::move(t.data);
-  }
 }
 
 void FillServerMetadata(const std::string& version, const SharedMemoryRegistry* shared_memory,
@@ -177,21 +162,30 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelStatistics(grpc::CallbackSe
 }
 
 grpc::ServerUnaryReactor* GrpcInferenceService::ModelInfer(grpc::CallbackServerContext* ctx,
-                                                           const inference::ModelInferRequest* req,
-                                                           inference::ModelInferResponse* resp) {
+                                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
+  // Shared by the answer: the message and the receive slices its tensors point into.
+  auto call = std::make_shared<RawInferRequest>();
+  std::vector<grpc::Slice> slices;
+  absl::Status parsed = req->Dump(&slices).ok() ? ParseRawInferRequest(std::move(slices), call.get())
+                                                : absl::InvalidArgumentError("the request could not be read");
+  InferenceServer* s = server_.load();
   if (grpc::Status a = Authenticate(*ctx, true); !a.ok()) {
-    if (InferenceServer* s = server_.load()) s->CountRejected(req->model_name(), absl::StatusCode::kUnauthenticated);
+    if (s) s->CountRejected(call->message.model_name(), absl::StatusCode::kUnauthenticated);
     return Reply(ctx, a);
   }
-  auto* reactor = ctx->DefaultReactor();
-  InferenceServer* s = server_.load();
-  if (!s || !ready_.load()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is not ready"));
-    return reactor;
+  if (!parsed.ok()) {
+    if (s) s->CountRejected("", parsed.code());
+    return Reply(ctx, ToGrpc(parsed));
   }
-  s->Infer(*req, SteadyDeadline(ctx), [ctx] { return ctx->IsCancelled(); },
-           [reactor, req, resp](const absl::Status& st, Work* work) {
-             if (st.ok()) FillInferResponse(*req, *work, resp);
+  if (!s || !ready_.load()) return Reply(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is not ready"));
+  auto* reactor = ctx->DefaultReactor();
+  RawContents raw = std::move(call->raw);
+  s->Infer(call->message, std::move(raw), SteadyDeadline(ctx), [ctx] { return ctx->IsCancelled(); },
+           [reactor, call, resp](const absl::Status& st, Work* work) {
+             if (st.ok()) {
+               grpc::ByteBuffer answer = SerializeInferResponse(call->message, *work);
+               resp->Swap(&answer);
+             }
              reactor->Finish(ToGrpc(st));
            });
   return reactor;
@@ -390,7 +384,7 @@ class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferReques
     // Enqueue. The reader stays busy until the request is submitted, so submissions keep
     // the stream's order (kv_attention sequences depend on it).
     const inference::ModelInferRequest& r = *req;
-    server_->Infer(r, SteadyDeadline(ctx_), [this] { return ctx_->IsCancelled(); },
+    server_->Infer(r, {}, SteadyDeadline(ctx_), [this] { return ctx_->IsCancelled(); },
                    [this, req = std::shared_ptr<inference::ModelInferRequest>(std::move(req))](const absl::Status& st,
                                                                                                Work* work) {
                      auto out = std::make_unique<inference::ModelStreamInferResponse>();

@@ -26,7 +26,10 @@ struct StreamLimits {
   int64_t max_bytes = int64_t(32) << 20;
 };
 
-class GrpcInferenceService final : public inference::GRPCInferenceService::CallbackService {
+// ModelInfer takes and gives gRPC's raw byte buffers (infer_codec.h), so that tensors'
+// bytes are not copied by protobuf; every other RPC is typed.
+class GrpcInferenceService final : public inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
+                                       inference::GRPCInferenceService::CallbackService> {
  public:
   explicit GrpcInferenceService(std::string version) : version_(std::move(version)) {}
 
@@ -60,8 +63,8 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
                                         inference::ModelConfigResponse*) override;
   grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext*, const inference::ModelStatisticsRequest*,
                                             inference::ModelStatisticsResponse*) override;
-  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext*, const inference::ModelInferRequest*,
-                                       inference::ModelInferResponse*) override;
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
+                                       grpc::ByteBuffer*) override;
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>* ModelStreamInfer(
       grpc::CallbackServerContext*) override;
   grpc::ServerUnaryReactor* SystemSharedMemoryStatus(grpc::CallbackServerContext*,
@@ -124,11 +127,6 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::Callb
                                     bool load);
 };
 
-// Moves a finished work's outputs into a response (raw_output_contents). An output
-// written to shared memory gets its name, datatype and shape and an empty
-// raw_output_contents entry, as in Triton, so that entries stay one per output.
-void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
-                       inference::ModelInferResponse* response);
 grpc::Status ToGrpc(const absl::Status& s);
 // The ServerMetadata and ModelMetadata answers, shared with the HTTP frontend.
 void FillServerMetadata(const std::string& version, const SharedMemoryRegistry* shared_memory,

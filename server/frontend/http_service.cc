@@ -17,6 +17,7 @@
 #include "server/core/client_text.h"
 #include "server/frontend/grpc_service.h"
 #include "server/frontend/http_json.h"
+#include "server/frontend/infer_codec.h"
 
 namespace flashq::server {
 namespace {
@@ -437,7 +438,7 @@ void HttpInferenceService::Infer(const httplib::Request& req, const std::string&
   bool done = false;
   absl::Status status;
   inference::ModelInferResponse response;
-  s->Infer(request, std::nullopt, [] { return false; }, [&](const absl::Status& st, Work* work) {
+  s->Infer(request, {}, std::nullopt, [] { return false; }, [&](const absl::Status& st, Work* work) {
     if (st.ok()) FillInferResponse(request, *work, &response);
     std::lock_guard<std::mutex> l(mu);
     status = st;

@@ -76,9 +76,9 @@ AttentionModel::AttentionModel(inference::ModelConfig config, std::unique_ptr<At
       head_dims_(std::move(head_dims)) {}
 
 absl::StatusOr<std::unique_ptr<Work>> AttentionModel::Prepare(const inference::ModelInferRequest& request,
-                                                     const SharedMemoryRegistry* shared_memory) {
+                                                     const RequestBytes& bytes) {
   auto w = std::make_unique<AttentionWork>();
-  auto decoded = DecodeInputs(request, config(), shared_memory);
+  auto decoded = DecodeInputs(request, bytes, config());
   if (!decoded.ok()) return decoded.status();
   w->inputs = std::move(*decoded);
   w->q = w->inputs.Find("Q");
@@ -205,9 +205,9 @@ void AttentionModel::Execute(const std::vector<Work*>& batch) {
       b.max_seqlen_q = std::max(b.max_seqlen_q, w.cu_q[i] - w.cu_q[i - 1]);
       b.max_seqlen_k = std::max(b.max_seqlen_k, w.cu_k[i] - w.cu_k[i - 1]);
     }
-    b.q.pieces.push_back(w.q->bytes());
-    b.k.pieces.push_back(w.k->bytes());
-    b.v.pieces.push_back(w.v->bytes());
+    w.q->AppendTo(&b.q.pieces);
+    w.k->AppendTo(&b.k.pieces);
+    w.v->AppendTo(&b.v.pieces);
     const int64_t tq = w.q->shape[0];
     w.outputs.clear();
     if (w.want_o) {

@@ -17,7 +17,7 @@ class AttentionModel : public Model {
 
   using Model::Prepare;
   absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request,
-                                                const SharedMemoryRegistry* shared_memory) override;
+                                                const RequestBytes& bytes) override;
   void Execute(const std::vector<Work*>& batch) override;
 
  private:

@@ -92,9 +92,9 @@ KvAttentionModel::KvAttentionModel(inference::ModelConfig config, KvGeometry geo
     : Model(std::move(config)), geometry_(geometry), sessions_(std::move(sessions)), executor_(std::move(executor)) {}
 
 absl::StatusOr<std::unique_ptr<Work>> KvAttentionModel::Prepare(const inference::ModelInferRequest& request,
-                                                     const SharedMemoryRegistry* shared_memory) {
+                                                     const RequestBytes& bytes) {
   auto w = std::make_unique<KvWork>();
-  auto decoded = DecodeInputs(request, config(), shared_memory);
+  auto decoded = DecodeInputs(request, bytes, config());
   if (!decoded.ok()) return decoded.status();
   w->inputs = std::move(*decoded);
   w->q = w->inputs.Find("Q");
@@ -196,8 +196,15 @@ void KvAttentionModel::Execute(const std::vector<Work*>& batch) {
     w->outputs.clear();
     w->outputs.push_back({"O", b.dtype, {w->n, geometry_.num_heads_q, geometry_.head_dim}, std::string()});
     const size_t bytes = size_t(w->n) * geometry_.num_heads_q * geometry_.head_dim * DTypeSize(b.dtype);
-    b.items.push_back({w->exclusive_key, w->q->bytes(), w->k->bytes(), w->v->bytes(), w->n, w->reservation.start_pos,
-                       &w->reservation.blocks, w->OutputDestination("O", &w->outputs.back().data, bytes)});
+    KvItem& it = b.items.emplace_back();
+    it.sequence_id = w->exclusive_key;
+    w->q->AppendTo(&it.q.pieces);
+    w->k->AppendTo(&it.k.pieces);
+    w->v->AppendTo(&it.v.pieces);
+    it.n = w->n;
+    it.start_pos = w->reservation.start_pos;
+    it.blocks = &w->reservation.blocks;
+    it.o = w->OutputDestination("O", &w->outputs.back().data, bytes);
   }
   StageTimes times;
   b.times = &times;

@@ -24,7 +24,7 @@ class KvAttentionModel : public Model {
 
   using Model::Prepare;
   absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& request,
-                                                const SharedMemoryRegistry* shared_memory) override;
+                                                const RequestBytes& bytes) override;
   // Reserves the request's cache positions (KvSessionTable::Reserve) in queue order.
   absl::Status Admit(Work& work) override;
   void Execute(const std::vector<Work*>& batch) override;

@@ -40,9 +40,9 @@ LinearModel::LinearModel(inference::ModelConfig config, std::unique_ptr<LinearEx
       max_tokens_(max_tokens) {}
 
 absl::StatusOr<std::unique_ptr<Work>> LinearModel::Prepare(const inference::ModelInferRequest& request,
-                                                     const SharedMemoryRegistry* shared_memory) {
+                                                     const RequestBytes& bytes) {
   auto w = std::make_unique<LinearWork>();
-  auto decoded = DecodeInputs(request, config(), shared_memory);
+  auto decoded = DecodeInputs(request, bytes, config());
   if (!decoded.ok()) return decoded.status();
   w->inputs = std::move(*decoded);
   w->x = w->inputs.Find("X");
@@ -75,7 +75,7 @@ void LinearModel::Execute(const std::vector<Work*>& batch) {
     auto& w = static_cast<LinearWork&>(*wp);
     const int64_t m = w.x->shape[0];
     M += int(m);
-    x.pieces.push_back(w.x->bytes());
+    w.x->AppendTo(&x.pieces);
     w.outputs.clear();
     w.outputs.push_back({"Y", dtype, {m, N_}, std::string()});
     y.pieces.push_back(w.OutputDestination("Y", &w.outputs.back().data, size_t(m * row_bytes)));

@@ -91,7 +91,7 @@ absl::Status Infer(InferenceServer& server, const inference::ModelInferRequest& 
   std::condition_variable cv;
   bool done = false;
   absl::Status status;
-  server.Infer(r, std::nullopt, nullptr, [&](const absl::Status& st, Work* w) {
+  server.Infer(r, {}, std::nullopt, nullptr, [&](const absl::Status& st, Work* w) {
     std::lock_guard<std::mutex> l(mu);
     status = st;
     if (st.ok()) {

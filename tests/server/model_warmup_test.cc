@@ -23,7 +23,7 @@ class RecordingModel : public Model {
   explicit RecordingModel(inference::ModelConfig c) : Model(std::move(c)) {}
   using Model::Prepare;
   absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest& r,
-                                                const SharedMemoryRegistry*) override {
+                                                const RequestBytes&) override {
     requests.push_back(r);
     if (refuse) return absl::InvalidArgumentError("head_dim 48 is not served");
     return std::make_unique<Work>();

@@ -69,7 +69,7 @@ class FakeModel : public Model {
   FakeModel() : Model(FakeConfig()) {}
 
   absl::StatusOr<std::unique_ptr<Work>> Prepare(const inference::ModelInferRequest&,
-                                                const SharedMemoryRegistry*) override {
+                                                const RequestBytes&) override {
     return absl::UnimplementedError("not used");
   }
 

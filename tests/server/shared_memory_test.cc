@@ -304,7 +304,7 @@ TEST(SharedMemoryDecodeTest, InputsAreReadInPlace) {
   ShmObject obj(4096);
   SharedMemoryRegistry reg;
   ASSERT_TRUE(reg.Register("r", obj.key(), 1000, 100).ok());
-  auto d = DecodeInputs(MixedRequest(), TwoInputConfig(), &reg);
+  auto d = DecodeInputs(MixedRequest(), {.shared_memory = &reg}, TwoInputConfig());
   ASSERT_TRUE(d.ok()) << d.status();
   auto region = reg.Find("r", 40, 24);
   ASSERT_TRUE(region.ok());
@@ -321,7 +321,7 @@ TEST(SharedMemoryDecodeTest, BadInputsNameTheTensorAndRegion) {
   ASSERT_TRUE(reg.Register("r", obj.key(), 0, 60).ok());
   auto expect = [&](const inference::ModelInferRequest& req, absl::StatusCode code,
                     std::initializer_list<const char*> words, const SharedMemoryRegistry* r) {
-    auto d = DecodeInputs(req, TwoInputConfig(), r);
+    auto d = DecodeInputs(req, {.shared_memory = r}, TwoInputConfig());
     EXPECT_EQ(d.status().code(), code) << d.status();
     for (const char* w : words) EXPECT_TRUE(Contains(d.status(), w)) << w << ": " << d.status();
   };

@@ -16,10 +16,27 @@ namespace flashq::server {
 namespace {
 
 // A batch's input as floats. The CPU backend has no device memory, so every piece is host
-// memory (ordinary or page-locked).
+// memory (ordinary or page-locked). A piece may end inside an element (a tensor left in
+// the transport's receive buffers): that element is joined from the next piece.
 std::vector<float> GatherAsFloat(DType t, const Gather& g) {
+  const size_t size = DTypeSize(t);
   std::vector<float> out;
-  for (const ConstBytes& p : g.pieces) AppendAsFloat(t, std::string_view(p.data, p.size), &out);
+  out.reserve(g.size() / size);
+  std::string split;
+  for (const ConstBytes& p : g.pieces) {
+    std::string_view s(p.data, p.size);
+    if (!split.empty()) {
+      const size_t take = std::min(size - split.size(), s.size());
+      split.append(s.substr(0, take));
+      s.remove_prefix(take);
+      if (split.size() < size) continue;
+      AppendAsFloat(t, split, &out);
+      split.clear();
+    }
+    const size_t whole = s.size() / size * size;
+    AppendAsFloat(t, s.substr(0, whole), &out);
+    split.assign(s.substr(whole));
+  }
   return out;
 }
 
@@ -89,8 +106,8 @@ class CpuKvAttention : public KvAttentionExecutor {
       const KvItem& it = b.items[i];
       // Each sequence's copies run inside its own task, beside the others' compute: they are
       // not counted as the batch's input or output time.
-      const std::vector<float> q = GatherAsFloat(b.dtype, Gather(it.q)), k = GatherAsFloat(b.dtype, Gather(it.k)),
-                               v = GatherAsFloat(b.dtype, Gather(it.v));
+      const std::vector<float> q = GatherAsFloat(b.dtype, it.q), k = GatherAsFloat(b.dtype, it.k),
+                               v = GatherAsFloat(b.dtype, it.v);
       for (int t = 0; t < it.n; ++t) {  // append the new tokens to their pages
         const int64_t pos = it.start_pos + t;
         const int64_t block = (*it.blocks)[pos / g_.page_size];

@@ -126,9 +126,8 @@ class CudaKvAttention : public KvAttentionExecutor {
       std::copy(it.blocks->begin(), it.blocks->end(), tables.begin() + size_t(j) * width);
       seqlens[j] = int32_t(it.start_pos + it.n);
       cu[j + 1] = cu[j] + it.n;
-      q.pieces.push_back(it.q);
-      k.pieces.push_back(it.k);
-      v.pieces.push_back(it.v);
+      for (auto [to, from] : {std::pair{&q, &it.q}, {&k, &it.k}, {&v, &it.v}})
+        to->pieces.insert(to->pieces.end(), from->pieces.begin(), from->pieces.end());
       o.pieces.push_back(it.o);
     }
     const int64_t q_row = int64_t(g_.num_heads_q) * g_.head_dim, kv_row = int64_t(g_.num_heads_kv) * g_.head_dim;
@@ -247,7 +246,7 @@ absl::StatusOr<std::unique_ptr<KvAttentionExecutor>> CreateCudaKvAttention(Conte
         b.dtype = t;
         b.softmax_scale = 1.0f / std::sqrt(float(g.head_dim));
         const ConstBytes kv{kb.data(), kb.size()};
-        b.items.push_back({id, {qb.data(), qb.size()}, kv, kv, n, start, &blocks, {}});
+        b.items.push_back({id, HostBytes(qb), kv, kv, n, start, &blocks, {}});
         std::vector<std::string> outs;
         if (auto s = (*e)->Run(b, g.num_heads_q, g.head_dim, &outs); !s.ok()) return s;
       }

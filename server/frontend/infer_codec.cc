@@ -1,0 +1,205 @@
+#include "server/frontend/infer_codec.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace flashq::server {
+namespace {
+
+// ModelInferRequest.raw_input_contents and ModelInferResponse.raw_output_contents
+// (grpc_service.proto).
+constexpr uint64_t kRawInputField = 7;
+constexpr uint32_t kRawOutputField = 6;
+enum WireType : uint64_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kStartGroup = 3, kEndGroup = 4, kFixed32 = 5 };
+// Groups nest no deeper than protobuf's own parser allows.
+constexpr int kMaxGroupDepth = 100;
+
+void AppendVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(char(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(char(v));
+}
+
+// Reads protobuf wire data laid over a sequence of slices.
+class SliceReader {
+ public:
+  explicit SliceReader(const std::vector<grpc::Slice>& slices) : slices_(slices) { SkipEmpty(); }
+
+  bool done() const { return slice_ == slices_.size(); }
+  uint64_t offset() const { return consumed_; }
+
+  bool Varint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (done()) return false;
+      const uint8_t b = slices_[slice_].begin()[at_];
+      Advance(1);
+      *v |= uint64_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) return true;
+    }
+    return false;  // over ten bytes
+  }
+
+  // The next n bytes, as views into the slices (nothing copied).
+  bool View(uint64_t n, std::vector<std::string_view>* pieces) {
+    while (n > 0) {
+      if (done()) return false;
+      const size_t take = size_t(std::min<uint64_t>(n, slices_[slice_].size() - at_));
+      pieces->emplace_back(reinterpret_cast<const char*>(slices_[slice_].begin()) + at_, take);
+      Advance(take);
+      n -= take;
+    }
+    return true;
+  }
+
+  // Appends the next n bytes to `out`.
+  bool Copy(uint64_t n, std::string* out) {
+    while (n > 0) {
+      if (done()) return false;
+      const size_t take = size_t(std::min<uint64_t>(n, slices_[slice_].size() - at_));
+      out->append(reinterpret_cast<const char*>(slices_[slice_].begin()) + at_, take);
+      Advance(take);
+      n -= take;
+    }
+    return true;
+  }
+
+ private:
+  void Advance(size_t n) {
+    at_ += n;
+    consumed_ += n;
+    if (at_ == slices_[slice_].size()) {
+      ++slice_;
+      at_ = 0;
+      SkipEmpty();
+    }
+  }
+  void SkipEmpty() {
+    while (slice_ < slices_.size() && slices_[slice_].size() == 0) ++slice_;
+  }
+
+  const std::vector<grpc::Slice>& slices_;
+  size_t slice_ = 0, at_ = 0;
+  uint64_t consumed_ = 0;
+};
+
+// Copies the field whose tag was just read, tag included, to `out`; a group with the
+// fields inside it. Returns what is wrong, or null.
+const char* CopyField(uint64_t tag, SliceReader& r, std::string* out, int depth) {
+  if ((tag >> 3) == 0 || (tag >> 3) > 0x1fffffff) return "an invalid field number";
+  AppendVarint(tag, out);
+  uint64_t v = 0;
+  switch (tag & 7) {
+    case kVarint:
+      if (!r.Varint(&v)) return "a truncated varint";
+      AppendVarint(v, out);
+      return nullptr;
+    case kFixed64: return r.Copy(8, out) ? nullptr : "a truncated fixed64";
+    case kFixed32: return r.Copy(4, out) ? nullptr : "a truncated fixed32";
+    case kLengthDelimited:
+      if (!r.Varint(&v)) return "a truncated length";
+      AppendVarint(v, out);
+      return r.Copy(v, out) ? nullptr : "a field past the end of the message";
+    case kStartGroup:
+      if (depth >= kMaxGroupDepth) return "groups nested too deep";
+      for (;;) {
+        uint64_t inner;
+        if (!r.Varint(&inner)) return "an unterminated group";
+        if ((inner & 7) == kEndGroup) {
+          if ((inner >> 3) != (tag >> 3)) return "a mismatched end of group";
+          AppendVarint(inner, out);
+          return nullptr;
+        }
+        if (const char* bad = CopyField(inner, r, out, depth + 1)) return bad;
+      }
+    default: return "an unsupported wire type";
+  }
+}
+
+// A slice that owns a std::string (the output buffer a worker filled), freed by gRPC
+// once the bytes are written.
+grpc::Slice OwningSlice(std::string data) {
+  auto* owned = new std::string(std::move(data));
+  return grpc::Slice(owned->data(), owned->size(), [](void* p) { delete static_cast<std::string*>(p); }, owned);
+}
+
+// Every field of the response but raw_output_contents.
+void FillHead(const inference::ModelInferRequest& request, const Work& work, inference::ModelInferResponse* response) {
+  response->set_model_name(request.model_name());
+  response->set_model_version(work.model_version > 0 ? std::to_string(work.model_version)
+                              : request.model_version().empty() ? "1" : request.model_version());
+  response->set_id(request.id());
+  for (const OutputTensor& t : work.outputs) {
+    auto* o = response->add_outputs();
+    o->set_name(t.name);
+    o->set_datatype(std::string(DTypeName(t.dtype)));
+    for (int64_t d : t.shape) o->add_shape(d);
+  }
+}
+
+}  // namespace
+
+absl::Status ParseRawInferRequest(std::vector<grpc::Slice> slices, RawInferRequest* out) {
+  out->slices = std::move(slices);
+  out->raw.clear();
+  SliceReader r(out->slices);
+  std::string rest;  // every field but raw_input_contents, for protobuf to parse
+  const auto malformed = [&](const char* what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request is not a valid ModelInferRequest: ", what, " at byte ", r.offset()));
+  };
+  while (!r.done()) {
+    uint64_t tag;
+    if (!r.Varint(&tag)) return malformed("a truncated field tag");
+    if ((tag >> 3) == kRawInputField && (tag & 7) == kLengthDelimited) {
+      uint64_t n;
+      if (!r.Varint(&n)) return malformed("a truncated length");
+      std::vector<std::string_view>& pieces = out->raw.emplace_back();
+      if (!r.View(n, &pieces)) return malformed("raw_input_contents past the end of the message");
+      continue;
+    }
+    if (const char* bad = CopyField(tag, r, &rest, 0)) return malformed(bad);
+  }
+  if (!out->message.ParseFromString(rest)) {
+    return absl::InvalidArgumentError("the request is not a valid ModelInferRequest: a field does not parse");
+  }
+  return absl::OkStatus();
+}
+
+void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
+                       inference::ModelInferResponse* response) {
+  FillHead(request, work, response);
+  for (OutputTensor& t : work.outputs) {
+    std::string* raw = response->add_raw_output_contents();
+    if (!work.BoundRegion(t.name)) *raw = std::move(t.data);
+  }
+}
+
+grpc::ByteBuffer SerializeInferResponse(const inference::ModelInferRequest& request, Work& work) {
+  // raw_output_contents has the highest field number, so protobuf writes it after the
+  // head: the head's bytes, then each output's tag, length and bytes.
+  inference::ModelInferResponse head;
+  FillHead(request, work, &head);
+  std::string bytes = head.SerializeAsString();
+  std::vector<grpc::Slice> slices;
+  slices.reserve(1 + 2 * work.outputs.size());
+  for (OutputTensor& t : work.outputs) {
+    const bool in_message = !work.BoundRegion(t.name);
+    AppendVarint((kRawOutputField << 3) | kLengthDelimited, &bytes);
+    AppendVarint(in_message ? t.data.size() : 0, &bytes);
+    if (!in_message || t.data.empty()) continue;
+    slices.emplace_back(bytes.data(), bytes.size());  // copies the few bytes before the output
+    bytes.clear();
+    slices.push_back(OwningSlice(std::move(t.data)));
+  }
+  if (!bytes.empty()) slices.emplace_back(bytes.data(), bytes.size());
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+}  // namespace flashq::server
