@@ -533,8 +533,8 @@ class Checks:
         registers, a concurrency sweep with every request answered, and no region left behind."""
         pa = os.environ.get("FLASHQ_PERF_ANALYZER")
         if not pa:
-            raise AssertionError("FLASHQ_PERF_ANALYZER is not set: no perf_analyzer to run (bench/gpu-tests.sh sets it "
-                                 "from .whl/perf_analyzer.tar.gz, which scripts/gpu-prep.sh makes)")
+            raise AssertionError("FLASHQ_PERF_ANALYZER is not set: no perf_analyzer to run (bench/gpu/tests.sh sets it "
+                                 "from .whl/perf_analyzer.tar.gz, which bench/gpu/prepare.sh makes)")
         q = self.rng.standard_normal((64, 8, 64)).astype(np.float16)
         kv = self.rng.standard_normal((64, 2, 64)).astype(np.float16)
         b64 = lambda a: {"b64": base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()}
