@@ -33,7 +33,7 @@ init_status
 device_info | tee "$OUT/device.txt"
 require_gpu
 
-# ---- the server side: prebuilt in .gpu (this host has no gRPC to build it) ----------------------
+# ---- the server side: prebuilt in .gpu (a GPU host without gRPC cannot build it) ---------------
 server_steps() {
   local t B
   if ! ls .gpu/flashq-bundle-*.tar.gz >/dev/null 2>&1 || [ ! -x .gpu/bin/flashq_server_gpu_tests ]; then
