@@ -23,13 +23,6 @@
 # FLASHQ_JOBS (default: every core) shape the build. The GPU host needs .deps (bench/gpu/prepare.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-LOGS=$OUT/logs
-mkdir -p "$LOGS"
-T0=$(date +%s)
-BUDGET=${FLASHQ_KERNELS_BUDGET_S:-560}
 . bench/gpu/lib.sh
 
 SUITES=() QUICK="" FILTER="" TESTS="" RUN_TESTS=1 PEERS=1 SANITIZE="" RUN_SAN=1 PROFILE=""
@@ -56,7 +49,7 @@ if [ -n "${BIN:-}" ] && [ -z "${FLASHQ_COMMIT:-}" ]; then
 fi
 COMMIT=${FLASHQ_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 B=${BIN:-build-gpu/bin}
-init_status
+start_run "${FLASHQ_KERNELS_BUDGET_S:-560}"
 device_info | tee "$OUT/device.txt"
 require_gpu
 STEPS=()

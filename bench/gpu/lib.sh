@@ -1,5 +1,17 @@
-# Shared by the scripts in bench/gpu/ (sourced, not run): the time budget, step results, the
-# kernels-only build and the compute-sanitizer subsets. The caller sets OUT, BUDGET and T0.
+# Shared by the scripts in bench/gpu/ (sourced, not run): the output folder, the time budget, step
+# results, the kernels-only build and the compute-sanitizer subsets.
+
+# start_run BUDGET_S: OUT (default ./out) made absolute, logs in $LOGS, the clock started, step results reset.
+start_run() {
+  OUT=${OUT:-out}
+  mkdir -p "$OUT/logs"
+  OUT=$(cd "$OUT" && pwd)
+  LOGS=$OUT/logs
+  T0=$(date +%s)
+  BUDGET=$1
+  mkdir -p "$OUT/status"
+  rm -f "$OUT"/status/*
+}
 
 JOBS=${FLASHQ_JOBS:-$(nproc)}
 ARCHS=${FLASHQ_CUDA_ARCHS:-90a-real}
@@ -8,7 +20,6 @@ left() { local l=$(( BUDGET - $(el) )); [ $l -gt 5 ] && echo $l || echo 5; }
 cap() { local l=$(left); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }  # the smaller of $1 and what is left
 
 # Each step writes "<status> <seconds> <note>" to $OUT/status/<name>; summary() prints the table.
-init_status() { mkdir -p "$OUT/status"; rm -f "$OUT"/status/*; }
 record() { echo "$2 $3 ${4:-}" > "$OUT/status/$1"; echo "[$(el)s] $1: $2 ${4:-}"; }
 # verdict NAME RC START [NOTE]: 0 passes; 124/137 (timeout) and anything else fail.
 verdict() {

@@ -21,15 +21,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-LOGS=$OUT/logs
-mkdir -p "$LOGS"
-T0=$(date +%s)
-BUDGET=${FLASHQ_GPU_TESTS_BUDGET_S:-480}
 . bench/gpu/lib.sh
-init_status
+start_run "${FLASHQ_GPU_TESTS_BUDGET_S:-480}"
 device_info | tee "$OUT/device.txt"
 require_gpu
 

@@ -3,6 +3,7 @@
 #include "common/flags.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -46,18 +47,16 @@ TEST(Flags, DefaultsAndErrors) {
   ASSERT_TRUE(Parse(f, {}, &error)) << error;
   EXPECT_EQ(f.Get("concurrency"), "1,4,16");
   EXPECT_TRUE(f.GetBool("causal"));
-  FlagSet g = Make();
-  EXPECT_FALSE(Parse(g, {"--nope"}, &error));
-  EXPECT_EQ(error, "unknown flag --nope (see --help)");
-  FlagSet h = Make();
-  EXPECT_FALSE(Parse(h, {"--concurrency"}, &error));
-  EXPECT_EQ(error, "--concurrency needs a value (LIST)");
-  FlagSet i = Make();
-  EXPECT_FALSE(Parse(i, {"--causal=yes"}, &error));
-  EXPECT_EQ(error, "--causal takes true or false, not 'yes'");
-  FlagSet j = Make();
-  EXPECT_FALSE(Parse(j, {"stray"}, &error));
-  EXPECT_EQ(error, "unexpected argument 'stray' (see --help)");
+  const std::pair<std::string, std::string> bad[] = {
+      {"--nope", "unknown flag --nope (see --help)"},
+      {"--concurrency", "--concurrency needs a value (LIST)"},
+      {"--causal=yes", "--causal takes true or false, not 'yes'"},
+      {"stray", "unexpected argument 'stray' (see --help)"}};
+  for (const auto& [arg, message] : bad) {
+    FlagSet g = Make();
+    EXPECT_FALSE(Parse(g, {arg}, &error)) << arg;
+    EXPECT_EQ(error, message);
+  }
 }
 
 TEST(Flags, HelpDocumentsEveryFlag) {
