@@ -16,11 +16,10 @@ import math
 import os
 import pathlib
 import subprocess
+import sys
 import tempfile
 import urllib.parse
 import urllib.request
-
-import sys
 
 import pytest
 
