@@ -19,7 +19,7 @@
 #                       in the benchmark configuration CONFIG
 # Environment: OUT (default ./out); FLASHQ_COMMIT, the commit the results name (default: git HEAD);
 # BIN=<dir> runs binaries built elsewhere (nvcc 13) instead of building, and then needs FLASHQ_COMMIT;
-# FLASHQ_KERNELS_BUDGET_S (default 560) bounds the whole run; FLASHQ_CUDA_ARCHS (default 90a-real) and
+# FLASHQ_KERNELS_BUDGET_S (default 1200) bounds the whole run; FLASHQ_CUDA_ARCHS (default 90a-real) and
 # FLASHQ_JOBS (default: every core) shape the build. The GPU host needs .deps (bench/gpu/prepare.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -49,7 +49,7 @@ if [ -n "${BIN:-}" ] && [ -z "${FLASHQ_COMMIT:-}" ]; then
 fi
 COMMIT=${FLASHQ_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 B=${BIN:-build-gpu/bin}
-start_run "${FLASHQ_KERNELS_BUDGET_S:-560}"
+start_run "${FLASHQ_KERNELS_BUDGET_S:-1200}"
 device_info | tee "$OUT/device.txt"
 require_gpu
 STEPS=()
