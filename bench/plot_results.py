@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Plots of the recorded kernel results (bench/results/*.json) for the README.
+"""Plots of the recorded results (bench/results/*.json) for the README.
 
-  .venv/bin/python bench/plot_results.py   # redraws every attention-<device>.png and gemm-<device>.png
+  .venv/bin/python bench/plot_results.py   # redraws every attention-, gemm- and server-e2e-<device>.png
   .venv/bin/python bench/plot_results.py gemm SRC.json DST.png   # one plot, names relative to bench/results
 """
 import glob, json, os, sys
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 
 R = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -66,13 +67,39 @@ def gemm(src, dst):
     fig.savefig(os.path.join(R, dst), dpi=110)
 
 
+def server_e2e(src, dst):
+    """p99 latency against throughput for each scenario; one line per way of sending tensors."""
+    e = json.load(open(os.path.join(R, src)))
+    scenarios = sorted({row["scenario"] for run in e["runs"] for row in run["rows"]})
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(4.5 * len(scenarios), 3.8))
+    for ax, sc in zip(axes, scenarios):
+        for run in e["runs"]:
+            pts = sorted((r["throughput_rps"], r["p99_ms"]) for r in run["rows"] if r["scenario"] == sc and not r["errors"])
+            if pts:
+                label = run["section"].split(" (")[0] + (f", {run['server']}" if run["server"] else "")
+                ax.plot([t for t, _ in pts], [l for _, l in pts], marker="o", ms=3, label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_title(sc, fontsize=9)
+        ax.set_xlabel("requests/s")
+    axes[0].set_ylabel("p99 latency, ms")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7)
+    fig.suptitle(f"flashq-server end to end ({e['device']}, {e['date']}, commit {e['commit']})", fontsize=9)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(os.path.join(R, dst), dpi=110)
+
+
 if __name__ == "__main__":
+    draws = {"attention": attention, "gemm": gemm, "server-e2e": server_e2e}
     if len(sys.argv) == 4:
-        {"attention": attention, "gemm": gemm}[sys.argv[1]](sys.argv[2], sys.argv[3])
+        draws[sys.argv[1]](sys.argv[2], sys.argv[3])
     else:
-        # One current record per suite and device (attention-<device>.json, gemm-<device>.json); each plot
-        # takes the record's name.
-        for suite, draw in (("attention", attention), ("gemm", gemm)):
+        # One current record per suite and device (attention-<device>.json, gemm-<device>.json,
+        # server-e2e-<device>.json); each plot takes the record's name.
+        for suite, draw in draws.items():
             for src in sorted(glob.glob(os.path.join(R, suite + "-*.json"))):
                 name = os.path.basename(src)
                 draw(name, name[:-len(".json")] + ".png")

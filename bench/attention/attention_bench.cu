@@ -41,8 +41,6 @@ Status LaunchPrefillTmaImpl(const VarlenAttentionParams& p, cudaStream_t stream)
 template <typename T, int D>  // decode_variants.cu
 Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream, bool pdl,
                               bool tma);
-template <typename T, int D, int kPW, int kS>
-Status LaunchPagedDecodeStream(const PagedDecodeParams& p, int split_tokens, cudaStream_t stream);
 }
 
 #define CK(x)                                                                                  \
@@ -371,15 +369,12 @@ std::string RunDecode(Timer& timer, const DecodeCfg& cfg, int reps) {
   const double gbps = ms > 0 ? bytes / (ms * 1e-3) / 1e9 : 0.0;
   std::printf("decode  B=%-3d L=%-6d page=%-3d split=%-4d %8.4f ms  %7.1f GB/s  check max err/(rms+|ref|) %.3g (rms %.3g) %s\n",
               b, L, page, cfg.split, ms, gbps, chk.max_rel, chk.rms, ok ? "ok" : "FAIL");
-  // Variants: the one-CTA-per-item kernel with every tile loaded by cp.async (the shipped kernel
-  // loads whole tiles by TMA on sm_90), and the persistent warp-specialised streamed kernel
-  // (bench/attention/decode_stream_variant.cuh, 4 producer warps, 5 or 6 stages).
+  // Variant: the same kernel with every tile loaded by cp.async (the shipped kernel loads whole
+  // tiles by TMA on sm_90, and by cp.async elsewhere).
   std::string variant;
   const int split = cfg.split ? cfg.split : kDefaultSplitTokens;
   std::vector<std::pair<std::string, std::function<Status()>>> variants = {
-      {"cpasync", [&] { return detail::LaunchPagedDecodeSplit<__nv_bfloat16, 128>(p, split, nullptr, true, false); }},
-      {"stream_pw4", [&] { return detail::LaunchPagedDecodeStream<__nv_bfloat16, 128, 4, 5>(p, split, nullptr); }},
-      {"stream_pw4_s6", [&] { return detail::LaunchPagedDecodeStream<__nv_bfloat16, 128, 4, 6>(p, split, nullptr); }}};
+      {"cpasync", [&] { return detail::LaunchPagedDecodeSplit<__nv_bfloat16, 128>(p, split, nullptr, true, false); }}};
   for (auto& ve : variants) {
     auto launch = [&] { OKS(ve.second()); };
     CK(cudaMemset(o, 0xFF, size_t(b) * hq * d * 2));

@@ -167,8 +167,8 @@ def main():
                   f"{fmt(ratios.get('sdpa_cudnn'), '.2f')} | {fmt(ratios.get('varlen_attn'), '.2f')} |")
         print(md[-1], flush=True)
     md += ["", "## Decode (Hq 32, Hkv 8, hd 128, 1 new token), GB/s of K+V read", "",
-           "| B | L | page | split | ours GB/s | % of copy | ours, cp.async loads | ours streamed, 5 stages | ours streamed, 6 stages | SDPA flash | SDPA cuDNN | ours/flash | ours/cuDNN |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| B | L | page | split | ours GB/s | % of copy | ours, cp.async loads | SDPA flash | SDPA cuDNN | ours/flash | ours/cuDNN |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     peer_cache = {}
     for row in ours["decode"]:
         key = (row["batch"], row["len"])
@@ -184,7 +184,7 @@ def main():
         result["decode"].append(entry)
         g = lambda n: None if peers.get(n) is None else peers[n]["gbps"]
         md.append(f"| {row['batch']} | {row['len']} | {row['page']} | {row['split']} | {row['gbps']:.0f} | "
-                  f"{100 * entry['copy_fraction']:.0f}% | {fmt(row.get('variant_cpasync', {}).get('gbps'), '.0f')} | {fmt(row.get('variant_stream_pw4', {}).get('gbps'), '.0f')} | {fmt(row.get('variant_stream_pw4_s6', {}).get('gbps'), '.0f')} | {fmt(g('sdpa_flash'), '.0f')} | {fmt(g('sdpa_cudnn'), '.0f')} | "
+                  f"{100 * entry['copy_fraction']:.0f}% | {fmt(row.get('variant_cpasync', {}).get('gbps'), '.0f')} | {fmt(g('sdpa_flash'), '.0f')} | {fmt(g('sdpa_cudnn'), '.0f')} | "
                   f"{fmt(ratios.get('sdpa_flash'), '.2f')} | {fmt(ratios.get('sdpa_cudnn'), '.2f')} |")
         print(md[-1], flush=True)
     notes = sorted({f"{n}: {t}" for e in result["prefill"] + result["decode"] for n, t in e["peer_notes"].items()})

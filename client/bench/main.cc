@@ -25,8 +25,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/flags.h"
 #include "kernels/common/heap.h"
-#include "client/bench/flags.h"
 #include "client/bench/grpc_transport.h"
 #include "client/bench/input_data.h"
 #include "client/bench/report.h"
@@ -55,7 +55,7 @@ void OnSignal(int) {
   signal(SIGTERM, SIG_DFL);
 }
 
-void DefineFlags(fb::Flags& f) {
+void DefineFlags(flashq::FlagSet& f) {
   std::string presets;
   for (auto& p : fb::Presets()) presets += (presets.empty() ? "" : ",") + p.name;
   const std::string S1 = "Target", S1b = "Security and compression (perf_analyzer's flags)", S2 = "Scenarios",
@@ -89,6 +89,7 @@ void DefineFlags(fb::Flags& f) {
   f.Add({"header", "'NAME: VALUE'", "",
          "gRPC metadata sent with every call; -H is short for it. A bearer token: -H 'authorization: Bearer <token>' "
          "(flashq-server --auth-token). Reports name the headers but never show their values.", S1b, true});
+  f.Short('H', "header");  // perf_analyzer's and curl's spelling
   f.Add({"grpc-compression-algorithm", "none|gzip|deflate", "none",
          "Compress every request (the server answers uncompressed). Costs client and server CPU; helps only on slow links.",
          S1b});
@@ -209,7 +210,7 @@ void MakeDirs(const std::string& dir) {
 }
 
 // Draws the plot with client/bench/plot.py; returns a line for the user.
-std::string Plot(const fb::Flags& f, const std::string& json, const std::string& png) {
+std::string Plot(const flashq::FlagSet& f, const std::string& json, const std::string& png) {
   const std::string exe_dir = fb::ExecutableDir();
   std::string script;
   for (const std::string& c : {exe_dir + "/flashq_bench_plot.py", std::string(FLASHQ_SOURCE_DIR) + "/client/bench/plot.py"})
@@ -219,7 +220,7 @@ std::string Plot(const fb::Flags& f, const std::string& json, const std::string&
     }
   if (script.empty()) return "plot: skipped, plot.py not found next to flashq-bench or in the source tree";
   std::vector<std::string> pythons;
-  if (f.IsSet("python")) pythons.push_back(f.Get("python"));
+  if (f.WasSet("python")) pythons.push_back(f.Get("python"));
   else
     pythons = {exe_dir + "/../../.venv/bin/python", std::string(FLASHQ_SOURCE_DIR) + "/.venv/bin/python", "python3"};
   std::string python;
@@ -270,8 +271,6 @@ class ProgressPrinter {
 int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // as flashq-server does (server/main.cc)
   flashq::ConfigureHeapForTensors();  // our own first-touch costs stay out of the measured latencies
-  fb::Flags f;
-  DefineFlags(f);
   const std::string usage =
       "flashq-bench: load tester for flashq-server (KServe v2 gRPC)\n\n"
       "usage: flashq-bench [flags]\n"
@@ -284,21 +283,20 @@ int main(int argc, char** argv) {
       "requests, errors by gRPC code, and the server's mean queue and compute time (ModelStatistics deltas).\n"
       "Exit status: 0 on success, 1 if a scenario failed or a load point had no successful request, 2 on bad flags.\n"
       "Environment: FLASHQ_COMMIT overrides the commit recorded in the JSON (default: git of the source tree).\n";
-  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
-    fprintf(stderr, "flashq-bench: %s\n", std::string(s.message()).c_str());
+  flashq::FlagSet f(usage, flashq::FlagSet::HelpLayout::kSections);
+  DefineFlags(f);
+  bool help = false;
+  if (std::string error; !f.Parse(argc, argv, &help, &error)) {
+    fprintf(stderr, "flashq-bench: %s\n", error.c_str());
     return 2;
   }
-  if (f.GetBool("help")) {
-    fputs(f.Help(usage).c_str(), stdout);
+  if (help || f.GetBool("help")) {
+    fputs(f.Help().c_str(), stdout);
     return 0;
   }
   if (f.GetBool("list-scenarios")) {
     for (auto& p : fb::Presets()) printf("%-18s %s\n", p.name.c_str(), p.help.c_str());
     return 0;
-  }
-  if (!f.positional().empty()) {
-    fprintf(stderr, "flashq-bench: unexpected argument '%s' (see --help)\n", f.positional()[0].c_str());
-    return 2;
   }
   auto bad = [](const std::string& msg) {
     fprintf(stderr, "flashq-bench: %s\n", msg.c_str());
@@ -342,8 +340,8 @@ int main(int argc, char** argv) {
     const bool tls = f.GetBool("ssl-grpc-use-ssl");
     for (const char* flag :
          {"ssl-grpc-root-certifications-file", "ssl-grpc-private-key-file", "ssl-grpc-certificate-chain-file"})
-      if (f.IsSet(flag) && !tls) return bad(absl::StrCat("--", flag, " needs --ssl-grpc-use-ssl"));
-    if (f.IsSet("ssl-grpc-private-key-file") != f.IsSet("ssl-grpc-certificate-chain-file"))
+      if (f.WasSet(flag) && !tls) return bad(absl::StrCat("--", flag, " needs --ssl-grpc-use-ssl"));
+    if (f.WasSet("ssl-grpc-private-key-file") != f.WasSet("ssl-grpc-certificate-chain-file"))
       return bad("--ssl-grpc-private-key-file and --ssl-grpc-certificate-chain-file must be given together");
     co.tls.enabled = tls;
     struct PemFlag {
@@ -355,7 +353,7 @@ int main(int argc, char** argv) {
          {PemFlag{"ssl-grpc-root-certifications-file", &co.tls.root_certs_pem, fc::PemKind::kCertificates},
           PemFlag{"ssl-grpc-private-key-file", &co.tls.private_key_pem, fc::PemKind::kPrivateKey},
           PemFlag{"ssl-grpc-certificate-chain-file", &co.tls.cert_chain_pem, fc::PemKind::kCertificates}}) {
-      if (!f.IsSet(flag)) continue;
+      if (!f.WasSet(flag)) continue;
       auto pem = fc::ReadPemFile(f.Get(flag), absl::StrCat("--", flag), kind);
       if (!pem.ok()) return bad(std::string(pem.status().message()));
       *field = std::move(*pem);
@@ -372,12 +370,12 @@ int main(int argc, char** argv) {
 
   // ---- --input-data: the file's structure is checked now; its datatypes once the server answers
   std::optional<fb::InputData> input_data;
-  if (f.IsSet("input-data")) {
-    if (!f.IsSet("model")) return bad("--input-data needs --model (the model the file's tensors are for)");
+  if (f.WasSet("input-data")) {
+    if (!f.WasSet("model")) return bad("--input-data needs --model (the model the file's tensors are for)");
     if (*shm_kind != fb::SharedMemoryKind::kNone) return bad("--input-data cannot be combined with --shared-memory");
     for (const char* flag : {"dtype", "seq-len", "seqs-per-request", "kv-extra", "heads-q", "heads-kv", "head-dim",
                              "cu-seqlens", "prefill-len", "decode-steps", "m", "linear-k"})
-      if (f.IsSet(flag)) return bad(absl::StrCat("--", flag, " shapes generated requests; --input-data gives the tensors"));
+      if (f.WasSet(flag)) return bad(absl::StrCat("--", flag, " shapes generated requests; --input-data gives the tensors"));
     auto d = fb::LoadInputData(f.Get("input-data"));
     if (!d.ok()) return bad(std::string(d.status().message()));
     input_data = std::move(*d);
@@ -390,7 +388,7 @@ int main(int argc, char** argv) {
   auto make_points = [&](const std::string& preset_concurrency,
                          std::vector<fb::LoadPoint>* points) -> absl::Status {
     points->clear();
-    if (f.IsSet("request-rate")) {
+    if (f.WasSet("request-rate")) {
       for (const auto& r : SplitList(f.Get("request-rate"))) {
         fb::LoadPoint lp;
         lp.mode = fb::LoadPoint::Mode::kOpen;
@@ -401,7 +399,7 @@ int main(int argc, char** argv) {
       }
     } else {
       const std::string list =
-          f.IsSet("concurrency") || preset_concurrency.empty() ? f.Get("concurrency") : preset_concurrency;
+          f.WasSet("concurrency") || preset_concurrency.empty() ? f.Get("concurrency") : preset_concurrency;
       for (const auto& c : SplitList(list)) {
         fb::LoadPoint lp;
         if (!ParseNum(c, &lp.concurrency) || lp.concurrency < 1)
@@ -415,12 +413,12 @@ int main(int argc, char** argv) {
 
   // ---- scenarios
   std::vector<fb::ScenarioSpec> specs;
-  if (f.IsSet("model")) {
+  if (f.WasSet("model")) {
     fb::ScenarioSpec s;
     s.model = f.Get("model");
     s.name = s.model;
     s.kind = fb::KindForModel(s.model);
-    if (f.IsSet("workload")) {
+    if (f.WasSet("workload")) {
       auto k = fb::ParseKind(f.Get("workload"));
       if (!k.ok()) return bad(std::string(k.status().message()));
       s.kind = *k;
@@ -439,18 +437,18 @@ int main(int argc, char** argv) {
   }
   if (specs.empty()) return bad("no scenarios");
   for (auto& s : specs) {  // flags override the preset
-    if (f.IsSet("dtype")) s.dtype = f.Get("dtype");
-    if (f.IsSet("seq-len")) s.seq_len = f.Get("seq-len");
-    if (f.IsSet("seqs-per-request")) s.seqs_per_request = f.Get("seqs-per-request");
-    if (f.IsSet("kv-extra")) s.kv_extra = f.Get("kv-extra");
-    if (f.IsSet("prefill-len")) s.prefill_len = f.Get("prefill-len");
-    if (f.IsSet("decode-steps")) s.decode_steps = f.Get("decode-steps");
-    if (f.IsSet("m")) s.m = f.Get("m");
-    if (f.IsSet("causal")) s.causal = f.GetBool("causal");
-    if (f.IsSet("cu-seqlens")) s.cu_seqlens = f.GetBool("cu-seqlens");
+    if (f.WasSet("dtype")) s.dtype = f.Get("dtype");
+    if (f.WasSet("seq-len")) s.seq_len = f.Get("seq-len");
+    if (f.WasSet("seqs-per-request")) s.seqs_per_request = f.Get("seqs-per-request");
+    if (f.WasSet("kv-extra")) s.kv_extra = f.Get("kv-extra");
+    if (f.WasSet("prefill-len")) s.prefill_len = f.Get("prefill-len");
+    if (f.WasSet("decode-steps")) s.decode_steps = f.Get("decode-steps");
+    if (f.WasSet("m")) s.m = f.Get("m");
+    if (f.WasSet("causal")) s.causal = f.GetBool("causal");
+    if (f.WasSet("cu-seqlens")) s.cu_seqlens = f.GetBool("cu-seqlens");
     for (auto [flag, field] : {std::pair{"heads-q", &s.heads_q}, {"heads-kv", &s.heads_kv}, {"head-dim", &s.head_dim}})
-      if (f.IsSet(flag) && !ParseNum(f.Get(flag), field)) return bad(absl::StrCat("--", flag, ": need an integer"));
-    if (f.IsSet("linear-k") && !ParseNum(f.Get("linear-k"), &s.k)) return bad("--linear-k: need an integer");
+      if (f.WasSet(flag) && !ParseNum(f.Get(flag), field)) return bad(absl::StrCat("--", flag, ": need an integer"));
+    if (f.WasSet("linear-k") && !ParseNum(f.Get("linear-k"), &s.k)) return bad("--linear-k: need an integer");
     // Check the shapes and loads now, before any server starts.
     auto w = fb::BuildWorkload(s, 1);
     if (!w.ok()) return bad(absl::StrCat(s.name, ": ", w.status().message()));
@@ -466,10 +464,10 @@ int main(int argc, char** argv) {
     char buf[PATH_MAX];
     if (out_dir[0] == '/' && realpath(build.c_str(), buf)) out_dir = std::string(buf) + "/flashq-bench-results";
   }
-  const std::string name = f.IsSet("name") ? f.Get("name") : "flashq-bench-" + UtcNow("%Y%m%d-%H%M%S");
-  const std::string json_path = f.IsSet("json") ? f.Get("json") : out_dir + "/" + name + ".json";
-  const std::string csv_path = f.IsSet("csv") ? f.Get("csv") : out_dir + "/" + name + ".csv";
-  const std::string png_path = f.IsSet("plot") ? f.Get("plot") : out_dir + "/" + name + ".png";
+  const std::string name = f.WasSet("name") ? f.Get("name") : "flashq-bench-" + UtcNow("%Y%m%d-%H%M%S");
+  const std::string json_path = f.WasSet("json") ? f.Get("json") : out_dir + "/" + name + ".json";
+  const std::string csv_path = f.WasSet("csv") ? f.Get("csv") : out_dir + "/" + name + ".csv";
+  const std::string png_path = f.WasSet("plot") ? f.Get("plot") : out_dir + "/" + name + ".png";
   MakeDirs(out_dir);
 
   const std::string prog = f.Get("progress");
@@ -516,7 +514,7 @@ int main(int argc, char** argv) {
     so.binary = f.Get("server-binary");
     so.backend = f.Get("server-backend");
     so.extra_args = f.GetAll("server-arg");
-    so.log_path = f.IsSet("server-log") ? f.Get("server-log") : out_dir + "/" + name + "-server.log";
+    so.log_path = f.WasSet("server-log") ? f.Get("server-log") : out_dir + "/" + name + "-server.log";
     so.timeout_s = server_timeout;
     so.interrupt = &g_interrupt;
     server_log = so.log_path;

@@ -29,7 +29,7 @@ import threading
 import time
 import urllib.request
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "pylib"))
 from server_process import FlashqServer  # noqa: E402
 
 TOKEN = "bench-test-token.0123"

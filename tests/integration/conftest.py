@@ -15,17 +15,19 @@ import json
 import math
 import os
 import pathlib
-import signal
 import subprocess
+import sys
 import tempfile
 import urllib.parse
 import urllib.request
 
 import pytest
 
-from server_process import READY_LINE, FlashqServer, free_port  # noqa: F401 (tests import them from here)
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The server process and the request helpers are shared with the other Python suites (tests/pylib).
+sys.path.insert(0, str(ROOT / "tests" / "pylib"))
+from server_process import READY_LINE, FlashqServer, free_port  # noqa: E402,F401 (tests import them from here)
+
 SERVER_BIN = os.environ.get("FLASHQ_SERVER", str(ROOT / "build/bin/flashq-server"))
 DEMO_CACHE = os.environ.get("FLASHQ_DEMO_CACHE", str(ROOT / "build/integration/demo-cache"))
 PERF_ANALYZER = os.environ.get("FLASHQ_PERF_ANALYZER", str(ROOT / "scripts/perf_analyzer"))
@@ -37,8 +39,7 @@ READY_TIMEOUT_S = float(os.environ.get("FLASHQ_READY_TIMEOUT", "300"))
 
 
 class ServerProcess(FlashqServer):
-    """A server on the demo repository with the suite's backend; the fixtures assert that it
-    exits 0 on SIGTERM."""
+    """A server on the demo repository with the suite's backend."""
 
     def __init__(self, flags=(), name="server", env=None):
         super().__init__(SERVER_BIN, [f"--demo-cache-dir={DEMO_CACHE}", f"--backend={BACKEND}", *flags], name, TEST_TMP,
@@ -46,10 +47,6 @@ class ServerProcess(FlashqServer):
 
     def start(self, timeout=READY_TIMEOUT_S):
         return super().start(timeout)
-
-    def assert_clean_stop(self, sig=signal.SIGTERM):
-        code = self.stop(sig)
-        assert code == 0, f"flashq-server exit code {code} after {sig!r} (expected 0):\n{self.log()}"
 
 
 @pytest.fixture(scope="session")

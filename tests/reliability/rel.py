@@ -20,12 +20,12 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-# Request building, /metrics parsing and polling are the integration tests' helpers.
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The server process, request building, /metrics parsing and polling are shared with the other
+# Python suites (tests/pylib).
+sys.path.insert(0, str(ROOT / "tests" / "pylib"))
 import helpers  # noqa: E402
 from server_process import READY_LINE, FlashqServer, free_port  # noqa: E402,F401
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 SERVER_BIN = os.environ.get("FLASHQ_SERVER", str(ROOT / "build-rel/bin/flashq-server"))
 TEST_TMP = pathlib.Path(os.environ.get("FLASHQ_TEST_TMP", str(ROOT / "build-rel/reliability/tmp")))
 RESULTS = os.environ.get("FLASHQ_RESULTS")
@@ -120,14 +120,6 @@ class Server(FlashqServer):
 
     def metrics(self):
         return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        code = self.stop()
-        if exc[0] is None:
-            assert code == 0, f"flashq-server exit {code} after SIGTERM:\n{self.log()}"
 
 
 def scrape(url, timeout=10):

@@ -102,7 +102,7 @@ def test_tls_right_ca_succeeds_wrong_ca_and_plaintext_fail(pki):
         assert cl.is_server_live() and cl.is_model_ready("lin")
         cl.close()
     finally:
-        assert srv.stop() == 0, srv.log()
+        srv.assert_clean_stop()
 
 
 def test_mtls_refuses_missing_and_wrong_client_certificates(pki):
@@ -115,7 +115,7 @@ def test_mtls_refuses_missing_and_wrong_client_certificates(pki):
         assert live(srv.url) == C.UNAVAILABLE                                   # plaintext
         assert infer(srv.url, creds(pki, client="client"))[0] == C.OK          # still serving
     finally:
-        assert srv.stop() == 0, srv.log()
+        srv.assert_clean_stop()
 
 
 def curl_https(srv, pki, ca="ca_a", client=None, scheme="https"):
@@ -141,7 +141,7 @@ def test_https_and_mutual_tls_on_the_http_port(pki):
         assert curl_https(srv, pki, ca="ca_b") < 0              # cannot verify the server
         assert curl_https(srv, pki, scheme="http") < 0          # plaintext to an HTTPS port
     finally:
-        assert srv.stop() == 0, srv.log()
+        srv.assert_clean_stop()
     srv = tls_server(pki, f"--tls-ca={pki / 'ca_a.pem'}", name="https-mtls")
     try:
         assert curl_https(srv, pki, client="client") == 200
@@ -149,7 +149,7 @@ def test_https_and_mutual_tls_on_the_http_port(pki):
         assert curl_https(srv, pki, client="impostor") < 0      # signed by CA B
         assert curl_https(srv, pki, client="client") == 200     # still serving
     finally:
-        assert srv.stop() == 0, srv.log()
+        srv.assert_clean_stop()
 
 
 def admin_calls(st, md):
@@ -276,7 +276,7 @@ def test_mtls_and_token_together(pki):
         assert infer(srv.url, good)[0] == C.UNAUTHENTICATED
         assert infer(srv.url, good, metadata=(("authorization", f"Bearer {TOKEN}"),))[0] == C.OK
     finally:
-        assert srv.stop() == 0, srv.log()
+        srv.assert_clean_stop()
 
 
 @pytest.mark.parametrize("flags,words", [

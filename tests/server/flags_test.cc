@@ -1,5 +1,5 @@
-// FlagSet: Triton-style --dash-flags (--a=1, --a 1), underscores accepted, bool
-// forms, errors for unknown flags and bad values, --help.
+// FlagSet (common/flags.h) as flashq-server uses it: Triton-style --dash-flags (--a=1, --a 1),
+// underscores accepted, bool forms, errors for unknown flags and bad values, --help.
 #include "server/core/flags.h"
 
 #include <string>
@@ -99,6 +99,9 @@ TEST_F(FlagsTest, BoolForms) {
   EXPECT_FALSE(f_.invariant);
   ASSERT_TRUE(Parse({"--batch_invariant=true"})) << error_;
   EXPECT_TRUE(f_.invariant);
+  ASSERT_TRUE(Parse({"--no-batch-invariant"})) << error_;
+  EXPECT_FALSE(f_.invariant) << "--no-NAME turns a switch off";
+  EXPECT_FALSE(Parse({"--no-batch-invariant=true"})) << "--no-NAME takes no value";
   // A bare bool flag does not consume the next argument.
   ASSERT_TRUE(Parse({"--strict-model-config", "--grpc-port=5"})) << error_;
   EXPECT_TRUE(f_.strict);

@@ -29,7 +29,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -42,12 +41,12 @@ import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT / "tests" / "pylib"))  # helpers and the server process, shared with the other suites
+from server_process import READY_LINE, FlashqServer  # noqa: E402
 
 SKIP = 77
 K, N, GROUP = 576, 400, 128
 KV = dict(hq=8, hkv=2, d=128, page=16, blocks=512)
-READY_LINE = "flashq-server ready"
 
 
 # ---- checkpoint writing (from the format definitions, not from the server's code) ----------------
@@ -263,59 +262,28 @@ def assert_close(out, ref, dtype, what, atol, rtol):
                              f"worst at {i}: {out[i]!r} vs {ref_r[i]!r}")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, binary, repo, backend, log_path):
-        self.port, self.metrics_port, self.http_port = free_port(), free_port(), free_port()
-        self.log_path = log_path
-        self.backend = backend
-        self.cmd = [binary, f"--model-repository={repo}", f"--backend={backend}", "--host=127.0.0.1",
-                    f"--grpc-port={self.port}", f"--metrics-port={self.metrics_port}", f"--http-port={self.http_port}"]
+class Server(FlashqServer):
+    def __init__(self, binary, repo, backend, tmp_dir):
+        flags = [f"--model-repository={repo}", f"--backend={backend}"]
         if backend == "cuda":
-            self.cmd += ["--gpu-arena-mb=2048", "--gpu-staging-mb=64"]
-        self.proc = None
-
-    @property
-    def url(self):
-        return f"127.0.0.1:{self.port}"
-
-    def log(self, tail=40):
-        try:
-            return "\n".join(open(self.log_path, errors="replace").read().splitlines()[-tail:])
-        except OSError:
-            return ""
+            flags += ["--gpu-arena-mb=2048", "--gpu-staging-mb=64"]
+        super().__init__(binary, flags, "server", tmp_dir)
+        self.backend = backend
 
     def start(self, timeout=300):
-        self.logf = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.cmd, stdout=self.logf, stderr=subprocess.STDOUT)
+        """False if the server exited before it was ready (its log says why)."""
         # A test stopped from outside (a timeout's SIGTERM) takes its server along.
-        signal.signal(signal.SIGTERM, lambda *_: (self.proc.kill(), os._exit(124)))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            if READY_LINE in open(self.log_path, errors="replace").read():
-                return True
-            time.sleep(0.1)
-        self.proc.kill()
-        raise AssertionError(f"flashq-server not ready after {timeout}s:\n{self.log()}")
-
-    def stop(self, timeout=90):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, lambda *_: (self.proc and self.proc.kill(), os._exit(124)))
         try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return "hung"
-        finally:
-            self.logf.close()
+            super().start(timeout, probe=False)
+        except AssertionError as e:
+            if "before ready" not in str(e):
+                raise
+            return False
+        return True
+
+    def stop(self, sig=signal.SIGTERM, timeout=90):
+        return super().stop(sig, timeout)
 
 
 def http_and_metrics(server, client):
@@ -565,8 +533,8 @@ class Checks:
         registers, a concurrency sweep with every request answered, and no region left behind."""
         pa = os.environ.get("FLASHQ_PERF_ANALYZER")
         if not pa:
-            raise AssertionError("FLASHQ_PERF_ANALYZER is not set: no perf_analyzer to run (bench/gpu-tests.sh sets it "
-                                 "from .whl/perf_analyzer.tar.gz, which scripts/gpu-prep.sh makes)")
+            raise AssertionError("FLASHQ_PERF_ANALYZER is not set: no perf_analyzer to run (bench/gpu/tests.sh sets it "
+                                 "from .whl/perf_analyzer.tar.gz, which bench/gpu/prepare.sh makes)")
         q = self.rng.standard_normal((64, 8, 64)).astype(np.float16)
         kv = self.rng.standard_normal((64, 2, 64)).astype(np.float16)
         b64 = lambda a: {"b64": base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()}
@@ -821,7 +789,7 @@ def main():
     rng = np.random.default_rng(20261128)
     t0 = time.monotonic()
     models = write_repository(work / "repo", rng)
-    server = Server(a.server, work / "repo", a.backend, str(work / "server.log"))
+    server = Server(a.server, work / "repo", a.backend, work)
     if not server.start():
         log = server.log()
         server.stop()

@@ -1,6 +1,7 @@
 """One flashq-server process on free loopback ports: what the integration suite's fixtures
-(conftest.py), the reliability suite (tests/reliability/rel.py) and tests/client/bench_security.py
-start, each with its own default flags."""
+(tests/integration/conftest.py), the reliability suite (tests/reliability/rel.py), the conformance
+test (tests/server_gpu/test_cuda_server.py) and tests/client/bench_security.py start, each with its
+own default flags. No pytest here: the conformance test runs without it on a host with a GPU."""
 import os
 import signal
 import socket
@@ -19,7 +20,8 @@ def free_port():
 
 class FlashqServer:
     """start() waits for the ready line (then for the gRPC port, with probe); stop() sends a
-    signal (SIGTERM) and returns the exit code, or "hung"."""
+    signal (SIGTERM) and returns the exit code, or "hung". As a context manager it starts the
+    server and, unless the block raised, asserts that it exits 0 on SIGTERM."""
 
     def __init__(self, binary, flags, name, tmp_dir, env=None):
         os.makedirs(tmp_dir, exist_ok=True)
@@ -85,3 +87,16 @@ class FlashqServer:
             self.returncode = "hung"
         self._logf.close()
         return self.returncode
+
+    def assert_clean_stop(self, sig=signal.SIGTERM):
+        code = self.stop(sig)
+        assert code == 0, f"flashq-server exit code {code} after {sig!r} (expected 0):\n{self.log()}"
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            self.assert_clean_stop()
+        else:
+            self.stop()

@@ -1,36 +1,34 @@
 #!/usr/bin/env bash
 # The CUDA backend end to end in one run on a host with a GPU: GPU tests through the server's
 # executors and the kernel GPU tests directly, fatbin contents, cold start with JIT disabled and
-# eager module loading, and the end-to-end scenarios. Prepare with bench/e2e/gpu-prep.sh on the
-# build host, then run `bash bench/e2e/gpu-run.sh` on the GPU host with .gpu beside the tree.
+# eager module loading, and the end-to-end scenarios. Prepare with bench/gpu/prepare.sh on the
+# build host, then run `bench/gpu/e2e.sh` on the GPU host with .gpu beside the tree.
 # Results land in $OUT (JSON + markdown); a short table is printed last. Exits non-zero if a test,
 # the sanitizer, a cold start, a load run or a server's clean exit on SIGTERM failed.
-# (bench/gpu-tests.sh is the verdict over every GPU test; this script is for the measurements.)
+# (bench/gpu/tests.sh is the verdict over every GPU test; this script is for the measurements.)
+# PARTS picks sections (default all: tests,cold,e2e,multi); E2E_SCENARIOS, E2E_CONC, E2E_SERVER_ARGS
+# (extra server flags) and E2E_BENCH_ARGS (extra flashq-bench flags, e.g. --shared-memory=system)
+# shape the end-to-end part.
 set -uo pipefail
 FAILS=()
 check() { [ "$2" = 0 ] || FAILS+=("$1 (exit $2)"); }
 OUT=${OUT:-/tmp/flashq-gpu-out}
 mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+. bench/gpu/lib.sh
 tar xzf "$ROOT"/.gpu/flashq-bundle-*.tar.gz -C /tmp
 B=$(ls -d /tmp/flashq-bundle-* | head -n1)
 export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export CUDA_DISABLE_PTX_JIT=1 CUDA_MODULE_LOADING=EAGER
 CACHE=/tmp/flashq-demo
-{
-  echo "date: $(date -u +%FT%TZ)"
-  echo "commit: $(cat "$ROOT"/.gpu/COMMIT 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-} | tee "$OUT/device.txt"
+device_info | tee "$OUT/device.txt"
 
 echo "== fatbin contents (cuobjdump)"
 { cuobjdump --list-elf "$B/libexec/flashq-server" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' | sort | uniq -c
   echo "ptx entries: $(cuobjdump --list-ptx "$B/libexec/flashq-server" 2>/dev/null | wc -l)"; } | tee "$OUT/cuobjdump.txt"
 
 GPUS=$(nvidia-smi -L | wc -l)
-# PARTS picks sections (default all), so that one machine can take the work in two calls;
-# E2E_SCENARIOS, E2E_CONC, E2E_SERVER_ARGS (extra server flags) and E2E_BENCH_ARGS (extra
-# flashq-bench flags, e.g. --shared-memory=system) shape the end-to-end part.
 PARTS=${PARTS:-tests,cold,e2e,multi}
 part() { [[ ",$PARTS," == *",$1,"* ]]; }
 if part tests; then
@@ -38,7 +36,7 @@ echo "== GPU tests through the server's executors ($GPUS GPUs visible), then und
 "$ROOT"/.gpu/bin/flashq_server_gpu_tests --gtest_brief=1 2>&1 | tail -n 15 | tee "$OUT/server_gpu_tests.txt"
 check "server GPU tests" "${PIPESTATUS[0]}"
 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$ROOT"/.gpu/bin/flashq_server_gpu_tests --gtest_brief=1 \
-  --gtest_filter='-Cuda/PlainReferenceTest.*' 2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tee -a "$OUT/server_gpu_tests.txt"
+  --gtest_filter="$SAN_SERVER" 2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tee -a "$OUT/server_gpu_tests.txt"
 check "server GPU tests under memcheck" "${PIPESTATUS[0]}"
 echo "== kernel GPU tests, directly"
 for t in attention_gpu_test gemm_gpu_test; do

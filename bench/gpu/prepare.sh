@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
-# Prepares what a run on a host with a GPU needs that such a host cannot fetch itself (it has
-# cmake, nvcc, python3 with numpy and grpcio, but no gRPC C++ libraries, no GoogleTest and no
-# package registry). Both folders are git-ignored and travel beside the working tree:
+# Prepares, on a build host, what a run on a host with a GPU needs that such a host cannot make
+# itself (it has cmake, nvcc, python3 with numpy and grpcio, but no gRPC C++ libraries, no
+# GoogleTest and no package registry). The three folders are git-ignored and travel beside the
+# working tree:
 #   .deps/googletest  GoogleTest sources (from Debian's googletest package) for the kernels-only
-#                     build of the kernel GPU tests
-#   .whl/             wheels of tritonclient and its pure-Python (or per-Python-version) dependencies
-#                     for tests/server_gpu/test_cuda_server.py; bench/gpu-tests.sh installs them
-#                     with `pip install --no-index --find-links .whl` into a temporary folder
-# The CUDA build's bundle (.gpu) comes from bench/e2e/gpu-prep.sh.
+#                     build of the kernel GPU tests (bench/gpu/kernels.sh, bench/gpu/tests.sh)
+#   .whl/             wheels of tritonclient and its pure-Python (or per-Python-version) dependencies,
+#                     and perf_analyzer with its libraries, for tests/server_gpu/test_cuda_server.py;
+#                     bench/gpu/tests.sh installs them with `pip install --no-index --find-links .whl`
+#                     into a temporary folder
+#   .gpu/             the relocatable bundle of a CUDA build (server, health, bench and their shared
+#                     libraries) plus the server's GPU test and cold-start binaries (bench/gpu/tests.sh,
+#                     bench/gpu/e2e.sh)
+# usage: bench/gpu/prepare.sh [BUILD_DIR]
+#   BUILD_DIR (default build-cuda) is a CUDA build of the server and its tests, e.g.
+#     BUILD_DIR=build-cuda FLASHQ_CUDA_ARCHS=90a-real scripts/build.sh
+#   Without one (the default folder missing), .gpu is not made: bench/gpu/kernels.sh needs only .deps.
+#   FLASHQ_SKIP_WHEELS=1 leaves .whl alone; FLASHQ_PREP_KERNEL_TESTS=1 adds the kernel GPU test
+#   binaries to .gpu (16 MB), for bench/gpu/e2e.sh to run directly (bench/gpu/tests.sh builds them on
+#   the GPU host from source).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
 mkdir -p .deps
 if [ ! -f .deps/googletest/CMakeLists.txt ]; then
   [ -d /usr/src/googletest ] || { apt-get install -y -q googletest >/dev/null; }
@@ -63,3 +75,21 @@ EOF
   tar czf .whl/perf_analyzer.tar.gz -C "$(dirname "$PA_DIR")" perf_analyzer && rm -rf "$(dirname "$PA_DIR")"
   echo ".whl ready: $(du -sh .whl | cut -f1) ($(ls .whl | wc -l) files)"
 fi
+
+# The CUDA build's bundle and test binaries.
+if [ $# -eq 0 ] && [ ! -d build-cuda ]; then
+  echo ".gpu not made: no CUDA build in build-cuda (give its folder as the argument)"
+  exit 0
+fi
+BUILD=$(cd "${1:-build-cuda}" && pwd)
+[ -x "$BUILD/bin/flashq_server_gpu_tests" ] || { echo "$BUILD has no bin/flashq_server_gpu_tests: not a CUDA build"; exit 1; }
+rm -rf .gpu && mkdir -p .gpu/bin
+deploy/bundle.sh --build-dir "$BUILD" --out-dir "$ROOT/.gpu" >/dev/null
+cp "$BUILD/bin/flashq_server_gpu_tests" "$BUILD/bin/flashq-coldstart" .gpu/bin/
+if [ "${FLASHQ_PREP_KERNEL_TESTS:-0}" = 1 ]; then
+  for t in attention_gpu_test gemm_gpu_test; do
+    [ -x "$BUILD/bin/$t" ] && cp "$BUILD/bin/$t" .gpu/bin/
+  done
+fi
+git rev-parse HEAD > .gpu/COMMIT
+echo ".gpu ready: $(du -sh .gpu | cut -f1)"

@@ -1,4 +1,4 @@
-"""Helpers shared by the integration tests: dtype conversions, float64 references,
+"""Helpers of the integration, reliability and conformance tests: dtype conversions, float64 references,
 raw protobuf requests and Prometheus text parsing."""
 import re
 import time
