@@ -71,7 +71,10 @@ void DefineFlags(flashq::FlagSet& f) {
   f.Add({"server-arg", "ARG", "", "Extra argument for the spawned server, e.g. --server-arg=--max-queue-delay-us=500.", S1, true});
   f.Add({"server-log", "PATH", "", "Where the spawned server's output goes [default: <output-dir>/<name>-server.log].", S1});
   f.Add({"server-timeout", "SECONDS", "300", "How long to wait for the spawned server to become ready.", S1});
-  f.Add({"channels", "N", "1", "gRPC channels (HTTP/2 connections) per endpoint.", S1});
+  f.Add({"channels", "auto|N", "auto",
+         "gRPC channels (HTTP/2 connections) per endpoint. auto: one per 6 requests outstanding at the largest "
+         "closed-loop load point (1 for open loop), the sharing perf_analyzer uses; one connection carries only a few "
+         "thousand requests a second.", S1});
   f.Add({"request-timeout", "SECONDS", "60", "Deadline of each request (0: none). Expired requests count as DEADLINE_EXCEEDED.", S1});
   f.Add({"shared-memory", "none|system|cuda", "none",
          "Where tensors travel (perf_analyzer's flag): in the gRPC message, or in regions registered with Triton's "
@@ -305,7 +308,7 @@ int main(int argc, char** argv) {
 
   // ---- measurement and load flags
   fb::MeasureOptions mo;
-  int64_t seed = 1, channels = 1, max_out = 4096;
+  int64_t seed = 1, channels = 0, max_out = 4096;  // channels 0: auto, set once the load points are known
   double request_timeout = 60, server_timeout = 300;
   if (!ParseNum(f.Get("window"), &mo.window_s) || mo.window_s <= 0) return bad("--window: need seconds > 0");
   if (!ParseNum(f.Get("stability"), &mo.stability_pct) || mo.stability_pct <= 0) return bad("--stability: need a percentage > 0");
@@ -314,7 +317,8 @@ int main(int argc, char** argv) {
   if (!ParseNum(f.Get("warmup"), &mo.warmup_s) || mo.warmup_s < 0) return bad("--warmup: need seconds >= 0");
   if (!ParseNum(f.Get("min-requests"), &mo.min_requests_per_window) || mo.min_requests_per_window < 0) return bad("--min-requests: need N >= 0");
   if (!ParseNum(f.Get("seed"), &seed)) return bad("--seed: need an integer");
-  if (!ParseNum(f.Get("channels"), &channels) || channels < 1) return bad("--channels: need N >= 1");
+  if (f.Get("channels") != "auto" && (!ParseNum(f.Get("channels"), &channels) || channels < 1))
+    return bad("--channels: auto or N >= 1");
   if (!ParseNum(f.Get("max-outstanding"), &max_out) || max_out < 1) return bad("--max-outstanding: need N >= 1");
   if (!ParseNum(f.Get("request-timeout"), &request_timeout) || request_timeout < 0) return bad("--request-timeout: need seconds >= 0");
   if (!ParseNum(f.Get("server-timeout"), &server_timeout) || server_timeout <= 0) return bad("--server-timeout: need seconds > 0");
@@ -436,6 +440,7 @@ int main(int argc, char** argv) {
     }
   }
   if (specs.empty()) return bad("no scenarios");
+  int64_t max_concurrency = 1;
   for (auto& s : specs) {  // flags override the preset
     if (f.WasSet("dtype")) s.dtype = f.Get("dtype");
     if (f.WasSet("seq-len")) s.seq_len = f.Get("seq-len");
@@ -454,7 +459,11 @@ int main(int argc, char** argv) {
     if (!w.ok()) return bad(absl::StrCat(s.name, ": ", w.status().message()));
     std::vector<fb::LoadPoint> pts;
     if (absl::Status ps = make_points(s.concurrency, &pts); !ps.ok()) return bad(std::string(ps.message()));
+    for (const fb::LoadPoint& p : pts) max_concurrency = std::max<int64_t>(max_concurrency, p.concurrency);
   }
+  // perf_analyzer's gRPC clients share a channel among at most 6 of them.
+  constexpr int64_t kRequestsPerChannel = 6;
+  if (channels == 0) channels = (max_concurrency + kRequestsPerChannel - 1) / kRequestsPerChannel;
 
   // ---- output paths
   std::string out_dir = f.Get("output-dir");
@@ -535,6 +544,7 @@ int main(int argc, char** argv) {
 
   co.endpoints = endpoints;
   co.channels_per_endpoint = int(channels);
+  info.channels = int(channels);
   auto client_or = fc::Client::Create(co);
   if (!client_or.ok()) {
     fprintf(stderr, "flashq-bench: %s\n", std::string(client_or.status().message()).c_str());

@@ -146,7 +146,8 @@ std::string ToJson(const RunInfo& info, const std::vector<ScenarioResult>& resul
                   ",\n  \"host\": ", Json(info.host), ",\n  \"command\": ", Json(info.command_line), ",\n");
   std::vector<std::string> eps;
   for (auto& e : info.endpoints) eps.push_back(Json(e));
-  absl::StrAppend(&s, "  \"endpoints\": [", absl::StrJoin(eps, ", "), "],\n  \"spawned_server\": ",
+  absl::StrAppend(&s, "  \"endpoints\": [", absl::StrJoin(eps, ", "), "],\n  \"channels_per_endpoint\": ", info.channels,
+                  ",\n  \"spawned_server\": ",
                   info.spawned_server ? "true" : "false", ",\n  \"server_backend\": ", Json(info.server_backend),
                   ",\n  \"shared_memory\": ", Json(info.shared_memory), ",\n");
   std::vector<std::string> hdrs;

@@ -27,6 +27,7 @@ struct RunInfo {
   std::string commit;
   std::string host;
   std::vector<std::string> endpoints;
+  int channels = 1;        // gRPC channels (HTTP/2 connections) per endpoint
   std::string command_line;
   bool spawned_server = false;
   std::string server_backend;
