@@ -52,7 +52,7 @@ struct Options {
   int64_t grpc_max_message_bytes = INT32_MAX;
   int64_t stream_max_unanswered = StreamLimits().max_answers, stream_max_unsent_bytes = StreamLimits().max_bytes;
   int64_t kv_cache_blocks = 0, workers_per_model = -1, cpu_threads = 0, idle_spin_us = -1;
-  int64_t gpu_streams = 2, gpu_staging_mb = 128, gpu_arena_mb = 2048;
+  int64_t gpu_streams = 4, gpu_staging_mb = 128, gpu_arena_mb = 2048;
   int64_t heap_reserve_mb = int64_t(kHeapPrefaultBytes >> 20);
   bool batch_invariant = true;
   int64_t max_tensor_bytes = 0, max_sequences_per_request = 0;
@@ -144,8 +144,9 @@ void AddFlags(FlagSet& f, Options& o) {
         "2 s goes back to the OS. -1: keep all freed memory.",
         -1, int64_t(1) << 30);
   f.Add("workers-per-model", &o.workers_per_model,
-        "Batches executed concurrently per model; overrides instance_group. -1: the model's instance_group, else 2 per "
-        "GPU (2 with the CPU backend), so that each GPU has one batch computing while the next one's copies run.", -1, 256);
+        "Batches executed concurrently per model; overrides instance_group. -1: the model's instance_group, else 4 per "
+        "GPU (2 with the CPU backend): each batch's host work (copies, answers) overlaps the others' and the GPU's.",
+        -1, 256);
   f.Add("idle-spin-us", &o.idle_spin_us,
         "After a batch, one idle worker per model polls its queue this long (busy, one core) before it sleeps, so "
         "that a request arriving meanwhile starts without a thread wake-up; 0: sleep at once. -1: 500 with the CUDA "
@@ -384,7 +385,10 @@ int Run(const Options& o) {
   opts.max_queue_size = Override(o.max_queue_size);
   opts.max_queue_delay_us = Override(o.max_queue_delay_us);
   opts.max_batch_tokens = Override(o.max_batch_tokens);
-  opts.workers_per_model = int(o.workers_per_model > 0 ? o.workers_per_model : 2 * (*backend)->devices());
+  // Four batches in flight per GPU, so that each one's host work (copies, answers) overlaps the others' and the
+  // GPU's; the CPU backend's two share its cores.
+  const int default_workers = (*backend)->name() == "cpu" ? 2 : 4 * (*backend)->devices();
+  opts.workers_per_model = int(o.workers_per_model > 0 ? o.workers_per_model : default_workers);
   opts.workers_per_model_from_flag = o.workers_per_model > 0;
   // With the CUDA backend a worker's core waits on the GPU; with the CPU backend the
   // cores compute, and a polling worker would take one from them.
