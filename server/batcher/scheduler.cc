@@ -93,7 +93,7 @@ int64_t Scheduler::depth() const {
 }
 
 bool Scheduler::Startable(const Work& w) const {
-  return !w.bulk || options_.workers < 2 || running_bulk_ < options_.workers - 1;
+  return !w.bulk || options_.workers < 2 || running_bulk_ < options_.workers / 2;
 }
 
 bool Scheduler::HasRunnable() const {

@@ -10,8 +10,8 @@
 // at once, so a sequence's requests run in arrival order. A full queue rejects at
 // once with RESOURCE_EXHAUSTED. Model::Admit runs as a request joins the queue, under
 // the queue's lock, so what it reserves follows queue order. With two or more workers,
-// batches of bulk work (Work::bulk, long prefills) occupy at most all workers but one,
-// so that short work never waits behind them for a worker. A request still queued
+// batches of bulk work (Work::bulk, long prefills) occupy at most half of them, so that
+// short work never waits behind them for a worker, nor its answers behind theirs. A request still queued
 // after its queue timeout (Triton's default_timeout_microseconds, or the request's own
 // `timeout` where allow_timeout_override) is answered DEADLINE_EXCEEDED, never run; with
 // delay_on_timeout (Triton's DELAY) it stays queued but runs only when nothing else can.

@@ -378,7 +378,7 @@ TEST(SchedulerTest, WorkConservingByDefault) {
       << "the queued requests were not merged into one batch";
 }
 
-// Bulk batches take at most all workers but one: with two workers, a second bulk request
+// Bulk batches take at most half the workers: with two workers, a second bulk request
 // waits while one runs, and a short request behind it runs at once on the other worker.
 TEST(SchedulerTest, BulkWorkLeavesAWorkerForShortWork) {
   Harness h(Options(milliseconds(0), 16384, /*workers=*/2));
