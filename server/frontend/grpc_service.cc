@@ -354,7 +354,7 @@ namespace {
 // Answers that can no longer be delivered (write failed, call cancelled) are dropped. The
 // stream finishes when the client has half-closed and every submitted request has been
 // answered or dropped.
-class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
+class StreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamReactor(grpc::CallbackServerContext* ctx, InferenceServer* server, const StreamLimits& limits)
       : ctx_(ctx), server_(server), limits_(limits) {
@@ -363,7 +363,7 @@ class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferReques
   }
 
   void OnReadDone(bool ok) override {
-    std::unique_ptr<inference::ModelInferRequest> req;
+    std::unique_ptr<grpc::ByteBuffer> read;
     {
       std::lock_guard<std::mutex> l(mu_);
       if (!ok) {
@@ -372,7 +372,7 @@ class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferReques
         MaybeFinishLocked();
         return;
       }
-      req = std::move(reading_);
+      read = std::move(reading_);
       if (dead_) {  // nobody can receive its answer
         reader_busy_ = false;
         MaybeReadLocked();
@@ -382,21 +382,22 @@ class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferReques
     }
     // Outside the lock: Infer may answer at once (a rejected request), which re-enters
     // Enqueue. The reader stays busy until the request is submitted, so submissions keep
-    // the stream's order (kv_attention sequences depend on it).
-    const inference::ModelInferRequest& r = *req;
-    server_->Infer(r, {}, SteadyDeadline(ctx_), [this] { return ctx_->IsCancelled(); },
-                   [this, req = std::shared_ptr<inference::ModelInferRequest>(std::move(req))](const absl::Status& st,
-                                                                                               Work* work) {
-                     auto out = std::make_unique<inference::ModelStreamInferResponse>();
-                     if (st.ok()) {
-                       FillInferResponse(*req, *work, out->mutable_infer_response());
-                     } else {
-                       out->set_error_message(absl::StrCat(absl::StatusCodeToString(st.code()), ": ", st.message()));
-                       out->mutable_infer_response()->set_id(req->id());
-                       out->mutable_infer_response()->set_model_name(req->model_name());
-                     }
-                     Enqueue(std::move(out));
-                   });
+    // the stream's order (kv_attention sequences depend on it). A request that does not
+    // parse gets its error on the stream, which goes on.
+    auto call = std::make_shared<RawInferRequest>();
+    std::vector<grpc::Slice> slices;
+    const absl::Status parsed = read->Dump(&slices).ok() ? ParseRawInferRequest(std::move(slices), call.get())
+                                                         : absl::InvalidArgumentError("the request could not be read");
+    if (!parsed.ok()) {
+      server_->CountRejected("", parsed.code());
+      Enqueue(std::make_unique<grpc::ByteBuffer>(SerializeStreamResponse(parsed, call->message, nullptr)));
+    } else {
+      RawContents raw = std::move(call->raw);
+      server_->Infer(call->message, std::move(raw), SteadyDeadline(ctx_), [this] { return ctx_->IsCancelled(); },
+                     [this, call](const absl::Status& st, Work* work) {
+                       Enqueue(std::make_unique<grpc::ByteBuffer>(SerializeStreamResponse(st, call->message, work)));
+                     });
+    }
     std::lock_guard<std::mutex> l(mu_);
     reader_busy_ = false;
     MaybeReadLocked();
@@ -435,7 +436,7 @@ class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferReques
 
  private:
   struct Answer {
-    std::unique_ptr<inference::ModelStreamInferResponse> response;
+    std::unique_ptr<grpc::ByteBuffer> response;
     int64_t bytes;
   };
 
@@ -452,11 +453,11 @@ class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferReques
       if (pending_ >= limits_.max_answers || room <= 0 || computing >= (room + each - 1) / each) return;
     }
     reader_busy_ = true;
-    reading_ = std::make_unique<inference::ModelInferRequest>();
+    reading_ = std::make_unique<grpc::ByteBuffer>();
     StartRead(reading_.get());
   }
 
-  void Enqueue(std::unique_ptr<inference::ModelStreamInferResponse> r) {
+  void Enqueue(std::unique_ptr<grpc::ByteBuffer> r) {
     std::lock_guard<std::mutex> l(mu_);
     if (dead_) {
       --pending_;
@@ -464,7 +465,7 @@ class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferReques
       MaybeFinishLocked();
       return;
     }
-    const int64_t bytes = int64_t(r->ByteSizeLong());
+    const int64_t bytes = int64_t(r->Length());
     largest_answer_ = std::max(largest_answer_, bytes);
     queued_bytes_ += bytes;
     writes_.push_back({std::move(r), bytes});
@@ -482,7 +483,7 @@ class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferReques
   InferenceServer* server_;
   const StreamLimits limits_;
   std::mutex mu_;
-  std::unique_ptr<inference::ModelInferRequest> reading_;
+  std::unique_ptr<grpc::ByteBuffer> reading_;
   std::deque<Answer> writes_;  // the front one is being written
   int64_t pending_ = 0;        // requests read and submitted, not yet written or dropped
   int64_t queued_bytes_ = 0;   // serialized size of `writes_`
@@ -491,7 +492,7 @@ class StreamReactor : public grpc::ServerBidiReactor<inference::ModelInferReques
   bool reads_done_ = false, dead_ = false, finished_ = false;
 };
 
-class RejectStream : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
+class RejectStream : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit RejectStream(const grpc::Status& why) { Finish(why); }
   void OnDone() override { delete this; }
@@ -499,8 +500,8 @@ class RejectStream : public grpc::ServerBidiReactor<inference::ModelInferRequest
 
 }  // namespace
 
-grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-GrpcInferenceService::ModelStreamInfer(grpc::CallbackServerContext* ctx) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* GrpcInferenceService::ModelStreamInfer(
+    grpc::CallbackServerContext* ctx) {
   if (grpc::Status a = Authenticate(*ctx, true); !a.ok()) {
     // The stream is refused before any request is read, so no model name is known.
     if (InferenceServer* s = server_.load()) s->CountRejected("", absl::StatusCode::kUnauthenticated);

@@ -26,10 +26,23 @@ struct StreamLimits {
   int64_t max_bytes = int64_t(32) << 20;
 };
 
-// ModelInfer takes and gives gRPC's raw byte buffers (infer_codec.h), so that tensors'
-// bytes are not copied by protobuf; every other RPC is typed.
-class GrpcInferenceService final : public inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
-                                       inference::GRPCInferenceService::CallbackService> {
+// The generated CallbackService with ModelInfer and ModelStreamInfer on gRPC's raw byte
+// buffers (infer_codec.h), so that tensors' bytes are not copied by protobuf; every other RPC
+// is typed. The chain is CallbackService's with those two links swapped (a raw streaming method
+// cannot override a typed one).
+namespace grpc_base {
+using G = inference::GRPCInferenceService;
+using Service = G::WithCallbackMethod_ServerLive<G::WithCallbackMethod_ServerReady<G::WithCallbackMethod_ModelReady<
+    G::WithCallbackMethod_ServerMetadata<G::WithCallbackMethod_ModelMetadata<G::WithRawCallbackMethod_ModelInfer<
+        G::WithRawCallbackMethod_ModelStreamInfer<G::WithCallbackMethod_ModelConfig<G::WithCallbackMethod_ModelStatistics<
+            G::WithCallbackMethod_SystemSharedMemoryStatus<G::WithCallbackMethod_SystemSharedMemoryRegister<
+                G::WithCallbackMethod_SystemSharedMemoryUnregister<G::WithCallbackMethod_CudaSharedMemoryStatus<
+                    G::WithCallbackMethod_CudaSharedMemoryRegister<G::WithCallbackMethod_CudaSharedMemoryUnregister<
+                        G::WithCallbackMethod_RepositoryIndex<G::WithCallbackMethod_RepositoryModelLoad<
+                            G::WithCallbackMethod_RepositoryModelUnload<G::Service>>>>>>>>>>>>>>>>>>;
+}  // namespace grpc_base
+
+class GrpcInferenceService final : public grpc_base::Service {
  public:
   explicit GrpcInferenceService(std::string version) : version_(std::move(version)) {}
 
@@ -65,8 +78,7 @@ class GrpcInferenceService final : public inference::GRPCInferenceService::WithR
                                             inference::ModelStatisticsResponse*) override;
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
                                        grpc::ByteBuffer*) override;
-  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>* ModelStreamInfer(
-      grpc::CallbackServerContext*) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ModelStreamInfer(grpc::CallbackServerContext*) override;
   grpc::ServerUnaryReactor* SystemSharedMemoryStatus(grpc::CallbackServerContext*,
                                                      const inference::SystemSharedMemoryStatusRequest*,
                                                      inference::SystemSharedMemoryStatusResponse*) override;

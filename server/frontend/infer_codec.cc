@@ -10,10 +10,11 @@
 namespace flashq::server {
 namespace {
 
-// ModelInferRequest.raw_input_contents and ModelInferResponse.raw_output_contents
-// (grpc_service.proto).
+// ModelInferRequest.raw_input_contents, ModelInferResponse.raw_output_contents and
+// ModelStreamInferResponse.infer_response (grpc_service.proto).
 constexpr uint64_t kRawInputField = 7;
 constexpr uint32_t kRawOutputField = 6;
+constexpr uint32_t kStreamInferResponseField = 2;
 enum WireType : uint64_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kStartGroup = 3, kEndGroup = 4, kFixed32 = 5 };
 // Groups nest no deeper than protobuf's own parser allows.
 constexpr int kMaxGroupDepth = 100;
@@ -199,6 +200,27 @@ grpc::ByteBuffer SerializeInferResponse(const inference::ModelInferRequest& requ
     slices.push_back(OwningSlice(std::move(t.data)));
   }
   if (!bytes.empty()) slices.emplace_back(bytes.data(), bytes.size());
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+grpc::ByteBuffer SerializeStreamResponse(const absl::Status& status, const inference::ModelInferRequest& request,
+                                         Work* work) {
+  if (!status.ok() || !work) {
+    inference::ModelStreamInferResponse out;
+    out.set_error_message(absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
+    out.mutable_infer_response()->set_id(request.id());
+    out.mutable_infer_response()->set_model_name(request.model_name());
+    grpc::Slice bytes(out.SerializeAsString());
+    return grpc::ByteBuffer(&bytes, 1);
+  }
+  // error_message is empty, so the message is infer_response alone: its tag, length and bytes.
+  const grpc::ByteBuffer response = SerializeInferResponse(request, *work);
+  std::vector<grpc::Slice> slices;
+  (void)response.Dump(&slices);  // cannot fail: the buffer is ours
+  std::string head;
+  AppendVarint((kStreamInferResponseField << 3) | kLengthDelimited, &head);
+  AppendVarint(response.Length(), &head);
+  slices.insert(slices.begin(), grpc::Slice(head));
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 

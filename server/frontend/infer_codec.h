@@ -45,4 +45,10 @@ void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
 // serializer give, with the outputs' buffers moved into the slices, not copied.
 grpc::ByteBuffer SerializeInferResponse(const inference::ModelInferRequest& request, Work& work);
 
+// A ModelStreamInfer answer, serialized: the response above as infer_response when `status`
+// is OK (work not null), else error_message ("CODE: message") with the request's id and
+// model name, as Triton answers a failed request on a stream.
+grpc::ByteBuffer SerializeStreamResponse(const absl::Status& status, const inference::ModelInferRequest& request,
+                                         Work* work);
+
 }  // namespace flashq::server

@@ -156,5 +156,22 @@ TEST(InferCodec, ResponseBytesAreProtobufs) {
   }
 }
 
+TEST(InferCodec, StreamResponseBytesAreProtobufs) {
+  const inference::ModelInferRequest request = Request();
+  Work a, b;
+  a.outputs.push_back({"O", DType::kBF16, {3, 2}, RandomBytes(12, 3)});
+  b.outputs = a.outputs;
+  inference::ModelStreamInferResponse ok;
+  FillInferResponse(request, a, ok.mutable_infer_response());
+  EXPECT_EQ(Serialized(SerializeStreamResponse(absl::OkStatus(), request, &b)), ok.SerializeAsString());
+
+  inference::ModelStreamInferResponse failed;
+  failed.set_error_message("INVALID_ARGUMENT: input 'Q' is wrong");
+  failed.mutable_infer_response()->set_id("req-7");
+  failed.mutable_infer_response()->set_model_name("attention");
+  EXPECT_EQ(Serialized(SerializeStreamResponse(absl::InvalidArgumentError("input 'Q' is wrong"), request, nullptr)),
+            failed.SerializeAsString());
+}
+
 }  // namespace
 }  // namespace flashq::server
