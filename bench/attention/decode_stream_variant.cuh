@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW, kS>::kThreads, 1)
   constexpr int kBN = Tr::kBN, kRowBytes = Tr::kRowBytes, kStages = Tr::kStages, kRows = Tr::kRows;
   constexpr int kDB = D / 8, kKD = D / 16;
   extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t smem_base = SmemAddr(smem);
+  const uint32_t smem_base = ptx::SmemAddr(smem);
   const uint32_t bar_base = smem_base + Tr::kBarOffset;
   auto full_bar = [&](int st) { return bar_base + st * 8; };
   auto empty_bar = [&](int st) { return bar_base + (kStages + st) * 8; };
@@ -143,12 +143,12 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW, kS>::kThreads, 1)
     }
     SMbarInit(q_empty_bar(0), 32 * Tr::kConsumerWarps);
     SMbarInit(q_empty_bar(1), 32 * Tr::kConsumerWarps);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    ptx::FenceMbarInitCluster();
   }
   __syncthreads();
   // The combine kernel (programmatic dependent launch) may start its prologue now; it waits for
   // this grid's completion before reading the partials.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  ptx::LaunchDependents();
 
   if (warp >= Tr::kConsumerWarps) {  // ---- producer warps ----
     const char* kc = static_cast<const char*>(p.k_cache);
@@ -199,8 +199,8 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW, kS>::kThreads, 1)
             const int64_t o = __shfl_sync(0xffffffffu, off[h], r);
             const bool ok = o >= 0;
             const uint32_t dst = (pw * kRowsPerWarp + 32 * h + r) * kRowBytes + chunk * 16;
-            CpAsync16(sK + dst, ok ? kc + o + chunk * 16 : kc, ok);
-            CpAsync16(sV + dst, ok ? vc + o + chunk * 16 : vc, ok);
+            ptx::CpAsync16(sK + dst, ok ? kc + o + chunk * 16 : kc, ok);
+            ptx::CpAsync16(sV + dst, ok ? vc + o + chunk * 16 : vc, ok);
           }
         }
         if (tile == 0 && pw == 0) {  // the item's packed query rows: row r -> token r / group, head hk * group + r % group
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW, kS>::kThreads, 1)
             const char* src = ok ? qg + ((int64_t(w.q_start) + pr / group) * p.q_row_stride +
                                          int64_t(w.hk * group + pr % group) * p.q_head_stride) * 2 + chunk * 16
                                  : qg;
-            CpAsync16(sQ + r * kRowBytes + chunk * 16, src, ok);
+            ptx::CpAsync16(sQ + r * kRowBytes + chunk * 16, src, ok);
           }
         }
         CpAsyncMbarArriveNoinc(full_bar(st));  // fires when this lane's copies so far have landed
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW, kS>::kThreads, 1)
         for (int h = 0; h < kH; ++h) off[h] = nxt[h];
       }
     }
-    CpAsyncWait<0>();
+    ptx::CpAsyncWait<0>();
     return;
   }
 
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW, kS>::kThreads, 1)
         const uint32_t sQ = q_addr(qb);
 #pragma unroll
         for (int kk = 0; kk < kKD; ++kk)
-          LdMatrixX4(sQ + (lane % 16) * kRowBytes + (2 * kk + lane / 16) * 16, q_frag[kk][0], q_frag[kk][1],
+          ptx::LdMatrixX4(sQ + (lane % 16) * kRowBytes + (2 * kk + lane / 16) * 16, q_frag[kk][0], q_frag[kk][1],
                      q_frag[kk][2], q_frag[kk][3]);
         SMbarArrive(q_empty_bar(qb));  // Q is in registers: its buffer may take item n + 2's rows
         ++n_live;
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW, kS>::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kKD; ++kk) {
         uint32_t b0, b1, b2, b3;
-        LdMatrixX4(sK + ((lane % 8) + (lane / 16) * 8) * kRowBytes + (2 * kk + (lane / 8) % 2) * 16, b0, b1, b2, b3);
+        ptx::LdMatrixX4(sK + ((lane % 8) + (lane / 16) * 8) * kRowBytes + (2 * kk + (lane / 8) % 2) * 16, b0, b1, b2, b3);
         Mma16816<T>(s[0], q_frag[kk], b0, b1);
         Mma16816<T>(s[1], q_frag[kk], b2, b3);
       }
@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(StreamDecodeTraits<D, kPW, kS>::kThreads, 1)
 #pragma unroll
       for (int dp = 0; dp < kDB / 2; ++dp) {
         uint32_t b0, b1, b2, b3;
-        LdMatrixX4Trans(sV + ((lane % 8) + ((lane / 8) % 2) * 8) * kRowBytes + (2 * dp + lane / 16) * 16, b0, b1, b2, b3);
+        ptx::LdMatrixX4Trans(sV + ((lane % 8) + ((lane / 8) % 2) * 8) * kRowBytes + (2 * dp + lane / 16) * 16, b0, b1, b2, b3);
         Mma16816<T>(acc_o[2 * dp], a, b0, b1);
         Mma16816<T>(acc_o[2 * dp + 1], a, b2, b3);
       }

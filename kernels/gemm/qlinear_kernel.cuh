@@ -52,7 +52,11 @@
 #include <cstdlib>
 #include <type_traits>
 
-#include "kernels/attention/async_copy.cuh"
+#include "kernels/common/ptx/cluster.cuh"
+#include "kernels/common/ptx/cp_async.cuh"
+#include "kernels/common/ptx/loads.cuh"
+#include "kernels/common/ptx/mbarrier.cuh"
+#include "kernels/common/ptx/sync.cuh"
 #include "kernels/gemm/gemm_internal.h"
 
 namespace flashq::gemm::detail {
@@ -119,124 +123,6 @@ __device__ __forceinline__ void Fp8Word(uint32_t w, uint32_t& b0, uint32_t& b1) 
     asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(b0) : "r"(h0), "r"(k2p120), "r"(kNegZero));
     asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(b1) : "r"(h1), "r"(k2p120), "r"(kNegZero));
   }
-}
-
-// cp.async of 16 bytes; when `copy` is false no instruction is issued (predicated, no branch).
-__device__ __forceinline__ void CpAsync16If(uint32_t smem, const void* gmem, bool copy) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(smem),
-      "l"(gmem), "r"(int(copy))
-      : "memory");
-}
-// Predicated cp.async of 16 bytes that zero-fills the destination when `fill_only` (reads nothing).
-__device__ __forceinline__ void CpAsync16IfZfill(uint32_t smem, const void* gmem, bool copy, bool fill_only) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16, %3;\n}\n" ::"r"(smem),
-      "l"(gmem), "r"(int(copy)), "r"(fill_only ? 0 : 16)
-      : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-// sm_90 thread-block clusters: the split-K blocks of one tile reduce through distributed shared
-// memory. Only code compiled for sm_90 calls these; elsewhere their bodies are empty.
-__device__ __forceinline__ void ClusterSync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-// Cluster barrier halves (sm_90): arrive publishes nothing (an mbarrier init is published by fence.mbarrier_init
-// before it), wait acquires; a thread waits before it arrives again or reads what the other blocks initialized.
-__device__ __forceinline__ void ClusterArriveRelaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void ClusterWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
-}
-// Shared address `addr` of this block as seen in cluster block `rank`.
-__device__ __forceinline__ uint32_t MapaShared(uint32_t addr, int rank) {
-  uint32_t remote = addr;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
-#endif
-  return remote;
-}
-// 4 bytes into the shared memory of another cluster block (remote address), completing on its mbarrier `rbar`.
-__device__ __forceinline__ void StAsyncF32(uint32_t remote, float v, uint32_t rbar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(remote),
-               "r"(__float_as_uint(v)), "r"(rbar)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void FenceMbarInitCluster() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-
-// A cluster barrier that publishes nothing (no memory fence; release / acquire cost a GPU-scope fence and an
-// L1 invalidate): before a block exits, so that none leaves while another still reads its shared memory.
-// Those reads have completed, since their values were used.
-__device__ __forceinline__ void ClusterSyncExit() {
-  ClusterArriveRelaxed();
-  ClusterWait();
-}
-// Reads a float4 at shared address `addr` of cluster block `rank`.
-__device__ __forceinline__ float4 LdClusterF4(uint32_t addr, int rank) {
-  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t remote = MapaShared(addr, rank);
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote)
-               : "memory");
-#endif
-  return v;
-}
-
-// Programmatic dependent launch (sm_90): a kernel launched with the programmatic-serialization
-// attribute may start while the previous kernel in the stream finishes; it must wait before it
-// reads what that kernel wrote (X) or writes what it may still read (Y). Elsewhere: no-ops.
-__device__ __forceinline__ void GridDependencyWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void LaunchDependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-// mbarriers and bulk copies: the staged small-M kernel and the wgmma kernel. attention's helpers, except the wait: its
-// C++ poll loop around try_wait gives these kernels another schedule than the asm loop they were measured with.
-using attention::detail::CpAsyncMbarArrive;
-using attention::detail::MbarArrive;
-using attention::detail::MbarArriveExpectTx;
-using attention::detail::MbarInit;
-__device__ __forceinline__ void MbarWait(uint32_t bar, int parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// `bytes` (a multiple of 16) from global to shared memory, completing on mbarrier `bar`.
-__device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-// atomicAdd with acquire-release semantics at GPU scope: returns the old value.
-__device__ __forceinline__ int AtomicAddAcqRel(int* ptr, int v) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(ptr), "r"(v) : "memory");
-  return old;
 }
 
 // mma with a zero accumulator input (starts a fresh k32 partial without zeroing registers).
@@ -495,12 +381,12 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
       // Steps past the weights read zeros (not stale data): the small-M kernel does the same, so
       // both issue the very same mma operands (zeros of X meet these words).
       for (int c = 0; c < C::kWChunks; ++c)
-        CpAsync16IfZfill(sst + wdst + uint32_t((ss * C::kWChunks + c) * 32 * 16),
+        ptx::CpAsync16IfZfill(sst + wdst + uint32_t((ss * C::kWChunks + c) * 32 * 16),
                          valid ? wsrc + (ss * C::kWChunks + c) * 32 : p.qw, true, !valid);
       if constexpr (!kFp8) {
         if (!kStageFlush || ss == 0) {
           const bool newgrp = valid && (jis + ss == 0 || ipos == 0);
-          CpAsync16If(sst + szdst + uint32_t((kStageFlush ? 0 : ss) * kSzBlockBytes), szsrc, newgrp && lane < kSzChunks);
+          ptx::CpAsync16If(sst + szdst + uint32_t((kStageFlush ? 0 : ss) * kSzBlockBytes), szsrc, newgrp && lane < kSzChunks);
           ipos += kStageFlush ? C::kSub : 1;
           if (ipos == p.gsteps) {
             ipos = 0;
@@ -529,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
       // Rows >= M are never stored, so their B columns may hold anything; the K tail must be
       // zeros (padded weights dequantize to -z), so it is zero-filled.
       const bool kin = xk[q] < p.K;
-      CpAsync16IfZfill(sst + uint32_t(C::kW + tid + q * kThreads) * 16, kin ? xsrc[q] : p.x, xcopy[q], !kin);
+      ptx::CpAsync16IfZfill(sst + uint32_t(C::kW + tid + q * kThreads) * 16, kin ? xsrc[q] : p.x, xcopy[q], !kin);
       xk[q] += C::kSub * kStepK;
       xsrc[q] += C::kSub * kStepK;
     }
@@ -573,7 +459,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
   // The next kernel may launch at once: its blocks take SM room as ours leave it and prefetch their
   // weights, and anything that touches our output or workspace waits in griddepcontrol.wait for this
   // grid to complete (H200: 2-9% faster at M = 32 and 64 than with the trigger after the main loop).
-  LaunchDependents();
+  ptx::LaunchDependents();
   // Prologue: the first stages' weights before griddepcontrol.wait (with a programmatic launch they
   // stream in while the previous kernel finishes), their X after it. The weights of all prologue
   // stages land in the first commit group, which only makes its wait stricter.
@@ -627,22 +513,22 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s)
     if (s < ntot) issue_w(s);
-  GridDependencyWait();
+  ptx::GridDependencyWait();
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
     if (s < ntot) issue_x(s);
-    CpAsyncCommit();
+    ptx::CpAsyncCommit();
   }
   int rd = 0, wr = C::kStages - 1;
   int cq = 0, cli = 0;  // pair and stage inside it being computed
   for (int i = 0; i < ntot; ++i) {
-    CpAsyncWait<C::kStages - 2>();
+    ptx::CpAsyncWait<C::kStages - 2>();
     __syncthreads();
     if (i + C::kStages - 1 < ntot) {
       issue_w(wr);
       issue_x(wr);
     }
-    CpAsyncCommit();
+    ptx::CpAsyncCommit();
     compute(cli, rd);
     rd = rd + 1 == C::kStages ? 0 : rd + 1;
     wr = wr + 1 == C::kStages ? 0 : wr + 1;
@@ -656,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
       if constexpr (!kFp8) cpos = jq % p.gsteps;
     }
   }
-  CpAsyncWait<0>();
+  ptx::CpAsyncWait<0>();
   __syncthreads();
   const int split = pair0 + npairs - 1;  // the last pair's split: its partial is written below
 
@@ -704,7 +590,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
     // The tile's S split blocks are one cluster (rank = split): after the barrier each block
     // sums every S-th group of 4 columns over ranks 0..S-1 in that order (the same fp32 sum as
     // the workspace path below), reading the other blocks' tiles through distributed shared memory.
-    ClusterSync();
+    ptx::ClusterSync();
     const int rows = min(C::kXRows, p.M - m0);
     const uint32_t tbase = static_cast<uint32_t>(__cvta_generic_to_shared(ctile));
 #pragma unroll 1
@@ -713,7 +599,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
       float4 v[8];
 #pragma unroll
       for (int q = 0; q < 8; ++q)
-        if (q < p.splits) v[q] = LdClusterF4(tbase + uint32_t(c) * 16, q);
+        if (q < p.splits) v[q] = ptx::LdClusterF4(tbase + uint32_t(c) * 16, q);
       float4 sum = v[0];
 #pragma unroll
       for (int q = 1; q < 8; ++q)
@@ -725,7 +611,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
         }
       if (col < p.N) store4(row, col, sum);
     }
-    ClusterSyncExit();  // no block leaves while another still reads its tile
+    ptx::ClusterSyncExit();  // no block leaves while another still reads its tile
     return;
   }
   // Split-K: the last block of the tile (atomic ticket) sums splits 0..S-1 in that order. Thread 0's
@@ -734,7 +620,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<kFp8, NT, kStageFlush, kMulti>:
   __shared__ int s_last;
   const int tile = cblock * gridDim.x + mtile;
   __syncthreads();
-  if (tid == 0) s_last = AtomicAddAcqRel(p.counters + tile, 1) == int(gridDim.y) - 1;
+  if (tid == 0) s_last = ptx::AtomicAddAcqRel(p.counters + tile, 1) == int(gridDim.y) - 1;
   __syncthreads();
   if (!s_last) return;
   // All 256 threads: 4 consecutive columns each (32 per row) x 8 rows per pass. The loads of two passes,
@@ -962,18 +848,18 @@ __device__ __forceinline__ void PairSum(float* red, float* hand, uint32_t hbar, 
       v[it][q] = __fadd_rn(red[(4 * q + s) * kNA * 32 + o], red[(4 * q + 2 + s) * kNA * 32 + o]);
   }
   if (rank == 0) {
-    const uint32_t rhand = MapaShared(static_cast<uint32_t>(__cvta_generic_to_shared(hand)), 1);
-    const uint32_t rbar = MapaShared(hbar, 1);
+    const uint32_t rhand = ptx::MapaShared(static_cast<uint32_t>(__cvta_generic_to_shared(hand)), 1);
+    const uint32_t rbar = ptx::MapaShared(hbar, 1);
 #pragma unroll
     for (int it = 0; it < kIt; ++it) {
       float sum = v[it][0];
 #pragma unroll
       for (int q = 1; q < kPairs; ++q) sum = __fadd_rn(sum, v[it][q]);
-      StAsyncF32(rhand + uint32_t(threadIdx.x + it * kDirectMaxThreads) * 4u, sum, rbar);
+      ptx::StAsyncF32(rhand + uint32_t(threadIdx.x + it * kDirectMaxThreads) * 4u, sum, rbar);
     }
     return;
   }
-  MbarWait(hbar, 0);
+  ptx::MbarWaitAsmLoop(hbar, 0);
   T* y = static_cast<T*>(p.y);
 #pragma unroll
   for (int it = 0; it < kIt; ++it) {
@@ -1001,21 +887,6 @@ __device__ __forceinline__ void Fp8OutScales(const QLinearParams& p, int strip, 
     if (o < NT * 8 * 32)
       fsv[it] = __ldg(p.fscales + (size_t(strip) * 8 + ((o & 31) >> 2)) * 4 + cg) * (std::is_same_v<T, __half> ? 256.0f : 1.0f);
   }
-}
-
-// Streaming 16-byte load of read-only data that is used once (weights: no L1 allocation).
-__device__ __forceinline__ uint4 LdStream(const void* ptr) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(ptr));
-  return v;
-}
-// Read-only 16-byte load that may stay in L1 (X: every block reads the same rows).
-__device__ __forceinline__ uint4 LdCached16(const void* ptr) {
-  uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
-  return v;
 }
 
 constexpr int kDirectMaxDepth = 8;  // the deepest ring of QLinearDirectKernel (DirectCfg::kDepth)
@@ -1100,7 +971,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
     const bool valid = fast || jn < nvalid;
 #pragma unroll
     for (int c = 0; c < C::kWChunks; ++c)
-      wb[r][c] = valid ? LdStream(wp + ((kSlotAddr ? r : 0) * C::kWChunks + c) * 32) : zero4;
+      wb[r][c] = valid ? ptx::LdStream(wp + ((kSlotAddr ? r : 0) * C::kWChunks + c) * 32) : zero4;
     if (!kSlotAddr) wp += C::kWChunks * 32;
     if constexpr (!kFp8) {
       if (!kStageFlush || r % kSub == 0) {
@@ -1121,7 +992,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
     const bool kin = fast || xk0 + jn * kStepK < p.K;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      xb[r][nt] = kin ? LdCached16(xp[nt] + (kSlotAddr ? r : 0) * kStepK) : zero4;
+      xb[r][nt] = kin ? ptx::LdCached16(xp[nt] + (kSlotAddr ? r : 0) * kStepK) : zero4;
       if (!kSlotAddr) xp[nt] += kStepK;
     }
   };
@@ -1149,7 +1020,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   // with the trigger after the main loop). fp8 triggers after its main loop: with the early trigger W8A16
   // at 4096 x 14336, M = 1 took 18.8 instead of 16.8 µs, past its 1.6x bar (docs/perf/experiments.md).
   constexpr bool kEarlyTrigger = !kFp8;
-  if constexpr (kEarlyTrigger) LaunchDependents();
+  if constexpr (kEarlyTrigger) ptx::LaunchDependents();
   // kPair: rank 1's hand-over mbarrier (after the accumulators and rank 0's sums in shared memory), published to rank 0
   // by the cluster barrier's arrive here and its wait after the prologue's loads, where the warps wait for data anyway.
   constexpr int kNA = NT * 8;  // accumulators per lane
@@ -1157,11 +1028,11 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   const uint32_t hbar = static_cast<uint32_t>(__cvta_generic_to_shared(hand + 2 * kNA * 32));
   if constexpr (kPaired) {
     if (rank == 1 && threadIdx.x == 0) {
-      MbarInit(hbar, 1);
-      MbarArriveExpectTx(hbar, 2 * kNA * 32 * sizeof(float));
-      FenceMbarInitCluster();
+      ptx::MbarInit(hbar, 1);
+      ptx::MbarArriveExpectTx(hbar, 2 * kNA * 32 * sizeof(float));
+      ptx::FenceMbarInitCluster();
     }
-    ClusterArriveRelaxed();
+    ptx::ClusterArriveRelaxed();
   }
   // ---- prologue: steps 0 .. kD-1. Weights and scales do not depend on the previous kernel: with
   // a programmatic launch they stream in while it finishes; X only after the wait. An SM's requests return roughly in
@@ -1171,7 +1042,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
 #pragma unroll
   for (int r = 0; r < kD; ++r)
     if (r < spw && r < kPre) load_w(r, r, std::false_type{});
-  GridDependencyWait();
+  ptx::GridDependencyWait();
 #pragma unroll
   for (int r = 0; r < kD; ++r)
     if (r < spw) load_x(r, r, std::false_type{});
@@ -1179,7 +1050,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   for (int r = 0; r < kD; ++r)
     if (r < spw && r >= kPre) load_w(r, r, std::false_type{});
   next_pass();
-  if constexpr (kPaired) ClusterWait();
+  if constexpr (kPaired) ptx::ClusterWait();
 
   // ---- main loop: step j computes from slot j % kD, then refills it with step j + kD. A pass of the
   // ring is `steady` where every step it computes and loads lies in [0, nfast): no bounds checks. ----
@@ -1232,7 +1103,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearDirectKernel(cons
   for (; i < spw; i += kD) pass(i, std::false_type{});
 
   // ---- sum the warps in QLinearKernel's order ----
-  if constexpr (!kEarlyTrigger) LaunchDependents();  // the next kernel's blocks may start their weight prefetch
+  if constexpr (!kEarlyTrigger) ptx::LaunchDependents();  // the next kernel's blocks may start their weight prefetch
   if constexpr (kPaired) {
     PairSum<T, NT>(red, hand, hbar, p, rank, warp, lane, acc);
   } else {

@@ -29,6 +29,8 @@
 // the block's shared memory.
 #pragma once
 
+#include "kernels/common/ptx/bulk_copy.cuh"
+#include "kernels/common/ptx/loads.cuh"
 #include "kernels/gemm/qlinear_kernel.cuh"
 
 namespace flashq::gemm::detail {
@@ -56,18 +58,13 @@ inline StagedLayout StagedLayoutFor(const QLinearParams& p) {
   return l;
 }
 
-__device__ __forceinline__ uint4 LdShared16(uint32_t a) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-  return v;
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(const QLinearParams p, const StagedLayout l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NT = 1;  // one 8-token tile (kStagedMaxRows)
   extern __shared__ __align__(128) uint4 staged_smem[];
-  LaunchDependents();  // as the int4 small-M kernel: the next kernel may start its weight prefetch at once
+  ptx::LaunchDependents();  // as the int4 small-M kernel: the next kernel may start its weight prefetch at once
   const int lane = threadIdx.x & 31;
   // The warp index through a shuffle: ptxas then knows that it is the same in every lane, and keeps the copies'
   // addresses in uniform registers (no loop over the lanes around each bulk copy and barrier init).
@@ -126,16 +123,16 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
     for (int s = 0; s < kStagedMaxStages; ++s) {
       if (s >= s0 && s < s1 && s < nst) {
         const uint32_t bytes = uint32_t(max(0, min(kSubSteps, nvalid - kSubSteps * s))) * 512u;
-        MbarArriveExpectTx(bar_w(s), bytes);
-        if (bytes) BulkCopy(wbase + uint32_t(s) * 2048u, wsrc + s * 2048, bytes, bar_w(s));
+        ptx::MbarArriveExpectTx(bar_w(s), bytes);
+        if (bytes) ptx::BulkCopy(wbase + uint32_t(s) * 2048u, wsrc + s * 2048, bytes, bar_w(s));
       }
     }
   };
   if (lane == 0) {
-    MbarInit(bar_x, 32);
+    ptx::MbarInit(bar_x, 32);
 #pragma unroll
-    for (int s = 0; s < kStagedMaxStages; ++s) MbarInit(bar_w(s), 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int s = 0; s < kStagedMaxStages; ++s) ptx::MbarInit(bar_w(s), 1);
+    ptx::FenceMbarInitCluster();
     copy_stages(0, 1);
   }
   __syncwarp();  // every lane sees the barriers and reads the zeros of every lane
@@ -144,14 +141,14 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   // lane's copies arriving on the X barrier (many small copies from all lanes issue faster than a bulk copy per row
   // from one), then the other stages of the weights.
   auto wait_and_copy_x = [&] {
-    GridDependencyWait();
+    ptx::GridDependencyWait();
     const T* xsrc = static_cast<const T*>(p.x) + j0 * kStepK;
     for (int m = 0; m < p.M; ++m)
       for (int c = lane; c < xk / 8; c += 32)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(xs0 + uint32_t(m) * l.x_stride + uint32_t(c) * 16u),
                      "l"(xsrc + size_t(m) * p.K + c * 8)
                      : "memory");
-    CpAsyncMbarArrive(bar_x);
+    ptx::CpAsyncMbarArrive(bar_x);
     if (lane == 0) copy_stages(1, kStagedMaxStages);  // behind X (see the header)
   };
   // Stage 0 is dequantized into registers before X is waited for. With one row (dequant_first), X arrives soon after
@@ -173,13 +170,13 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 
   // Stage 0: A fragments before X. The wait for X takes its address from every fragment (times a runtime zero), so
   // that ptxas cannot sink the dequantization past it.
-  MbarWait(bar_w(0), 0);
+  ptx::MbarWaitAsmLoop(bar_w(0), 0);
   if (fresh & 1u) GroupRegs<T>(sbs[0], sbz[0], scl, nzm);
   uint32_t a[kSubSteps][2][2][4];
   uint32_t dep = 0;
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
-    const uint4 w = LdShared16(wrow + uint32_t(r) * 512u);
+    const uint4 w = ptx::LdShared16(wrow + uint32_t(r) * 512u);
     const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks)
@@ -199,12 +196,12 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
     if (dep0) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(bar_x), "r"(dep) : "memory");
     wait_and_copy_x();
   }
-  MbarWait(bar_x + dep0, 0);
+  ptx::MbarWaitAsmLoop(bar_x + dep0, 0);
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
     uint4 xv[NT];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) xv[nt] = LdShared16(xrow[nt] + uint32_t(r) * (kStepK * 2u));
+    for (int nt = 0; nt < NT; ++nt) xv[nt] = ptx::LdShared16(xrow[nt] + uint32_t(r) * (kStepK * 2u));
     // StepMma's mma order: k16 half ks, then 16-column half u, then token tile.
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks)
@@ -223,16 +220,16 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 #pragma unroll
   for (int s = 1; s < kStagedMaxStages; ++s) {
     if (s >= nst) break;
-    MbarWait(bar_w(s), 0);
+    ptx::MbarWaitAsmLoop(bar_w(s), 0);
     if (fresh & (1u << s)) GroupRegs<T>(sbs[s], sbz[s], scl, nzm);
 #pragma unroll
     for (int r = 0; r < kSubSteps; ++r) {
       const int j = kSubSteps * s + r;
-      const uint4 w = LdShared16(wrow + uint32_t(j) * 512u);
+      const uint4 w = ptx::LdShared16(wrow + uint32_t(j) * 512u);
       const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
       uint4 xv[NT];
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) xv[nt] = LdShared16(xrow[nt] + uint32_t(j) * (kStepK * 2u));
+      for (int nt = 0; nt < NT; ++nt) xv[nt] = ptx::LdShared16(xrow[nt] + uint32_t(j) * (kStepK * 2u));
       StepMma<T, NT, false>(wv, xv, nzm, r == 0, c, acc);
     }
     Flush<NT>(scl, c, acc);
@@ -288,20 +285,20 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(c
 
   const char* wsrc = static_cast<const char*>(p.qw) + (size_t(strip) * p.nk32 + j0) * kFp8StepBytes;
   auto copy_stage = [&](int s) {  // lane 0: stage s of the warp's weights
-    MbarArriveExpectTx(bar0 + 8u * s, kStageBytes);
-    BulkCopy(wbase + uint32_t(s) * kStageBytes, wsrc + s * kStageBytes, kStageBytes, bar0 + 8u * s);
+    ptx::MbarArriveExpectTx(bar0 + 8u * s, kStageBytes);
+    ptx::BulkCopy(wbase + uint32_t(s) * kStageBytes, wsrc + s * kStageBytes, kStageBytes, bar0 + 8u * s);
   };
   if (lane == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) MbarInit(bar0 + 8u * s, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int s = 0; s < kStages; ++s) ptx::MbarInit(bar0 + 8u * s, 1);
+    ptx::FenceMbarInitCluster();
     copy_stage(0);
   }
   __syncwarp();  // every lane sees the barriers
 
   // After the wait: X, token rows 8nt + g (rows past M read row M - 1: their outputs are never stored), k 8t..8t+7 of
   // each step, zeros past K; then the other stages of the weights, behind X.
-  GridDependencyWait();
+  ptx::GridDependencyWait();
   const int xk0 = j0 * kStepK + 8 * t;
   uint4 xb[kStagedFp8Steps][NT];
 #pragma unroll
@@ -309,7 +306,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(c
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
       xb[r][nt] = xk0 + r * kStepK < p.K
-                      ? LdCached16(static_cast<const T*>(p.x) + size_t(min(nt * 8 + g, p.M - 1)) * p.K + xk0 + r * kStepK)
+                      ? ptx::LdCached16(static_cast<const T*>(p.x) + size_t(min(nt * 8 + g, p.M - 1)) * p.K + xk0 + r * kStepK)
                       : make_uint4(0u, 0u, 0u, 0u);
   if (lane == 0) {
 #pragma unroll
@@ -323,17 +320,17 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(c
   const uint32_t wrow = wbase + uint32_t(lane) * 16u;
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
-    MbarWait(bar0 + 8u * s, 0);
+    ptx::MbarWaitAsmLoop(bar0 + 8u * s, 0);
 #pragma unroll
     for (int r = 0; r < kFp8StageSteps; ++r) {
       const int j = kFp8StageSteps * s + r;
-      const uint4 w0 = LdShared16(wrow + uint32_t(j) * kFp8StepBytes), w1 = LdShared16(wrow + uint32_t(j) * kFp8StepBytes + 512u);
+      const uint4 w0 = ptx::LdShared16(wrow + uint32_t(j) * kFp8StepBytes), w1 = ptx::LdShared16(wrow + uint32_t(j) * kFp8StepBytes + 512u);
       const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
       StepMma<T, NT, true>(wv, xb[j], nzm, false, c, acc);
     }
   }
 
-  LaunchDependents();  // as QLinearDirectKernel's fp8 path: after the main loop
+  ptx::LaunchDependents();  // as QLinearDirectKernel's fp8 path: after the main loop
   __syncthreads();     // every warp is done with its weights: their space takes the block's sum
   BlockSum<T, NT, true>(reinterpret_cast<float*>(staged_smem), p, strip, warp, lane, acc, fsv);
 #endif
