@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/gemm_ref.h"
 #include "kernels/gemm/quant_formats.h"

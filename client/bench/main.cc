@@ -25,7 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
-#include "kernels/common/heap.h"
+#include "common/heap.h"
 #include "client/bench/flags.h"
 #include "client/bench/grpc_transport.h"
 #include "client/bench/input_data.h"

@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "kernels/common/status.h"
+#include "common/status.h"
 
 namespace flashq::attention {
 

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "kernels/common/status.h"
+#include "common/status.h"
 #include "kernels/gemm/gemm_tiles.h"
 #include "kernels/gemm/quant_formats.h"
 

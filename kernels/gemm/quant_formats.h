@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/common/status.h"
+#include "common/status.h"
 
 namespace flashq::gemm {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kernels/common/cuda_check.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/gemm/gemm_internal.h"
 
 namespace flashq::gemm {

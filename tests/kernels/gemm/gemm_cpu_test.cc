@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/gemm_tiles.h"
 #include "kernels/gemm/gemm_ref.h"

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/gemm_internal.h"
 #include "kernels/gemm/gemm_ref.h"
