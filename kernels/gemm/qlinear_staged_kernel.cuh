@@ -19,23 +19,26 @@
 // the last weights (1.5-1.8 µs after the wait at 4096² M = 4, a %globaltimer probe) and held up all of the compute
 // that needs it. 4096²: M = 1 4.20 -> 4.02 µs, M = 4 4.63 -> 4.08, M = 8 4.89 -> 4.47 (H200).
 // Measured: docs/perf/experiments.md (the staged kernel's lines).
-// Launches of at most staged_dequant_first_rows rows dequantize before griddepcontrol.wait (see the kernel).
+// Launches of at most GemmTuning::staged_dequant_first_rows rows dequantize before griddepcontrol.wait (see the kernel).
 //
 // Bits: the same DequantPair values, the same mma chains per flush unit from zero (Mma0), Flush's fma, and the same
 // block sum as QLinearDirectKernel; weight steps past the strip's K and X columns past K read zeros, as that kernel
 // loads them. So row i of Y is bitwise the small-M kernel's for any M (GPU test W4A16StagedKernelKeepsTheBits).
-// Limits (UseStaged, and sm_90 at launch): int4 with stage flush, M <= kStagedMaxRows, plans of kMaxSplits splits
+// Limits (StagedApplies in dispatch.cc): int4 with stage flush, M <= kStagedMaxRows, plans of kMaxSplits splits
 // with at most kStagedMaxStages stages per warp range, K % 8 == 0 (16-byte rows of X), and the weights plus X within
 // the block's shared memory.
 #pragma once
 
 #include "kernels/common/ptx/bulk_copy.cuh"
+#include "kernels/common/ptx/cp_async.cuh"
 #include "kernels/common/ptx/loads.cuh"
-#include "kernels/gemm/qlinear_kernel.cuh"
+#include "kernels/common/ptx/mbarrier.cuh"
+#include "kernels/common/ptx/sync.cuh"
+#include "kernels/gemm/device_info.cuh"
+#include "kernels/gemm/qlinear_direct_kernel.cuh"
+#include "kernels/gemm/qlinear_fragment.cuh"
 
 namespace flashq::gemm::detail {
-
-constexpr int kStagedMaxStages = 4;  // stages of kSubSteps k32 steps per warp range
 
 // Shared memory: the strip's weight steps [0, warps * spw) as in global memory (512 bytes each), then X rows 0..M-1
 // of warps * spw * 32 columns each (columns past K zero), 64 bytes apart beyond 128-byte multiples so that the two
@@ -47,14 +50,14 @@ struct StagedLayout {
   bool dequant_first = false;
 };
 constexpr uint32_t kStagedBarBytes = 8u * (1 + kStagedMaxStages);  // a warp's mbarriers
-inline StagedLayout StagedLayoutFor(const QLinearParams& p) {
+inline StagedLayout StagedLayoutFor(const QLinearParams& p, const GemmTuning& t) {
   StagedLayout l;
   const uint32_t warps = uint32_t(kWarpsK) * p.splits, steps = warps * p.steps_per_warp;
   l.w_bytes = steps * 512u;
   l.x_stride = steps * kStepK * 2u + 64u;
   l.bars = l.w_bytes + uint32_t(p.M) * l.x_stride;
   l.total = l.bars + warps * kStagedBarBytes;
-  l.dequant_first = p.M <= staged_dequant_first_rows.load(std::memory_order_relaxed);
+  l.dequant_first = p.M <= t.staged_dequant_first_rows;
   return l;
 }
 
@@ -255,7 +258,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 // QLinearDirectKernel's arithmetic, so row i of Y is bitwise the small-M kernel's for any M (GPU test
 // W8A16StagedKernelKeepsTheBits).
 // ---------------------------------------------------------------------------------------------
-constexpr int kStagedFp8Steps = 8;       // k32 steps per warp range
 constexpr int kFp8StageSteps = 4;        // k32 steps per bulk copy
 constexpr uint32_t kFp8StepBytes = 1024;  // a step of a strip's fp8 weights: 2 chunks x 32 lanes x 16 bytes
 // Shared memory: the strip's weights (the block sum's accumulators take the same space after them), then each warp's
@@ -336,22 +338,12 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(c
 #endif
 }
 
-// Whether the staged kernel can take a launch of at most kStagedMaxRows rows (see the header comment; the device and
-// the shared memory are checked at launch); its shared memory in *l.
-inline bool UseStaged(const QLinearParams& p, StagedLayout* l) {
-  if (p.M > staged_max_rows.load(std::memory_order_relaxed) || p.splits != kMaxSplits ||
-      p.steps_per_warp > kSubSteps * kStagedMaxStages || p.K % 8 != 0)
-    return false;
-  *l = StagedLayoutFor(p);
-  return true;
-}
-
 // Launches staged kernel kKernel with `bytes` of shared memory, once its limit is raised to the device's opt-in
-// maximum (once per kernel and device, not per launch); cudaErrorNotSupported, with nothing launched, before sm_90 or
-// where the block's shared memory cannot hold `bytes`.
+// maximum (once per kernel and device, not per launch); cudaErrorNotSupported, with nothing launched, where the block's
+// shared memory cannot hold `bytes`.
 template <auto kKernel, typename... Args>
-cudaError_t LaunchStagedKernel(const QLinearParams& p, uint32_t bytes, cudaStream_t stream, const Args&... args) {
-  if (DeviceMajor() < 9) return cudaErrorNotSupported;
+cudaError_t LaunchStagedKernel(const QLinearParams& p, uint32_t bytes, const GemmTuning& t, const DeviceInfo& d,
+                               cudaStream_t stream, const Args&... args) {
   static std::atomic<int> optin[kMaxDevices] = {};  // the opt-in bytes + 1, once set
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev >= kMaxDevices) return cudaErrorNotSupported;
@@ -370,26 +362,21 @@ cudaError_t LaunchStagedKernel(const QLinearParams& p, uint32_t bytes, cudaStrea
   cfg.stream = stream;
   cudaLaunchAttribute at[1];
   cfg.attrs = at;
-  AddPdl(&cfg);
-  staged_launches.fetch_add(1, std::memory_order_relaxed);
+  AddPdl(&cfg, t, d);
+  if (t.counts) t.counts->staged.fetch_add(1, std::memory_order_relaxed);
   return cudaLaunchKernelEx(&cfg, kKernel, args...);
 }
 
-// Launches of at most kStagedMaxRows rows: cudaErrorNotSupported (nothing launched) where the staged kernels do not
-// apply (UseStaged; fp8: 8-split plans of kStagedFp8Steps steps per warp range, all inside the weights, M <=
-// staged_fp8_max_rows; both: sm_90) or the block's shared memory cannot hold them: the caller takes QLinearDirectKernel.
+// A launch that StagedApplies (dispatch.h) takes: cudaErrorNotSupported (nothing launched) where the block's shared
+// memory cannot hold it; the caller then takes QLinearDirectKernel.
 template <typename T, bool kFp8>
-cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
+cudaError_t LaunchQLinearStaged(const QLinearParams& p, const GemmTuning& t, const DeviceInfo& d, cudaStream_t stream) {
   if constexpr (kFp8) {
-    if (p.M > staged_fp8_max_rows.load(std::memory_order_relaxed) || p.splits != kMaxSplits ||
-        p.steps_per_warp != kStagedFp8Steps || p.nk32 != kWarpsK * kMaxSplits * kStagedFp8Steps)
-      return cudaErrorNotSupported;
-    return LaunchStagedKernel<QLinearStagedFp8Kernel<T>>(p, kStagedFp8Bytes, stream, p);
+    return LaunchStagedKernel<QLinearStagedFp8Kernel<T>>(p, kStagedFp8Bytes, t, d, stream, p);
   } else {
-    StagedLayout l;
-    if (!UseStaged(p, &l)) return cudaErrorNotSupported;
     static_assert(kStagedMaxRows <= 8, "the staged kernel runs one 8-token tile");
-    return LaunchStagedKernel<QLinearStagedKernel<T>>(p, l.total, stream, p, l);
+    const StagedLayout l = StagedLayoutFor(p, t);
+    return LaunchStagedKernel<QLinearStagedKernel<T>>(p, l.total, t, d, stream, p, l);
   }
 }
 

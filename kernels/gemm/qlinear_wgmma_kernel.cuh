@@ -12,7 +12,7 @@
 //
 // X is first packed per 64-row tile and 4-step stage as the main kernel's shared-memory image: two 128B-swizzled
 // 64-channel panels, k permuted so that k16 chunk ks of a step holds channels 8t + 4ks + {0..3} where the A fragment
-// of thread t expects them (the packed weights' k order, see qlinear_kernel.cuh). With one token tile and a grid the
+// of thread t expects them (the packed weights' k order, see qlinear_fragment.cuh). With one token tile and a grid the
 // device holds at once, the main kernel's blocks pack it themselves and wait for each other; otherwise PackXKernel
 // runs before it.
 // Block: 4 warpgroups, warpgroup h = strips 2h, 2h+1 of the block's 8 (256 columns; warp w of the group: rows 16w..
@@ -36,15 +36,13 @@
 #include "kernels/common/ptx/sync.cuh"
 #include "kernels/common/ptx/wgmma.cuh"
 #include "kernels/common/tensor_map.h"
-#include "kernels/gemm/qlinear_kernel.cuh"
+#include "kernels/common/ptx/cluster.cuh"
+#include "kernels/common/ptx/loads.cuh"
+#include "kernels/common/ptx/mbarrier.cuh"
+#include "kernels/gemm/device_info.cuh"
+#include "kernels/gemm/qlinear_fragment.cuh"
 
 namespace flashq::gemm::detail {
-
-// The most splits a grid that is not resident at once takes (2 through a cluster, 3-4 through the serial workspace
-// ticket); a resident grid (one token tile) takes any plan, its blocks each summing a slice. Larger plans of larger
-// M stay on QLinearKernel: clusters of 8 full-SM blocks do not fit one wave, and one block's 8-way tail costs more
-// than the loop gains.
-constexpr int kWgmmaMaxSplits = 4;
 
 struct WgCfg {
   static constexpr int kThreads = 512;                                // 4 math warpgroups of 64 columns (2 strips)
@@ -509,20 +507,6 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
 #endif
 }
 
-// The wgmma path: int4 stage-flush launches of more than 32 rows on sm_90 with plans of at most 4 splits, or of 8
-// splits at one token tile (the launcher also needs the grid resident for them), when the caller's workspace holds
-// packed X. At M <= 32 half the 64-token tile is empty, and 8-split plans above one token tile (4096², 14336 x 4096)
-// would pay a serial split sum: QLinearKernel is faster there (H200). Bench knob FLASHQ_GEMM_WGMMA_MIN_M=n: the
-// smallest M it takes (n > 16, where the workspace was sized for M >= kWgmmaMinRows; 1000000 turns it off), for A/B.
-inline bool UseWgmma(const QLinearParams& p) {
-  static const int min_rows = [] {
-    const int v = KnobInt("FLASHQ_GEMM_WGMMA_MIN_M", 0);
-    return v > kSmallMMaxRows ? v : kWgmmaMinRows;
-  }();
-  const bool sums = p.splits <= kWgmmaMaxSplits || (p.xready != nullptr && p.M <= kWgmmaTileRows);
-  return p.M >= min_rows && p.xpack != nullptr && sums && DeviceMajor() >= 9;
-}
-
 // A 2D tensor map (dim0 contiguous, dim1 rows `stride1` bytes apart), boxes box0 x box1, no swizzle, zero fill;
 // false where the driver lacks the encoder or rejects the layout.
 inline bool EncodeMap2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t dim0, uint64_t dim1,
@@ -537,16 +521,15 @@ inline bool EncodeMap2d(CUtensorMap* map, CUtensorMapDataType type, const void* 
                 CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// cudaErrorNotSupported (nothing launched) where UseWgmma says no or the tensor map cannot be made: the caller takes
-// QLinearKernel.
+// A launch that WgmmaApplies (dispatch.h) takes: cudaErrorNotSupported (nothing launched) where the tensor map cannot
+// be made or an 8-split grid would not be resident: the caller takes QLinearKernel.
 // The linear kernel alone (packing X itself) or PackXKernel and then the linear kernel, all with programmatic dependent
 // launch.
 template <typename T>
-cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
+cudaError_t LaunchQLinearWgmma(const QLinearParams& args, const GemmTuning& t, const DeviceInfo& d, cudaStream_t stream) {
   using C = WgCfg;
-  if (!UseWgmma(args)) return cudaErrorNotSupported;
   QLinearParams p = args;
-  p.wait_ns = grid_wait_ns.load(std::memory_order_relaxed);
+  p.wait_ns = t.grid_wait_ns;
   CUtensorMap wmap;
   if (!EncodeMap2d(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT64, p.qw, uint64_t(p.nk32) * 64, uint64_t(p.strips), uint64_t(p.nk32) * 512,
                    kSubSteps * 64, C::kStrips))
@@ -584,12 +567,12 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
           (void)cudaGetLastError();
           fit = 0;
         }
-        fit *= cluster ? 2 : CurrentDevice().sms;
+        fit *= cluster ? 2 : d.sms;
         fits.store(fit + 1, std::memory_order_relaxed);
       }
       if (long(fit) < long(cfg.gridDim.x) * cfg.gridDim.y * cfg.gridDim.z) return cudaErrorNotSupported;
     }
-    AddPdl(&cfg);
+    AddPdl(&cfg, t, d);
     return cudaLaunchKernelEx(&cfg, kernel, q, wmap);
   };
   // One token tile: in-kernel packing where the grid fits (H200: 8192² M = 64 35.6 -> 31.4 µs), else PackXKernel.
@@ -606,7 +589,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
   pack.blockDim = dim3(256);
   pack.stream = stream;
   pack.attrs = at;
-  AddPdl(&pack);
+  AddPdl(&pack, t, d);
   e = cudaLaunchKernelEx(&pack, PackXKernel<T>, p);
   if (e != cudaSuccess) return e;
   return launch_main(q);
