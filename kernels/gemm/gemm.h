@@ -1,7 +1,7 @@
 // GPU quantized linear layers: Y[M][N] = X[M][K] · Wᵀ with W resident on the GPU.
 //
 // Weights are prepared once at load (Create: upload + repack into the layout the
-// kernels read fastest); the run_* entry points never allocate: scratch comes from the
+// kernels read fastest); the Run* entry points never allocate: scratch comes from the
 // caller's workspace (size from *WorkspaceBytes). All entry points return a Status;
 // without CUDA they exist and return Unimplemented.
 //
@@ -112,7 +112,7 @@ Status RunW4A16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaSt
 // ---- FP8 E4M3 weights: W8A16 (our kernel) and W8A8 (cuBLASLt) ----
 // The paths a set of FP8 weights serves. Each keeps its own copy on the GPU (W8A8 the [N][K] E4M3 matrix that cuBLASLt
 // reads, W8A16 our kernel's repacked words), so weights made for one path take half the memory of kBoth; the other
-// path's run_* call then returns InvalidArgument.
+// path's Run* call then returns InvalidArgument.
 enum class Fp8Paths { kBoth, kW8A16, kW8A8 };
 class Fp8DeviceWeights {
  public:
