@@ -13,7 +13,7 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 // 16-byte async copy global -> shared; when !pred the destination is zero-filled and src is not read.
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool pred) {
   const int src_size = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size) : "memory");
 }
 // cp.async of 16 bytes; when `copy` is false no instruction is issued (predicated, no branch).
 __device__ __forceinline__ void CpAsync16If(uint32_t smem, const void* gmem, bool copy) {
