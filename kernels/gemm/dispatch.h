@@ -20,8 +20,8 @@ struct SplitPlan {
 SplitPlan PlanFor(int K, int N, int target_warps = kTargetWarps);
 
 // Row counts that together load every kernel a layer can reach (M = 1, the small-M kernel's widest launch, the
-// 32-token kernel below the wgmma kernel, one wgmma token tile, and max_rows), each at most max_rows, ascending and
-// without repeats: a warm-up runs each once.
+// 32-token kernel below the wgmma kernel, one wgmma token tile, and max_rows), each capped at max_rows, in ascending
+// order (a small max_rows repeats itself): a warm-up runs each once.
 std::vector<int> WarmupRows(int max_rows);
 
 namespace detail {
