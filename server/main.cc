@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "kernels/common/heap.h"
+#include "common/heap.h"
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/core/flags.h"
 #include "server/inference_server.h"
@@ -185,7 +185,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& kind, co
 int Run(const Options& o) {
   // Request buffers (up to tens of MB) come from the heap and stay there once freed, so requests
   // pay no mmap or page faults for their tensors; what stays unused beyond a warm reserve goes
-  // back to the OS after a while, so a burst does not keep its peak (kernels/common/heap.h).
+  // back to the OS after a while, so a burst does not keep its peak (common/heap.h).
   ConfigureHeapForTensors();
   // Signals are taken by one thread with sigwait, so block them everywhere first.
   sigset_t sigs;

@@ -24,7 +24,7 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/launch_decls.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 
 using namespace flashq;
 using namespace flashq::attention;

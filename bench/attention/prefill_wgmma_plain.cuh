@@ -30,8 +30,9 @@
 #include "kernels/attention/attention.h"
 #include "kernels/attention/mma_utils.cuh"
 #include "kernels/attention/wgmma_consumer.cuh"
-#include "kernels/attention/wgmma_ops.cuh"
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/ptx/bulk_copy.cuh"
+#include "kernels/common/ptx/wgmma.cuh"
 
 namespace flashq::attention::detail {
 
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(const VarlenAttenti
   using Tr = WgmmaPrefillTraits<D>;
   constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kThreads = Tr::kThreads;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t raw_addr = SmemAddr(smem_raw);
+  const uint32_t raw_addr = ptx::SmemAddr(smem_raw);
   unsigned char* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
   T* sQ = reinterpret_cast<T*>(smem);                                          // panels of (kBM, 64)
   T* sKV = reinterpret_cast<T*>(smem + Tr::kQBytes);  // kStages x [K, V], panels of (kBN, 64)
@@ -104,25 +105,25 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(const VarlenAttenti
       if (j == 0) {
         LoadPanelTile<D, kThreads, kBM>(sq, q, q_row_stride, q_valid, tid);
         load(0);
-        CpAsyncCommit();
+        ptx::CpAsyncCommit();
       }
-      CpAsyncWait<0>();
-      FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
+      ptx::CpAsyncWait<0>();
+      ptx::FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
       __syncthreads();
       if (j + 1 < n_blocks) {
         load(j + 1);
-        CpAsyncCommit();
+        ptx::CpAsyncCommit();
       }
     }
     __device__ __forceinline__ void BeginIssue() {}
     __device__ __forceinline__ void EndIssue() {}
     __device__ __forceinline__ void EndLastIssue() {}
     __device__ __forceinline__ void Release(int) {}
-    __device__ __forceinline__ uint32_t KAddr(int j) { return SmemAddr(skv + (j % Tr::kStages) * 2 * (kBN * D)); }
+    __device__ __forceinline__ uint32_t KAddr(int j) { return ptx::SmemAddr(skv + (j % Tr::kStages) * 2 * (kBN * D)); }
     __device__ __forceinline__ uint32_t VAddr(int j) { return KAddr(j) + kBN * D * 2; }
   } sync{load_tile, sQ, sKV, q, p.q_row_stride, lq - m0, n_blocks, tid};
 
-  WgmmaConsumer<T, D, kBM, kBN, kCausal> c(p.softmax_scale, lq, lk, m0, warp, lane, SmemAddr(sQ));
+  WgmmaConsumer<T, D, kBM, kBN, kCausal> c(p.softmax_scale, lq, lk, m0, warp, lane, ptx::SmemAddr(sQ));
   c.Run(n_blocks, sync);
   c.Epilogue(p, sQ, h, q_start, lane);
 #else

@@ -19,7 +19,7 @@
 #include <regex>
 #include <sstream>
 
-#include "kernels/common/heap.h"
+#include "common/heap.h"
 #include "client/bench/spawn.h"
 #include "client/lib/client.h"
 #include "client/lib/tensor.h"

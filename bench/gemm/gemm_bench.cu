@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/gemm_ref.h"
 #include "kernels/gemm/quant_formats.h"
@@ -50,6 +50,26 @@ namespace {
 const size_t kL2Defeat = [] {
   const char* mb = std::getenv("FLASHQ_BENCH_L2_DEFEAT_MB");
   return size_t(mb ? std::atol(mb) : 256) << 20;
+}();
+
+// Our kernels' dispatch for this run: the shipped defaults, with the A/B knobs FLASHQ_GEMM_TARGET_WARPS=n,
+// FLASHQ_GEMM_STAGED_MAX_M=n, FLASHQ_GEMM_STAGED_FP8_MAX_M=n, FLASHQ_GEMM_STAGED_EARLY_M=n, FLASHQ_GEMM_WGMMA_MIN_M=n,
+// FLASHQ_GEMM_NOPAIRS=1, FLASHQ_GEMM_NOCLUSTER=1 and FLASHQ_GEMM_NOPDL=1 from the environment.
+const GemmTuning g_tuning = [] {
+  auto knob = [](const char* name, int fallback) {
+    const char* e = std::getenv(name);
+    return e ? std::atoi(e) : fallback;
+  };
+  GemmTuning t;
+  if (const int v = knob("FLASHQ_GEMM_TARGET_WARPS", 0); v > 0) t.target_warps = v;
+  t.staged_max_rows = knob("FLASHQ_GEMM_STAGED_MAX_M", t.staged_max_rows);
+  t.staged_fp8_max_rows = knob("FLASHQ_GEMM_STAGED_FP8_MAX_M", t.staged_fp8_max_rows);
+  t.staged_dequant_first_rows = knob("FLASHQ_GEMM_STAGED_EARLY_M", t.staged_dequant_first_rows);
+  t.wgmma_min_rows = knob("FLASHQ_GEMM_WGMMA_MIN_M", t.wgmma_min_rows);
+  t.strip_pairs = knob("FLASHQ_GEMM_NOPAIRS", 0) == 0;
+  t.split_k_clusters = knob("FLASHQ_GEMM_NOCLUSTER", 0) != 1;
+  t.pdl = knob("FLASHQ_GEMM_NOPDL", 0) != 1;
+  return t;
 }();
 
 std::vector<float> Random(size_t n, uint32_t seed) {
@@ -179,7 +199,7 @@ double RelErr(const std::vector<float>& y, const std::vector<float>& ref) {
   return std::sqrt(num / den);
 }
 
-// A kernel workspace, zero-filled once before first use as run_w4a16 / run_w8a16 require; the caller frees it.
+// A kernel workspace, zero-filled once before first use as RunW4A16 / RunW8A16 require; the caller frees it.
 void* ZeroedWorkspace(size_t bytes) {
   void* p = nullptr;
   CK(cudaMalloc(&p, bytes));
@@ -207,7 +227,7 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   // Int4, group 128, asymmetric (GPTQ/AWQ style).
   Int4Weights w4 = QuantizeInt4(wf.data(), N, K, 128, false);
   std::vector<std::unique_ptr<W4A16Weights>> w4d(1);
-  OK(W4A16Weights::Create(w4, &w4d[0]));
+  OK(W4A16Weights::Create(w4, &w4d[0], g_tuning));
   const double w4_bytes = double(N) * K / 2 + double(N) * (K / 128) * 2.5;  // nibbles + fp16 scale + u8 zero
   const int r4 = int(std::max<double>(2, std::ceil(kL2Defeat / w4_bytes)));
   for (int i = 1; i < r4; ++i) {
@@ -218,8 +238,8 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   Fp8Weights w8 = QuantizeFp8(wf.data(), N, K, true);
   Fp8Weights w8t = QuantizeFp8(wf.data(), N, K, false);
   std::vector<std::unique_ptr<Fp8DeviceWeights>> w8d(1), w8td(1);
-  OK(Fp8DeviceWeights::Create(w8, &w8d[0]));
-  OK(Fp8DeviceWeights::Create(w8t, &w8td[0]));
+  OK(Fp8DeviceWeights::Create(w8, &w8d[0], Fp8Paths::kBoth, g_tuning));
+  OK(Fp8DeviceWeights::Create(w8t, &w8td[0], Fp8Paths::kBoth, g_tuning));
   const double w8_bytes = double(N) * K;
   const int r8 = int(std::max<double>(2, std::ceil(kL2Defeat / w8_bytes)));
   for (int i = 1; i < r8; ++i) {
@@ -260,30 +280,30 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
     char line[256];
     LinearRefInt4<float>(xr.data(), M, w4, ref.data());
     CK(cudaMemset(y, 0xff, yh.size() * 2));
-    OK(run_w4a16(*w4d[0], LinearArgs{x, y, M, ActType::kBF16, true, ws, ws_bytes}, blas, nullptr));
+    OK(RunW4A16(*w4d[0], LinearArgs{x, y, M, ActType::kBF16, true, ws, ws_bytes, g_tuning}, blas, nullptr));
     fetch();
     double e4 = RelErr(got, ref);
     LinearRefFp8W8A16<float>(xr.data(), M, w8, ref.data());
     CK(cudaMemset(y, 0xff, yh.size() * 2));
-    OK(run_w8a16(*w8d[0], LinearArgs{x, y, M, ActType::kBF16, true, ws8, ws8_bytes}, nullptr));
+    OK(RunW8A16(*w8d[0], LinearArgs{x, y, M, ActType::kBF16, true, ws8, ws8_bytes, g_tuning}, nullptr));
     fetch();
     double e8 = RelErr(got, ref);
     LinearRefBf16<float>(xr.data(), M, K, wb.data(), N, ref.data());
     CK(cudaMemset(y, 0xff, yh.size() * 2));
-    OK(run_bf16(blas, wbd[0], N, K, LinearArgs{x, y, M, ActType::kBF16, true, nullptr, 0}, nullptr));
+    OK(RunBf16(blas, wbd[0], N, K, LinearArgs{x, y, M, ActType::kBF16, true, nullptr, 0, g_tuning}, nullptr));
     fetch();
     double eb = RelErr(got, ref);
     double e88 = 0;
     if (g_w8a8) {
       LinearRefFp8W8A8<float>(xr.data(), M, w8, true, ref.data());
-      OK(run_quantize_act_fp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), nullptr));
+      OK(RunQuantizeActFp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), nullptr));
       CK(cudaMemset(y, 0xff, yh.size() * 2));
       W8A8Args a8;
       a8.x_fp8 = static_cast<uint8_t*>(xq);
       a8.x_scale = static_cast<float*>(xs);
       a8.y = y;
       a8.M = M;
-      OK(run_w8a8(blas, *w8d[0], a8, nullptr));
+      OK(RunW8A8(blas, *w8d[0], a8, nullptr));
       fetch();
       e88 = RelErr(got, ref);
     }
@@ -307,18 +327,18 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   const std::string act_suffix = g_act == ActType::kF16 ? "_f16" : "";  // --f16 timings carry their own method names
   for (int M : Ms) {
     for (bool inv : {true, false}) {
-      auto bf = [&](int i) { OK(run_bf16(blas, wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, inv, nullptr, 0}, g_stream)); };
+      auto bf = [&](int i) { OK(RunBf16(blas, wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, inv, nullptr, 0, g_tuning}, g_stream)); };
       OK(WarmBf16(blas, M, N, K, ActType::kBF16, inv));
       Record("bf16_cublaslt", K, N, M, inv, TimeUs(bf, EstimateUs(bf)), bf16_bytes);
-      auto q4 = [&](int i) { OK(run_w4a16(*w4d[i % r4], LinearArgs{x, y, M, g_act, inv, ws, ws_bytes}, blas, g_stream)); };
+      auto q4 = [&](int i) { OK(RunW4A16(*w4d[i % r4], LinearArgs{x, y, M, g_act, inv, ws, ws_bytes, g_tuning}, blas, g_stream)); };
       if (!inv && M >= kW4A16DequantMinM) OK(WarmBf16(blas, M, N, K, ActType::kBF16, false));
       Record("w4a16_g128" + act_suffix, K, N, M, inv, TimeUs(q4, EstimateUs(q4)), w4_bytes);
     }
-    auto q8 = [&](int i) { OK(run_w8a16(*w8d[i % r8], LinearArgs{x, y, M, g_act, true, ws8, ws8_bytes}, g_stream)); };
+    auto q8 = [&](int i) { OK(RunW8A16(*w8d[i % r8], LinearArgs{x, y, M, g_act, true, ws8, ws8_bytes, g_tuning}, g_stream)); };
     Record("w8a16" + act_suffix, K, N, M, true, TimeUs(q8, EstimateUs(q8)), w8_bytes);
     if (!g_w8a8) continue;
     // W8A8: GEMM only (activations already FP8, as torch._scaled_mm is timed).
-    OK(run_quantize_act_fp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), g_stream));
+    OK(RunQuantizeActFp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), g_stream));
     CK(cudaStreamSynchronize(g_stream));
     for (bool inv : {true, false}) {
       W8A8Args a;
@@ -328,13 +348,13 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
       a.M = M;
       a.batch_invariant = inv;
       a.per_row_act = true;
-      auto rw = [&](int i) { OK(run_w8a8(blas, *w8d[i % r8], a, g_stream)); };
+      auto rw = [&](int i) { OK(RunW8A8(blas, *w8d[i % r8], a, g_stream)); };
       Record("w8a8_rowwise", K, N, M, inv, TimeUs(rw, EstimateUs(rw)), w8_bytes);
       a.per_row_act = false;
-      auto tw = [&](int i) { OK(run_w8a8(blas, *w8td[i % r8], a, g_stream)); };
+      auto tw = [&](int i) { OK(RunW8A8(blas, *w8td[i % r8], a, g_stream)); };
       Record("w8a8_tensorwise", K, N, M, inv, TimeUs(tw, EstimateUs(tw)), w8_bytes);
     }
-    auto aq = [&](int) { OK(run_quantize_act_fp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), g_stream)); };
+    auto aq = [&](int) { OK(RunQuantizeActFp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), g_stream)); };
     Record("act_quant_fp8_rowwise", K, N, M, true, TimeUs(aq, EstimateUs(aq)), 0);
   }
   for (auto p : wbd) cudaFree(p);
@@ -352,9 +372,9 @@ void ProfileLaunches(int K, int N) {
   auto wf = Random(size_t(N) * K, 5);
   Int4Weights w4 = QuantizeInt4(wf.data(), N, K, 128, false);
   std::unique_ptr<W4A16Weights> d4;
-  OK(W4A16Weights::Create(w4, &d4));
+  OK(W4A16Weights::Create(w4, &d4, g_tuning));
   std::unique_ptr<Fp8DeviceWeights> d8;
-  OK(Fp8DeviceWeights::Create(QuantizeFp8(wf.data(), N, K, true), &d8));
+  OK(Fp8DeviceWeights::Create(QuantizeFp8(wf.data(), N, K, true), &d8, Fp8Paths::kBoth, g_tuning));
   auto xf = Random(size_t(M) * K, 6);
   std::vector<uint16_t> xb(xf.size());
   for (size_t i = 0; i < xf.size(); ++i) xb[i] = FloatToBf16(xf[i]);
@@ -365,8 +385,8 @@ void ProfileLaunches(int K, int N) {
   const size_t wsb = W4A16WorkspaceBytes(*d4, M, true), wsb8 = W8A16WorkspaceBytes(*d8, M);  // one per weight
   void* ws = ZeroedWorkspace(wsb);
   void* ws8 = ZeroedWorkspace(wsb8);
-  for (int m : {1, 1, 4, 16, 64}) OK(run_w4a16(*d4, LinearArgs{x, y, m, ActType::kBF16, true, ws, wsb}, nullptr, nullptr));
-  for (int m : {1, 1}) OK(run_w8a16(*d8, LinearArgs{x, y, m, ActType::kBF16, true, ws8, wsb8}, nullptr));
+  for (int m : {1, 1, 4, 16, 64}) OK(RunW4A16(*d4, LinearArgs{x, y, m, ActType::kBF16, true, ws, wsb, g_tuning}, nullptr, nullptr));
+  for (int m : {1, 1}) OK(RunW8A16(*d8, LinearArgs{x, y, m, ActType::kBF16, true, ws8, wsb8, g_tuning}, nullptr));
   CK(cudaDeviceSynchronize());
   std::printf("profile launches done\n");
 }

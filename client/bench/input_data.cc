@@ -16,7 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/lib/tensor.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 
 namespace flashq::bench {
 namespace {

@@ -26,7 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/flags.h"
-#include "kernels/common/heap.h"
+#include "common/heap.h"
 #include "client/bench/grpc_transport.h"
 #include "client/bench/input_data.h"
 #include "client/bench/report.h"

@@ -23,7 +23,7 @@
 
 #include "client/bench/distribution.h"
 #include "grpc_service.pb.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 
 namespace flashq::bench {
 

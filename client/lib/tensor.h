@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpc_service.pb.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 
 namespace flashq::client {
 

@@ -15,8 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/common/dtype.h"
-#include "kernels/common/status.h"
+#include "common/dtype.h"
+#include "common/status.h"
 
 #if defined(FLASHQ_HAVE_CUDA)
 #include <cuda_runtime_api.h>

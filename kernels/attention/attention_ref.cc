@@ -129,21 +129,6 @@ Status CheckShape(const AttentionShape& s) {
   return Status::Ok();
 }
 
-Status CheckCuSeqlens(const int32_t* cu, int batch, int64_t total, int* max_seqlen) {
-  if (cu == nullptr) return InvalidArgument("attention: cu_seqlens is null");
-  if (cu[0] != 0) return InvalidArgument("attention: cu_seqlens[0] must be 0");
-  int mx = 0;
-  for (int b = 0; b < batch; ++b) {
-    if (cu[b + 1] < cu[b]) return InvalidArgument("attention: cu_seqlens must be non-decreasing");
-    mx = std::max(mx, int(cu[b + 1] - cu[b]));
-  }
-  if (cu[batch] != total)
-    return InvalidArgument("attention: cu_seqlens[batch] = " + std::to_string(cu[batch]) +
-                           " does not match the tensor's " + std::to_string(total) + " rows");
-  if (max_seqlen) *max_seqlen = mx;
-  return Status::Ok();
-}
-
 Status CheckPaged(const int32_t* block_table, int max_blocks_per_seq, int page_size, int num_blocks,
                   const int32_t* seqlens_k, const int32_t* cu_seqlens_q, int batch) {
   if (page_size <= 0 || max_blocks_per_seq < 0 || num_blocks < 0)

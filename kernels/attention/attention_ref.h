@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "kernels/common/status.h"
+#include "common/status.h"
 
 namespace flashq::attention {
 
@@ -44,11 +44,10 @@ extern template void PagedAttentionRef<float>(const float*, const float*, const 
 extern template void PagedAttentionRef<double>(const float*, const float*, const float*, const int32_t*, int, int,
                                                const int32_t*, const int32_t*, const AttentionShape&, float*, float*);
 
-// Validation helpers (host side; the server runs them on decoded requests before batching).
+// Checks of the reference's inputs (host side; the tests run them on the cases they generate, the server's models
+// validate requests themselves).
 // Heads > 0, Hq a multiple of Hkv, head_dim > 0, batch >= 0, softmax_scale finite and > 0.
 Status CheckShape(const AttentionShape& shape);
-// cu_seqlens [batch+1]: starts at 0, non-decreasing, ends at `total`. Reports the largest length.
-Status CheckCuSeqlens(const int32_t* cu_seqlens, int batch, int64_t total, int* max_seqlen = nullptr);
 // Paged: every seqlens_k[b] fits in max_blocks_per_seq * page_size, every block id used is in
 // [0, num_blocks), and the new tokens fit (cu_seqlens_q[b+1] - cu_seqlens_q[b] <= seqlens_k[b]).
 Status CheckPaged(const int32_t* block_table, int max_blocks_per_seq, int page_size, int num_blocks,

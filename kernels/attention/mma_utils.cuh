@@ -1,6 +1,5 @@
-// Device helpers shared by the attention kernels: cp.async (16-byte, zero-fill), ldmatrix,
-// mma.sync m16n8k16 (FP16/BF16 in, FP32 accumulate), packing, and the XOR-swizzled shared-memory
-// tile layouts (Swz: rows of D; PanelOff: 64-column panels, the wgmma/TMA SWIZZLE_128B layout).
+// Device helpers shared by the attention kernels: mma.sync m16n8k16 (FP16/BF16 in, FP32 accumulate), packing,
+// cp.async tile loads, and the XOR-swizzled shared-memory tile layouts (Swz: rows of D; PanelOff: 64-column panels, the wgmma/TMA SWIZZLE_128B layout).
 // sm_80+ instructions only, so one source serves sm_80, sm_89 and sm_90a.
 //
 // Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4):
@@ -14,34 +13,10 @@
 
 #include <cstdint>
 
+#include "kernels/common/ptx/cp_async.cuh"
+#include "kernels/common/ptx/ldmatrix.cuh"
+
 namespace flashq::attention::detail {
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared; when !pred the destination is zero-filled and src is not read.
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool pred) {
-  const int src_size = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                                uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
 
 template <typename T>
 __device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
@@ -112,7 +87,7 @@ __device__ __forceinline__ void CpAsyncTile(T* smem, const T* base, int64_t row_
     const int row = idx / kChunks, chunk = idx % kChunks;
     const bool ok = row < valid;
     const T* src = ok ? base + row * row_stride + chunk * 8 : base;
-    CpAsync16(SmemAddr(smem + off(row, chunk)), src, ok);
+    ptx::CpAsync16(ptx::SmemAddr(smem + off(row, chunk)), src, ok);
   }
 }
 

@@ -33,10 +33,15 @@
 #include <mutex>
 #include <utility>
 
-#include "kernels/attention/async_copy.cuh"
 #include "kernels/attention/attention.h"
 #include "kernels/attention/mma_utils.cuh"
+#include "kernels/attention/rows_tensor_map.h"
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/ptx/bulk_copy.cuh"
+#include "kernels/common/ptx/cp_async.cuh"
+#include "kernels/common/ptx/ldmatrix.cuh"
+#include "kernels/common/ptx/mbarrier.cuh"
+#include "kernels/common/ptx/sync.cuh"
 
 namespace flashq::attention::detail {
 
@@ -78,7 +83,7 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   constexpr int kDB = D / 8, kKD = D / 16;
   constexpr bool kUseTma = kTma && kDecodeTmaArch;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);  // TMA swizzle atoms
+  unsigned char* smem = smem_raw + ((1024 - (ptx::SmemAddr(smem_raw) & 1023)) & 1023);  // TMA swizzle atoms
   T* sQ = reinterpret_cast<T*>(smem);  // (16, D), Swz
   T* sKV = sQ + Tr::kRows * D;         // kStages x [(kBN, D) K, (kBN, D) V], PanelOff<kBN>
   uint64_t* sBar = reinterpret_cast<uint64_t*>(sKV + kStages * Tr::kStageElems);  // (kStages,) TMA path
@@ -87,7 +92,7 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // With a programmatic dependent launch of the combine kernel, its CTAs may be scheduled once
   // every CTA here has started (they fill the last wave's idle slots and wait for this grid).
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  ptx::LaunchDependents();
 #endif
   const int b = blockIdx.z, split = blockIdx.x;
   const int hk = blockIdx.y / m_tiles, mt = blockIdx.y % m_tiles;
@@ -120,7 +125,7 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
     const T* src = ok ? q + (int64_t(q_start) + pr / group) * p.q_row_stride +
                             int64_t(hk * group + pr % group) * p.q_head_stride + chunk * 8
                       : q;
-    CpAsync16(SmemAddr(sQ + Swz<D>(r, chunk)), src, ok);
+    ptx::CpAsync16(ptx::SmemAddr(sQ + Swz<D>(r, chunk)), src, ok);
   }
 
   // This split's slice of the block table, staged once in shared memory so that issuing a tile's
@@ -129,11 +134,11 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   const int first_page = kb / p.page_size;
   const int n_pages = ke > kb ? (ke - 1) / p.page_size - first_page + 1 : 0;
   for (int i = tid; i < n_pages && i < table_slots; i += kThreads) sTable[i] = table[first_page + i];
-  auto full_bar = [&](int stage) { return SmemAddr(sBar + stage); };
+  auto full_bar = [&](int stage) { return ptx::SmemAddr(sBar + stage); };
   if constexpr (kUseTma) {
     if (tid == 0) {
-      for (int st = 0; st < kStages; ++st) MbarInit(full_bar(st), kThreads);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      for (int st = 0; st < kStages; ++st) ptx::MbarInit(full_bar(st), kThreads);
+      ptx::FenceMbarInitCluster();
     }
   }
   __syncthreads();
@@ -145,11 +150,11 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   auto tma_tile = [&](int tile, int stage) {
     const uint32_t bar = full_bar(stage);
     if (tid != 0) {
-      MbarArrive(bar);
+      ptx::MbarArrive(bar);
       return;
     }
-    const uint32_t sk = SmemAddr(sKV + stage * Tr::kStageElems), sv = sk + kBN * D * 2;
-    MbarArriveExpectTx(bar, 2 * kBN * D * 2);
+    const uint32_t sk = ptx::SmemAddr(sKV + stage * Tr::kStageElems), sv = sk + kBN * D * 2;
+    ptx::MbarArriveExpectTx(bar, 2 * kBN * D * 2);
     const int rows = min(p.page_size, kBN);
     for (int r0 = 0; r0 < kBN; r0 += rows) {
       const int key = kb + tile * kBN + r0;
@@ -157,8 +162,8 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
       const int row = sTable[page - first_page] * p.page_size + (key - page * p.page_size);
 #pragma unroll
       for (int pn = 0; pn < D / 64; ++pn) {
-        TmaLoad3d(sk + pn * kBN * 128 + r0 * 128, &maps.k, pn * 64, hk, row, bar);
-        TmaLoad3d(sv + pn * kBN * 128 + r0 * 128, &maps.v, pn * 64, hk, row, bar);
+        ptx::TmaLoad3d(sk + pn * kBN * 128 + r0 * 128, &maps.k, pn * 64, hk, row, bar);
+        ptx::TmaLoad3d(sv + pn * kBN * 128 + r0 * 128, &maps.v, pn * 64, hk, row, bar);
       }
     }
   };
@@ -181,16 +186,16 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
         const int page = key / p.page_size;
         off = int64_t(sTable[page - first_page]) * p.kv_block_stride + int64_t(key - page * p.page_size) * p.kv_row_stride;
       }
-      CpAsync16(SmemAddr(sK + PanelOff<kBN>(r, chunk)), ok ? kc + off + chunk * 8 : kc, ok);
-      CpAsync16(SmemAddr(sV + PanelOff<kBN>(r, chunk)), ok ? vc + off + chunk * 8 : vc, ok);
+      ptx::CpAsync16(ptx::SmemAddr(sK + PanelOff<kBN>(r, chunk)), ok ? kc + off + chunk * 8 : kc, ok);
+      ptx::CpAsync16(ptx::SmemAddr(sV + PanelOff<kBN>(r, chunk)), ok ? vc + off + chunk * 8 : vc, ok);
     }
-    if constexpr (kUseTma) CpAsyncMbarArrive(full_bar(stage));  // a tail tile: zero fill past ke
+    if constexpr (kUseTma) ptx::CpAsyncMbarArrive(full_bar(stage));  // a tail tile: zero fill past ke
   };
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < n_tiles) load_tile(s, s);
-    CpAsyncCommit();  // group s (the first one also holds Q)
+    ptx::CpAsyncCommit();  // group s (the first one also holds Q)
   }
 
   float acc_o[kDB][4];
@@ -210,20 +215,20 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
 
   for (int it = 0; it < n_tiles; ++it) {
     if constexpr (kUseTma) {
-      if (it == 0) CpAsyncWait<0>();  // Q (and a tail tile issued in the prologue)
-      MbarWait(full_bar(it % kStages), (it / kStages) & 1);
+      if (it == 0) ptx::CpAsyncWait<0>();  // Q (and a tail tile issued in the prologue)
+      ptx::MbarWait(full_bar(it % kStages), (it / kStages) & 1);
     } else {
-      CpAsyncWait<kStages - 2>();
+      ptx::CpAsyncWait<kStages - 2>();
     }
     __syncthreads();  // tile it is visible; every warp is done with tile it - 1, whose stage is refilled below
     if (it == 0) {
 #pragma unroll
       for (int kk = 0; kk < kKD; ++kk)
-        LdMatrixX4(SmemAddr(sQ + Swz<D>(lane % 16, 2 * kk + lane / 16)), q_frag[kk][0], q_frag[kk][1],
+        ptx::LdMatrixX4(ptx::SmemAddr(sQ + Swz<D>(lane % 16, 2 * kk + lane / 16)), q_frag[kk][0], q_frag[kk][1],
                    q_frag[kk][2], q_frag[kk][3]);
     }
     if (it + kStages - 1 < n_tiles) load_tile(it + kStages - 1, (it + kStages - 1) % kStages);
-    CpAsyncCommit();
+    ptx::CpAsyncCommit();
 
     const T* sK = sKV + (it % kStages) * Tr::kStageElems;  // this warp takes keys 16 warp .. 16 warp + 15
     const T* sV = sK + kBN * D;
@@ -231,7 +236,7 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
 #pragma unroll
     for (int kk = 0; kk < kKD; ++kk) {
       uint32_t b0, b1, b2, b3;
-      LdMatrixX4(SmemAddr(sK + PanelOff<kBN>(warp * 16 + (lane % 8) + (lane / 16) * 8, 2 * kk + (lane / 8) % 2)), b0,
+      ptx::LdMatrixX4(ptx::SmemAddr(sK + PanelOff<kBN>(warp * 16 + (lane % 8) + (lane / 16) * 8, 2 * kk + (lane / 8) % 2)), b0,
                  b1, b2, b3);
       Mma16816<T>(s[0], q_frag[kk], b0, b1);
       Mma16816<T>(s[1], q_frag[kk], b2, b3);
@@ -273,13 +278,13 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
 #pragma unroll
     for (int dp = 0; dp < kDB / 2; ++dp) {
       uint32_t b0, b1, b2, b3;
-      LdMatrixX4Trans(SmemAddr(sV + PanelOff<kBN>(warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, 2 * dp + lane / 16)),
+      ptx::LdMatrixX4Trans(ptx::SmemAddr(sV + PanelOff<kBN>(warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, 2 * dp + lane / 16)),
                       b0, b1, b2, b3);
       Mma16816<T>(acc_o[2 * dp], a, b0, b1);
       Mma16816<T>(acc_o[2 * dp + 1], a, b2, b3);
     }
   }
-  CpAsyncWait<0>();
+  ptx::CpAsyncWait<0>();
   __syncthreads();  // all warps done with the stages: reuse them for the merge
 
   // Merge the 4 warps (fixed order). Per warp: m (scaled, log2 domain), l, unnormalised O.
@@ -355,7 +360,7 @@ __global__ void __launch_bounds__(128) CombineKernel(const PagedDecodeParams p, 
   __shared__ float4 sPart[kThreads];
   __shared__ float sRed[kThreads / 32];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // no-op unless launched as a dependent
+  ptx::GridDependencyWait();  // no-op unless launched as a dependent
 #endif
   const int b = blockIdx.x, h = blockIdx.y;
   const int q_start = p.cu_seqlens_q[b];

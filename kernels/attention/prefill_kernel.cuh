@@ -22,6 +22,8 @@
 #include "kernels/attention/attention.h"
 #include "kernels/attention/mma_utils.cuh"
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/ptx/cp_async.cuh"
+#include "kernels/common/ptx/ldmatrix.cuh"
 
 namespace flashq::attention::detail {
 
@@ -98,22 +100,22 @@ __global__ void __launch_bounds__(PrefillTraits<D, kBMOverride, kMTOverride>::kT
   if (n_blocks > 0) {
     LoadTile<D, kThreads, kBM>(sQ, q, p.q_row_stride, lq - m0, tid);
     LoadTile<D, kThreads, kBN>(sK, k, p.k_row_stride, lk, tid);
-    CpAsyncCommit();
+    ptx::CpAsyncCommit();
   }
   uint32_t q_frag[Tr::kQInRegs ? kKD : 1][4];
 
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int n0 = nb * kBN;
     LoadTile<D, kThreads, kBN>(sV, v + int64_t(n0) * p.v_row_stride, p.v_row_stride, lk - n0, tid);
-    CpAsyncCommit();
-    CpAsyncWait<1>();  // Q and K[nb] have landed
+    ptx::CpAsyncCommit();
+    ptx::CpAsyncWait<1>();  // Q and K[nb] have landed
     __syncthreads();
 
     if constexpr (Tr::kQInRegs) {
       if (nb == 0) {
 #pragma unroll
         for (int kk = 0; kk < kKD; ++kk)
-          LdMatrixX4(SmemAddr(sQ + Swz<D>(warp_row0 + (lane % 16), 2 * kk + lane / 16)), q_frag[kk][0],
+          ptx::LdMatrixX4(ptx::SmemAddr(sQ + Swz<D>(warp_row0 + (lane % 16), 2 * kk + lane / 16)), q_frag[kk][0],
                      q_frag[kk][1], q_frag[kk][2], q_frag[kk][3]);
       }
     }
@@ -132,14 +134,14 @@ __global__ void __launch_bounds__(PrefillTraits<D, kBMOverride, kMTOverride>::kT
         if constexpr (Tr::kQInRegs) {
           a[mt][0] = q_frag[kk][0]; a[mt][1] = q_frag[kk][1]; a[mt][2] = q_frag[kk][2]; a[mt][3] = q_frag[kk][3];
         } else {
-          LdMatrixX4(SmemAddr(sQ + Swz<D>(warp_row0 + mt * 16 + (lane % 16), 2 * kk + lane / 16)), a[mt][0],
+          ptx::LdMatrixX4(ptx::SmemAddr(sQ + Swz<D>(warp_row0 + mt * 16 + (lane % 16), 2 * kk + lane / 16)), a[mt][0],
                      a[mt][1], a[mt][2], a[mt][3]);
         }
       }
 #pragma unroll
       for (int np = 0; np < kNB / 2; ++np) {
         uint32_t b0, b1, b2, b3;
-        LdMatrixX4(SmemAddr(sK + Swz<D>(np * 16 + (lane % 8) + (lane / 16) * 8, 2 * kk + (lane / 8) % 2)), b0, b1,
+        ptx::LdMatrixX4(ptx::SmemAddr(sK + Swz<D>(np * 16 + (lane % 8) + (lane / 16) * 8, 2 * kk + (lane / 8) % 2)), b0, b1,
                    b2, b3);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
@@ -151,7 +153,7 @@ __global__ void __launch_bounds__(PrefillTraits<D, kBMOverride, kMTOverride>::kT
     __syncthreads();  // every warp is done with sK
     if (nb + 1 < n_blocks) {
       LoadTile<D, kThreads, kBN>(sK, k + int64_t(n0 + kBN) * p.k_row_stride, p.k_row_stride, lk - n0 - kBN, tid);
-      CpAsyncCommit();
+      ptx::CpAsyncCommit();
     }
 
     // Mask the tail tile and the causal diagonal.
@@ -199,7 +201,7 @@ __global__ void __launch_bounds__(PrefillTraits<D, kBMOverride, kMTOverride>::kT
         }
       }
 
-    if (nb + 1 < n_blocks) CpAsyncWait<1>(); else CpAsyncWait<0>();  // V[nb] has landed
+    if (nb + 1 < n_blocks) ptx::CpAsyncWait<1>(); else ptx::CpAsyncWait<0>();  // V[nb] has landed
     __syncthreads();
 
     // O += P V; each V fragment feeds kMT MMAs.
@@ -216,7 +218,7 @@ __global__ void __launch_bounds__(PrefillTraits<D, kBMOverride, kMTOverride>::kT
 #pragma unroll
       for (int dp = 0; dp < kDB / 2; ++dp) {
         uint32_t b0, b1, b2, b3;
-        LdMatrixX4Trans(SmemAddr(sV + Swz<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, 2 * dp + lane / 16)), b0,
+        ptx::LdMatrixX4Trans(ptx::SmemAddr(sV + Swz<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, 2 * dp + lane / 16)), b0,
                         b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {

@@ -24,6 +24,10 @@
 #include <type_traits>
 
 #include "kernels/attention/prefill_wgmma_ws.cuh"
+#include "kernels/common/ptx/bulk_copy.cuh"
+#include "kernels/common/ptx/cp_async.cuh"
+#include "kernels/common/ptx/mbarrier.cuh"
+#include "kernels/common/ptx/sync.cuh"
 
 namespace flashq::attention::detail {
 
@@ -41,7 +45,7 @@ __device__ __forceinline__ void WarpLoadTile(T* smem, const T* base, int64_t row
   for (int i = 0; i < kRows / kRowsPerPass; ++i) {
     const int row = r0 + i * kRowsPerPass;
     const bool ok = row < valid;
-    CpAsync16(SmemAddr(smem + PanelOff<kRows>(row, chunk)), ok ? base + int64_t(row) * row_stride + chunk * 8 : base, ok);
+    ptx::CpAsync16(ptx::SmemAddr(smem + PanelOff<kRows>(row, chunk)), ok ? base + int64_t(row) * row_stride + chunk * 8 : base, ok);
   }
 }
 
@@ -72,13 +76,13 @@ __global__ void __launch_bounds__(384, 1)
   using Tr = TmaPrefillTraits<D>;
   constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kStages = Tr::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t raw_addr = SmemAddr(smem_raw);
+  const uint32_t raw_addr = ptx::SmemAddr(smem_raw);
   unsigned char* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
   T* sQ = reinterpret_cast<T*>(smem);
   T* sKV = reinterpret_cast<T*>(smem + Tr::kQBytes);
   auto sK = [&](int st) { return sKV + st * 2 * (kBN * D); };
   auto sV = [&](int st) { return sKV + st * 2 * (kBN * D) + kBN * D; };
-  const uint32_t bar_base = SmemAddr(smem + Tr::kBarOffset);
+  const uint32_t bar_base = ptx::SmemAddr(smem + Tr::kBarOffset);
   using Ring = WsRing<D, kBN, kStages, /*kPingPong=*/true>;
   auto full_bar = [&](int st) { return Ring::FullBar(bar_base, st); };
   auto empty_bar = [&](int st) { return Ring::EmptyBar(bar_base, st); };
@@ -103,16 +107,16 @@ __global__ void __launch_bounds__(384, 1)
 
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
-      MbarInit(full_bar(st), 32);                 // the producer warp's lanes
-      MbarInit(empty_bar(st), Tr::kConsumers);    // every consumer thread
+      ptx::MbarInit(full_bar(st), 32);                 // the producer warp's lanes
+      ptx::MbarInit(empty_bar(st), Tr::kConsumers);    // every consumer thread
     }
-    MbarInit(q_bar, 32);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    ptx::MbarInit(q_bar, 32);
+    ptx::FenceMbarInitCluster();
   }
   __syncthreads();
 
   if (warp >= 8) {  // ---- producer warpgroup ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::kProducerRegs));
+    ptx::SetMaxNRegDec<Tr::kProducerRegs>();
     if (warp != 8) return;  // one producer warp: TMA needs one issuing thread, tails 32 lanes
     const int ptid = lane;
     // Whole tiles come by TMA (thread 0 issues, the others just arrive); a tile that runs past
@@ -122,46 +126,46 @@ __global__ void __launch_bounds__(384, 1)
     const int total_k = kTmaTails ? p.cu_seqlens_k[p.batch] : 0;
     if (q_tma) {
       if (ptid == 0) {
-        MbarArriveExpectTx(q_bar, Tr::kQBytes);
+        ptx::MbarArriveExpectTx(q_bar, Tr::kQBytes);
 #pragma unroll
         for (int pn = 0; pn < Tr::kPanels; ++pn)
-          TmaLoad3d(SmemAddr(sQ) + pn * kBM * 128, &maps.q, pn * 64, h, q_start + m0, q_bar);
+          ptx::TmaLoad3d(ptx::SmemAddr(sQ) + pn * kBM * 128, &maps.q, pn * 64, h, q_start + m0, q_bar);
       } else {
-        MbarArrive(q_bar);
+        ptx::MbarArrive(q_bar);
       }
     } else {
       WarpLoadTile<D, kBM>(sQ, q, p.q_row_stride, lq - m0, ptid);
-      CpAsyncMbarArrive(q_bar);
+      ptx::CpAsyncMbarArrive(q_bar);
     }
     for (int j = 0; j < n_blocks; ++j) {
       const int st = j % kStages, n1 = j * kBN;
-      if (j >= kStages) MbarWait(empty_bar(st), ((j / kStages) - 1) & 1);
+      if (j >= kStages) ptx::MbarWait(empty_bar(st), ((j / kStages) - 1) & 1);
       if (n1 + kBN <= lk || (kTmaTails && k_start + n1 + kBN <= total_k)) {
         if (ptid == 0) {
-          MbarArriveExpectTx(full_bar(st), 2 * Tr::kKVBytes);
+          ptx::MbarArriveExpectTx(full_bar(st), 2 * Tr::kKVBytes);
 #pragma unroll
           for (int pn = 0; pn < Tr::kPanels; ++pn) {
-            TmaLoad3d(SmemAddr(sK(st)) + pn * kBN * 128, &maps.k, pn * 64, hk, k_start + n1, full_bar(st));
-            TmaLoad3d(SmemAddr(sV(st)) + pn * kBN * 128, &maps.v, pn * 64, hk, k_start + n1, full_bar(st));
+            ptx::TmaLoad3d(ptx::SmemAddr(sK(st)) + pn * kBN * 128, &maps.k, pn * 64, hk, k_start + n1, full_bar(st));
+            ptx::TmaLoad3d(ptx::SmemAddr(sV(st)) + pn * kBN * 128, &maps.v, pn * 64, hk, k_start + n1, full_bar(st));
           }
         } else {
-          MbarArrive(full_bar(st));
+          ptx::MbarArrive(full_bar(st));
         }
       } else {
         WarpLoadTile<D, kBN>(sK(st), k + int64_t(n1) * p.k_row_stride, p.k_row_stride, lk - n1, ptid);
         WarpLoadTile<D, kBN>(sV(st), v + int64_t(n1) * p.v_row_stride, p.v_row_stride, lk - n1, ptid);
-        CpAsyncMbarArrive(full_bar(st));
+        ptx::CpAsyncMbarArrive(full_bar(st));
       }
     }
-    CpAsyncWait<0>();
+    ptx::CpAsyncWait<0>();
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegs));
+  ptx::SetMaxNRegInc<Tr::kConsumerRegs>();
 
   // ---- consumer warpgroups ----
-  Ring sync{bar_base, SmemAddr(sKV), warp / 4};
-  WgmmaConsumer<T, D, kBM, kBN, kCausal> c(p.softmax_scale, lq, lk, m0, warp, lane, SmemAddr(sQ));
-  MbarWait(q_bar, 0);  // also before an empty K range: the epilogue reuses the Q tile
+  Ring sync{bar_base, ptx::SmemAddr(sKV), warp / 4};
+  WgmmaConsumer<T, D, kBM, kBN, kCausal> c(p.softmax_scale, lq, lk, m0, warp, lane, ptx::SmemAddr(sQ));
+  ptx::MbarWait(q_bar, 0);  // also before an empty K range: the epilogue reuses the Q tile
   c.Run(n_blocks, sync);
   c.Epilogue(p, sQ, h, q_start, lane);
 #else

@@ -14,9 +14,13 @@
 // 418-471 TFLOP/s non-causal, 324-478 causal; hd64 360 / 329 (the TMA kernel: 414-647).
 #pragma once
 
-#include "kernels/attention/async_copy.cuh"
+#include "kernels/attention/rows_tensor_map.h"
 #include "kernels/attention/wgmma_consumer.cuh"
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/ptx/bulk_copy.cuh"
+#include "kernels/common/ptx/cp_async.cuh"
+#include "kernels/common/ptx/mbarrier.cuh"
+#include "kernels/common/ptx/sync.cuh"
 
 namespace flashq::attention::detail {
 
@@ -36,13 +40,6 @@ struct WsPrefillTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-__device__ __forceinline__ void NamedBarSync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void NamedBarArrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
 // Producer-side tile load with few live registers (the producer runs on 40): each of the 128
 // threads owns one 16-byte column chunk and walks rows with a fixed stride.
 template <int D, int kRows, typename T>
@@ -52,11 +49,11 @@ __device__ __forceinline__ void ProducerLoadTile(T* smem, const T* base, int64_t
   static_assert(kRowsPerPass % 8 == 0 && kRows % kRowsPerPass == 0, "producer tiling");
   const int chunk = ptid % kChunks, r0 = ptid / kChunks;
   const T* src = base + r0 * row_stride + chunk * 8;
-  const uint32_t dst = SmemAddr(smem + PanelOff<kRows>(r0, chunk));
+  const uint32_t dst = ptx::SmemAddr(smem + PanelOff<kRows>(r0, chunk));
 #pragma unroll 4
   for (int i = 0; i < kRows / kRowsPerPass; ++i) {
     const bool ok = r0 + i * kRowsPerPass < valid;
-    CpAsync16(dst + i * kRowsPerPass * 128, ok ? src + int64_t(i) * kRowsPerPass * row_stride : base, ok);
+    ptx::CpAsync16(dst + i * kRowsPerPass * 128, ok ? src + int64_t(i) * kRowsPerPass * row_stride : base, ok);
   }
 }
 
@@ -73,20 +70,20 @@ struct WsRing {
   static __device__ __forceinline__ uint32_t FullBar(uint32_t bars, int stage) { return bars + stage * 8; }
   static __device__ __forceinline__ uint32_t EmptyBar(uint32_t bars, int stage) { return bars + (kStages + stage) * 8; }
   __device__ __forceinline__ void WaitTile(int j) {
-    if (j == 0 && wg == 1 && kPingPong) NamedBarArrive(1, 256);
-    MbarWait(FullBar(bar_base, j % kStages), (j / kStages) & 1);
-    FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
+    if (j == 0 && wg == 1 && kPingPong) ptx::NamedBarArrive(1, 256);
+    ptx::MbarWait(FullBar(bar_base, j % kStages), (j / kStages) & 1);
+    ptx::FenceProxyAsync();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
   }
   __device__ __forceinline__ void BeginIssue() {
-    if constexpr (kPingPong) NamedBarSync(1 + wg, 256);
+    if constexpr (kPingPong) ptx::NamedBarSync(1 + wg, 256);
   }
   __device__ __forceinline__ void EndIssue() {
-    if constexpr (kPingPong) NamedBarArrive(2 - wg, 256);
+    if constexpr (kPingPong) ptx::NamedBarArrive(2 - wg, 256);
   }
   __device__ __forceinline__ void EndLastIssue() {
     if (wg == 0) EndIssue();  // warpgroup 1 has no issue point left to release
   }
-  __device__ __forceinline__ void Release(int j) { MbarArrive(EmptyBar(bar_base, j % kStages)); }
+  __device__ __forceinline__ void Release(int j) { ptx::MbarArrive(EmptyBar(bar_base, j % kStages)); }
   __device__ __forceinline__ uint32_t KAddr(int j) { return skv + (j % kStages) * 2 * (kBN * D * 2); }
   __device__ __forceinline__ uint32_t VAddr(int j) { return KAddr(j) + kBN * D * 2; }
 };
@@ -97,13 +94,13 @@ __global__ void __launch_bounds__(384, 1) PrefillWsKernel(const VarlenAttentionP
   using Tr = WsPrefillTraits<D>;
   constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kStages = Tr::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t raw_addr = SmemAddr(smem_raw);
+  const uint32_t raw_addr = ptx::SmemAddr(smem_raw);
   unsigned char* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
   T* sQ = reinterpret_cast<T*>(smem);
   T* sKV = reinterpret_cast<T*>(smem + Tr::kQBytes);
   auto sK = [&](int st) { return sKV + st * 2 * (kBN * D); };
   auto sV = [&](int st) { return sKV + st * 2 * (kBN * D) + kBN * D; };
-  const uint32_t bar_base = SmemAddr(smem + Tr::kBarOffset);
+  const uint32_t bar_base = ptx::SmemAddr(smem + Tr::kBarOffset);
   using Ring = WsRing<D, kBN, kStages, kPingPong>;
   auto full_bar = [&](int st) { return Ring::FullBar(bar_base, st); };
   auto empty_bar = [&](int st) { return Ring::EmptyBar(bar_base, st); };
@@ -127,32 +124,32 @@ __global__ void __launch_bounds__(384, 1) PrefillWsKernel(const VarlenAttentionP
 
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
-      MbarInit(full_bar(st), 128);                // the producer warpgroup's threads
-      MbarInit(empty_bar(st), Tr::kConsumers);    // every consumer thread
+      ptx::MbarInit(full_bar(st), 128);                // the producer warpgroup's threads
+      ptx::MbarInit(empty_bar(st), Tr::kConsumers);    // every consumer thread
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    ptx::FenceMbarInitCluster();
   }
   __syncthreads();
 
   if (warp >= 8) {  // ---- producer warpgroup ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::kProducerRegs));
+    ptx::SetMaxNRegDec<Tr::kProducerRegs>();
     const int ptid = tid - Tr::kConsumers;
     for (int j = 0; j < n_blocks; ++j) {
       const int st = j % kStages, n1 = j * kBN;
-      if (j >= kStages) MbarWait(empty_bar(st), ((j / kStages) - 1) & 1);
+      if (j >= kStages) ptx::MbarWait(empty_bar(st), ((j / kStages) - 1) & 1);
       if (j == 0) ProducerLoadTile<D, kBM>(sQ, q, p.q_row_stride, lq - m0, ptid);
       ProducerLoadTile<D, kBN>(sK(st), k + int64_t(n1) * p.k_row_stride, p.k_row_stride, lk - n1, ptid);
       ProducerLoadTile<D, kBN>(sV(st), v + int64_t(n1) * p.v_row_stride, p.v_row_stride, lk - n1, ptid);
-      CpAsyncMbarArrive(full_bar(st));
+      ptx::CpAsyncMbarArrive(full_bar(st));
     }
-    CpAsyncWait<0>();
+    ptx::CpAsyncWait<0>();
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegs));
+  ptx::SetMaxNRegInc<Tr::kConsumerRegs>();
 
   // ---- consumer warpgroups ----
-  Ring sync{bar_base, SmemAddr(sKV), warp / 4};
-  WgmmaConsumer<T, D, kBM, kBN, kCausal> c(p.softmax_scale, lq, lk, m0, warp, lane, SmemAddr(sQ));
+  Ring sync{bar_base, ptx::SmemAddr(sKV), warp / 4};
+  WgmmaConsumer<T, D, kBM, kBN, kCausal> c(p.softmax_scale, lq, lk, m0, warp, lane, ptx::SmemAddr(sQ));
   c.Run(n_blocks, sync);
   c.Epilogue(p, sQ, h, q_start, lane);
 #else

@@ -29,7 +29,7 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/mma_utils.cuh"
-#include "kernels/attention/wgmma_ops.cuh"
+#include "kernels/common/ptx/wgmma.cuh"
 
 namespace flashq::attention::detail {
 
@@ -71,7 +71,7 @@ struct WgmmaConsumer {
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint64_t da = SmemDesc(q_addr + (kk / 4) * kBM * 128 + (kk % 4) * 32, 16, 1024);
       const uint64_t db = SmemDesc(k_addr + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
-      Wgmma<kBN, kBf16>::SS(s, da, db, kk > 0 ? 1 : 0);
+      ptx::Wgmma<kBN, kBf16>::SS(s, da, db, kk > 0 ? 1 : 0);
     }
   }
   // O += P V: kBN/16 k-steps of m64 nD k16, B = V MN-major.
@@ -79,7 +79,7 @@ struct WgmmaConsumer {
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       const uint64_t db = SmemDesc(v_addr + kk * 16 * 128, kBN * 128, 1024);
-      Wgmma<D, kBf16>::RS(o, pf[kk], db, 1);
+      ptx::Wgmma<D, kBf16>::RS(o, pf[kk], db, 1);
     }
   }
   // Mask and online softmax of the tile starting at key n0, exp(S) in place in s; alpha is the
@@ -137,15 +137,15 @@ struct WgmmaConsumer {
   }
   __device__ __forceinline__ void FenceS() {
 #pragma unroll
-    for (int i = 0; i < kSN; ++i) RegFence(s[i]);
+    for (int i = 0; i < kSN; ++i) ptx::RegFence(s[i]);
   }
   __device__ __forceinline__ void FenceOP() {
 #pragma unroll
-    for (int i = 0; i < kON; ++i) RegFence(o[i]);
+    for (int i = 0; i < kON; ++i) ptx::RegFence(o[i]);
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) RegFence(pf[kk][i]);
+      for (int i = 0; i < 4; ++i) ptx::RegFence(pf[kk][i]);
   }
 
   // The pipeline over n_blocks K/V tiles. Sync: WaitTile(j) (tile j is in shared memory),
@@ -157,37 +157,37 @@ struct WgmmaConsumer {
     float alpha[2];
     sync.WaitTile(0);
     sync.BeginIssue();
-    WgmmaFence();
+    ptx::WgmmaFence();
     IssueQk(sync.KAddr(0));
-    WgmmaCommit();
+    ptx::WgmmaCommit();
     sync.EndIssue();
-    WgmmaWait<0>();
+    ptx::WgmmaWait<0>();
     FenceS();
     Softmax(0, alpha);
     RescaleAndPack(alpha);  // o is still zero
     for (int j = 1; j < n_blocks; ++j) {
       sync.WaitTile(j);
       sync.BeginIssue();
-      WgmmaFence();
+      ptx::WgmmaFence();
       IssueQk(sync.KAddr(j));
-      WgmmaCommit();
+      ptx::WgmmaCommit();
       IssuePv(sync.VAddr(j - 1));
-      WgmmaCommit();
+      ptx::WgmmaCommit();
       sync.EndIssue();
-      WgmmaWait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+      ptx::WgmmaWait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
       FenceS();
       Softmax(j * kBN, alpha);
-      WgmmaWait<0>();
+      ptx::WgmmaWait<0>();
       FenceOP();
       RescaleAndPack(alpha);
       sync.Release(j - 1);
     }
     sync.BeginIssue();
-    WgmmaFence();
+    ptx::WgmmaFence();
     IssuePv(sync.VAddr(n_blocks - 1));
-    WgmmaCommit();
+    ptx::WgmmaCommit();
     sync.EndLastIssue();
-    WgmmaWait<0>();
+    ptx::WgmmaWait<0>();
     FenceOP();
   }
 

@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
-#include "kernels/common/dtype.h"
-#include "kernels/common/status.h"
+#include "common/dtype.h"
+#include "common/status.h"
 
 #if FLASHQ_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "kernels/common/status.h"
+#include "common/status.h"
 
 namespace flashq {
 

@@ -171,11 +171,11 @@ cudaError_t LaunchDequantInt4(const W4A16Weights::View& v, ActType act, void* ou
 
 }  // namespace detail
 
-Status run_quantize_act_fp8(const void* x, ActType act, int M, int K, bool per_row, uint8_t* xq, float* scale,
+Status RunQuantizeActFp8(const void* x, ActType act, int M, int K, bool per_row, uint8_t* xq, float* scale,
                             cudaStream_t stream) {
-  if (M < 0 || K <= 0) return InvalidArgument("run_quantize_act_fp8: need M >= 0 and K > 0");
+  if (M < 0 || K <= 0) return InvalidArgument("RunQuantizeActFp8: need M >= 0 and K > 0");
   if (M == 0) return Status::Ok();
-  if (!x || !xq || !scale) return InvalidArgument("run_quantize_act_fp8: null pointer");
+  if (!x || !xq || !scale) return InvalidArgument("RunQuantizeActFp8: null pointer");
   auto launch = [&](auto* typed) -> Status {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(typed)>>;
     const T* xt = static_cast<const T*>(x);
@@ -193,11 +193,11 @@ Status run_quantize_act_fp8(const void* x, ActType act, int M, int K, bool per_r
   return launch(static_cast<const __nv_bfloat16*>(nullptr));
 }
 
-Status run_quantize_act_fp8_static(const void* x, ActType act, int M, int K, const float* scale, uint8_t* xq,
+Status RunQuantizeActFp8Static(const void* x, ActType act, int M, int K, const float* scale, uint8_t* xq,
                                    cudaStream_t stream) {
-  if (M < 0 || K <= 0) return InvalidArgument("run_quantize_act_fp8_static: need M >= 0 and K > 0");
+  if (M < 0 || K <= 0) return InvalidArgument("RunQuantizeActFp8Static: need M >= 0 and K > 0");
   if (M == 0) return Status::Ok();
-  if (!x || !xq || !scale) return InvalidArgument("run_quantize_act_fp8_static: null pointer");
+  if (!x || !xq || !scale) return InvalidArgument("RunQuantizeActFp8Static: null pointer");
   if (act == ActType::kF16) {
     detail::QuantRowsKernel<__half><<<M, 256, 0, stream>>>(static_cast<const __half*>(x), K, scale, xq);
   } else {

@@ -380,11 +380,11 @@ Status BlasLt::ReserveStream(cudaStream_t stream) {
   return impl_->Workspace(stream, &ws);
 }
 
-Status run_bf16(BlasLt* blas, const void* w, int N, int K, const LinearArgs& a, cudaStream_t stream) {
-  if (!blas) return InvalidArgument("run_bf16: null BlasLt");
-  if (a.M < 0 || N <= 0 || K <= 0) return InvalidArgument("run_bf16: bad shape");
+Status RunBf16(BlasLt* blas, const void* w, int N, int K, const LinearArgs& a, cudaStream_t stream) {
+  if (!blas) return InvalidArgument("RunBf16: null BlasLt");
+  if (a.M < 0 || N <= 0 || K <= 0) return InvalidArgument("RunBf16: bad shape");
   if (a.M == 0) return Status::Ok();
-  if (!w || !a.x || !a.y) return InvalidArgument("run_bf16: null pointer");
+  if (!w || !a.x || !a.y) return InvalidArgument("RunBf16: null pointer");
   Key k{a.M, N, K, int(ActCuda(a.act)), int(ActCuda(a.act)), int(ScaleMode::kNone), a.batch_invariant};
   return blas->impl()->Run(k, {w, a.x, a.y, nullptr, nullptr}, stream);
 }
@@ -399,15 +399,15 @@ Status WarmBf16(BlasLt* blas, int M, int N, int K, ActType act, bool batch_invar
   return blas->impl()->Choose(k, p, nullptr, nullptr, nullptr);
 }
 
-Status run_w8a8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream) {
-  if (!blas) return InvalidArgument("run_w8a8: null BlasLt");
+Status RunW8A8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream) {
+  if (!blas) return InvalidArgument("RunW8A8: null BlasLt");
   const auto& v = w.view();
-  if (!v.w) return InvalidArgument("run_w8a8: these FP8 weights were created for W8A16 only (Fp8Paths::kW8A16)");
+  if (!v.w) return InvalidArgument("RunW8A8: these FP8 weights were created for W8A16 only (Fp8Paths::kW8A16)");
   if (v.K % 16 != 0 || v.N % 16 != 0)
-    return InvalidArgument("run_w8a8: cuBLASLt FP8 needs K and N multiples of 16 (K=" + std::to_string(v.K) + " N=" + std::to_string(v.N) + ")");
-  if (a.M < 0) return InvalidArgument("run_w8a8: M must be >= 0");
+    return InvalidArgument("RunW8A8: cuBLASLt FP8 needs K and N multiples of 16 (K=" + std::to_string(v.K) + " N=" + std::to_string(v.N) + ")");
+  if (a.M < 0) return InvalidArgument("RunW8A8: M must be >= 0");
   if (a.M == 0) return Status::Ok();
-  if (!a.x_fp8 || !a.x_scale || !a.y) return InvalidArgument("run_w8a8: null pointer");
+  if (!a.x_fp8 || !a.x_scale || !a.y) return InvalidArgument("RunW8A8: null pointer");
   // Tensor-wise: scalar scales. Otherwise outer-vector scales: w scale per column n (N
   // floats, per-tensor weights expanded), x scale per row m (M floats).
   const bool tensorwise = !w.per_channel() && !a.per_row_act;

@@ -1,7 +1,7 @@
 // GPU quantized linear layers: Y[M][N] = X[M][K] · Wᵀ with W resident on the GPU.
 //
 // Weights are prepared once at load (Create: upload + repack into the layout the
-// kernels read fastest); the run_* entry points never allocate: scratch comes from the
+// kernels read fastest); the Run* entry points never allocate: scratch comes from the
 // caller's workspace (size from *WorkspaceBytes). All entry points return a Status;
 // without CUDA they exist and return Unimplemented.
 //
@@ -16,8 +16,10 @@
 #include <cstdint>
 #include <memory>
 
-#include "kernels/common/status.h"
+#include "common/status.h"
+#include "kernels/gemm/dispatch.h"
 #include "kernels/gemm/gemm_tiles.h"
+#include "kernels/gemm/gemm_tuning.h"
 #include "kernels/gemm/quant_formats.h"
 
 #ifdef FLASHQ_HAVE_CUDA
@@ -38,7 +40,7 @@ enum class ActType { kF16, kBF16 };  // 16-bit activation / output type
 // Batch-invariant plans run the pinned algorithm. Non-invariant plans with M <= 256 are
 // timed once: the first call of a shape whose stream is not being captured runs up to 12
 // heuristic candidates, with and without workspace (for W8A8 row/column scales, in both
-// forms: see run_w8a8), 5 times each on its stream with its own operands and a cold L2,
+// forms: see RunW8A8), 5 times each on its stream with its own operands and a cold L2,
 // waits for them, and keeps the fastest if it clearly beats the heuristic's first picks;
 // y is then written by the real call. Larger M, and every plan until it is timed (warm-up,
 // capture) or if timing fails, run the heuristic's first candidate.
@@ -66,6 +68,7 @@ struct LinearArgs {
   bool batch_invariant = true;
   void* workspace = nullptr;  // device scratch (see *WorkspaceBytes); 256-byte aligned
   size_t workspace_bytes = 0;
+  GemmTuning tuning;  // our kernels' dispatch (the defaults are the shipped choices)
 };
 
 // ---- W4A16: group-wise int4 weights (GPTQ / AWQ / RTN), 16-bit activations ----
@@ -75,7 +78,8 @@ struct LinearArgs {
 // of the tile or of the group size (padded at load).
 class W4A16Weights {
  public:
-  static Status Create(const Int4Weights& w, std::unique_ptr<W4A16Weights>* out);
+  // tuning.target_warps sets the split-K plan (PlanFor).
+  static Status Create(const Int4Weights& w, std::unique_ptr<W4A16Weights>* out, const GemmTuning& tuning = {});
   // Device-to-device copy (another replica on the current device; benchmarks rotate copies).
   Status Clone(std::unique_ptr<W4A16Weights>* out) const;
   ~W4A16Weights();
@@ -93,31 +97,27 @@ class W4A16Weights {
   int32_t* perm_ = nullptr;
   std::unique_ptr<View> view_;
 };
-// Scratch for run_w4a16 with M up to max_m rows (split-K partials, act-order gather, X packed for
+// Scratch for RunW4A16 with M up to max_m rows (split-K partials, act-order gather, X packed for
 // the sm_90 wgmma kernel at M > 32, and the 16-bit dequantized copy of W for the non-invariant
 // large-M path).
 size_t W4A16WorkspaceBytes(const W4A16Weights& w, int max_m, bool batch_invariant);
-// run_w4a16 and run_w8a16 take a small-M kernel up to this many rows per launch (one
-// instantiation for M <= 8, one for M <= 16) and a 32-token kernel above it (int4 on sm_90 above
-// M = 32: a wgmma kernel, for 8-split plans only up to kWgmmaTileRows). A warm-up at M = 1, kSmallMMaxRows,
-// kWgmmaMinRows - 1, kWgmmaTileRows and one larger M loads every kernel a layer can reach.
-constexpr int kSmallMMaxRows = 16;
-constexpr int kWgmmaMinRows = 33;
+// Which kernel takes a launch: dispatch.h (a warm-up at WarmupRows(max_m) loads every kernel a layer can reach).
 // M at or above which the non-invariant mode dequantizes W and calls cuBLASLt.
 constexpr int kW4A16DequantMinM = 256;
 // blas may be null when batch_invariant or M < kW4A16DequantMinM.
 // The workspace must be zero-filled once before first use (kernels leave it zeroed), and serves one weight (and
 // stream) at any M up to the max_m it was sized for: other weights' layouts put data where its words must stay zero.
-Status run_w4a16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaStream_t stream);
+Status RunW4A16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaStream_t stream);
 
 // ---- FP8 E4M3 weights: W8A16 (our kernel) and W8A8 (cuBLASLt) ----
 // The paths a set of FP8 weights serves. Each keeps its own copy on the GPU (W8A8 the [N][K] E4M3 matrix that cuBLASLt
 // reads, W8A16 our kernel's repacked words), so weights made for one path take half the memory of kBoth; the other
-// path's run_* call then returns InvalidArgument.
+// path's Run* call then returns InvalidArgument.
 enum class Fp8Paths { kBoth, kW8A16, kW8A8 };
 class Fp8DeviceWeights {
  public:
-  static Status Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWeights>* out, Fp8Paths paths = Fp8Paths::kBoth);
+  static Status Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWeights>* out, Fp8Paths paths = Fp8Paths::kBoth,
+                       const GemmTuning& tuning = {});
   Status Clone(std::unique_ptr<Fp8DeviceWeights>* out) const;
   ~Fp8DeviceWeights();
   int K() const { return K_; }
@@ -136,8 +136,8 @@ class Fp8DeviceWeights {
   std::unique_ptr<View> view_;
 };
 size_t W8A16WorkspaceBytes(const Fp8DeviceWeights& w, int max_m);
-// The workspace: as run_w4a16's.
-Status run_w8a16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t stream);
+// The workspace: as RunW4A16's.
+Status RunW8A16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t stream);
 
 // W8A8: x_fp8 [M][K] E4M3 with x_scale (device, M floats; all equal for per-tensor).
 // Tensor-wise mode (weights per-tensor and !per_row_act): cuBLASLt scalar scales. Otherwise
@@ -156,29 +156,31 @@ struct W8A8Args {
   ActType out = ActType::kBF16;
   bool batch_invariant = true;
 };
-Status run_w8a8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream);
+Status RunW8A8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream);
+// A W8A8 caller's workspace for quantizing M <= max_m rows of K activations: xq [M][K] E4M3 at offset 0, then the M
+// row scales (256-byte aligned). A static input scale sits after the largest call's xq (max_m rows), so that no
+// call's xq reaches it.
+struct W8A8Workspace {
+  size_t xq = 0, scale = 0;
+};
+size_t W8A8WorkspaceBytes(int K, int max_m);
+W8A8Workspace W8A8WorkspaceLayout(int K, int max_m, int M, bool static_scale);
 // Dynamic activation quantization: the same bits as QuantizeActFp8 on the host.
 // scale: M floats (per-tensor: every entry holds the tensor scale).
-Status run_quantize_act_fp8(const void* x, ActType act, int M, int K, bool per_row, uint8_t* xq, float* scale,
+Status RunQuantizeActFp8(const void* x, ActType act, int M, int K, bool per_row, uint8_t* xq, float* scale,
                             cudaStream_t stream);
 // Static activation quantization (a checkpoint's input_scale): xq = satfinite_rn(x / scale[m])
 // with scale given (device, M floats, all the static scale); the same bits as the host's
 // FloatToFp8E4M3(x / scale). Batch-invariant: the scale does not depend on the batch.
-Status run_quantize_act_fp8_static(const void* x, ActType act, int M, int K, const float* scale, uint8_t* xq,
+Status RunQuantizeActFp8Static(const void* x, ActType act, int M, int K, const float* scale, uint8_t* xq,
                                    cudaStream_t stream);
 
 // ---- 16-bit baseline through cuBLASLt ----
 // w: device [N][K] in a.act's type. Plans are cached per (M, N, K, type, mode).
 // Non-invariant mode: the first call of a shape may run the GEMM several times (timing).
-Status run_bf16(BlasLt* blas, const void* w, int N, int K, const LinearArgs& a, cudaStream_t stream);
+Status RunBf16(BlasLt* blas, const void* w, int N, int K, const LinearArgs& a, cudaStream_t stream);
 // Resolves (and caches) the plan for a shape ahead of time: cold start, not request path.
 // Non-invariant plans get the heuristic's first algorithm here (M <= 256: timed by the first call).
 Status WarmBf16(BlasLt* blas, int M, int N, int K, ActType act, bool batch_invariant);
-
-// Describes the split-K plan our kernels use for (K, N) (for logs and benchmarks).
-struct SplitPlan {
-  int splits = 1, steps_per_warp = 0, n_blocks = 0;
-};
-SplitPlan PlanFor(int K, int N);
 
 }  // namespace flashq::gemm

@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 
 namespace flashq::gemm {
 namespace {

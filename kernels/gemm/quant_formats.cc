@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 
 namespace flashq::gemm {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/common/status.h"
+#include "common/status.h"
 
 namespace flashq::gemm {
 
@@ -46,7 +46,7 @@ Int4Weights QuantizeInt4(const float* w, int N, int K, int group_size, bool symm
 Fp8Weights QuantizeFp8(const float* w, int N, int K, bool per_channel);
 // Dynamic activation quantization to E4M3 (the W8A8 path): scale = amax / 448 per
 // tensor (scales[0..M-1] all equal) or per row; xq = satfinite_rn(x / scale).
-// `scales` has M entries. The GPU kernel run_quantize_act_fp8 computes the same bits.
+// `scales` has M entries. The GPU kernel RunQuantizeActFp8 computes the same bits.
 void QuantizeActFp8(const float* x, int M, int K, bool per_row, uint8_t* xq, float* scales);
 
 // Dequantize into float [N][K] (tests, the CPU backend's preparation).

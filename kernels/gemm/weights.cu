@@ -1,7 +1,7 @@
 // Load-time preparation (repack + upload) of int4 and FP8 weights, and the host side of
-// run_w4a16 / run_w8a16: workspace carving, act-order gather, row chunking, and the
+// RunW4A16 / RunW8A16: workspace carving, act-order gather, row chunking, and the
 // non-invariant large-M path (dequantize to 16-bit, then cuBLASLt). Layouts: see
-// qlinear_kernel.cuh.
+// qlinear_fragment.cuh.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kernels/common/cuda_check.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/gemm/gemm_internal.h"
 
 namespace flashq::gemm {
@@ -78,9 +78,11 @@ Status CheckArgs(const LinearArgs& a, int K, size_t need, const char* who) {
   return Status::Ok();
 }
 
-cudaError_t LaunchKernel(bool fp8, ActType act, const detail::QLinearParams& p, cudaStream_t s) {
-  if (fp8) return act == ActType::kF16 ? detail::LaunchW8A16F16(p, s) : detail::LaunchW8A16Bf16(p, s);
-  return act == ActType::kF16 ? detail::LaunchW4A16F16(p, s) : detail::LaunchW4A16Bf16(p, s);
+cudaError_t LaunchKernel(bool fp8, ActType act, const detail::QLinearParams& p, const GemmTuning& t, cudaStream_t s) {
+  const bool f16 = act == ActType::kF16;
+  if (fp8) return f16 ? detail::LaunchFp8F16(p, t, s) : detail::LaunchFp8Bf16(p, t, s);
+  if (p.gsteps % kSubSteps != 0) return f16 ? detail::LaunchInt4F16StepFlush(p, t, s) : detail::LaunchInt4Bf16StepFlush(p, t, s);
+  return f16 ? detail::LaunchInt4F16StageFlush(p, t, s) : detail::LaunchInt4Bf16StageFlush(p, t, s);
 }
 
 // Runs the qlinear kernel over row chunks of at most kMaxRowsPerLaunch rows.
@@ -96,7 +98,7 @@ Status RunChunks(bool fp8, detail::QLinearParams p, const LinearArgs& a, const v
     p.M = std::min(kMaxRowsPerLaunch, a.M - r0);
     p.x = static_cast<const uint16_t*>(x) + size_t(r0) * p.K;
     p.y = static_cast<uint16_t*>(a.y) + size_t(r0) * p.N;
-    FQ_CUDA_RETURN(LaunchKernel(fp8, a.act, p, stream));
+    FQ_CUDA_RETURN(LaunchKernel(fp8, a.act, p, a.tuning, stream));
   }
   return Status::Ok();
 }
@@ -109,7 +111,7 @@ W4A16Weights::~W4A16Weights() {
   if (view_ && view_->alloc) cudaFree(view_->alloc);
 }
 
-Status W4A16Weights::Create(const Int4Weights& w, std::unique_ptr<W4A16Weights>* out) {
+Status W4A16Weights::Create(const Int4Weights& w, std::unique_ptr<W4A16Weights>* out, const GemmTuning& tuning) {
   FQ_RETURN_IF_ERROR(w.Validate());
   const int K = w.K, N = w.N;
   if (K % 8 != 0) return InvalidArgument("W4A16: K must be a multiple of 8 (16-byte activation rows), got K=" + std::to_string(K));
@@ -141,7 +143,7 @@ Status W4A16Weights::Create(const Int4Weights& w, std::unique_ptr<W4A16Weights>*
   v->K = K;
   v->N = N;
   v->nk32 = (K + kStepK - 1) / kStepK;
-  v->plan = PlanFor(K, N);
+  v->plan = PlanFor(K, N, tuning.target_warps);
   v->strips = v->plan.n_blocks * kWarpsN;
   v->groups = channelwise ? 1 : (K + w.group_size - 1) / w.group_size;
   v->gsteps = channelwise ? std::max(1, v->nk32) : w.group_size / kStepK;
@@ -233,11 +235,11 @@ size_t W4A16WorkspaceBytes(const W4A16Weights& w, int max_m, bool batch_invarian
   return KernelWorkspace(v.N, v.K, v.plan, max_m, w.act_order(), !batch_invariant && max_m >= kW4A16DequantMinM, true).total;
 }
 
-Status run_w4a16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaStream_t stream) {
+Status RunW4A16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaStream_t stream) {
   const auto& v = w.view();
   const bool dequant_path = !a.batch_invariant && a.M >= kW4A16DequantMinM;
   const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, w.act_order(), dequant_path, true);
-  FQ_RETURN_IF_ERROR(CheckArgs(a, v.K, l.total, "run_w4a16"));
+  FQ_RETURN_IF_ERROR(CheckArgs(a, v.K, l.total, "RunW4A16"));
   if (a.M == 0) return Status::Ok();
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
   const void* x = a.x;
@@ -246,12 +248,12 @@ Status run_w4a16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaS
     x = ws + l.xperm;
   }
   if (dequant_path) {
-    if (!blas) return InvalidArgument("run_w4a16: the non-invariant large-M path needs a BlasLt");
+    if (!blas) return InvalidArgument("RunW4A16: the non-invariant large-M path needs a BlasLt");
     FQ_CUDA_RETURN(detail::LaunchDequantInt4(v, a.act, ws + l.wdeq, stream));
     LinearArgs b = a;
     b.x = x;
     b.batch_invariant = false;
-    return run_bf16(blas, ws + l.wdeq, v.N, v.K, b, stream);
+    return RunBf16(blas, ws + l.wdeq, v.N, v.K, b, stream);
   }
   detail::QLinearParams p;
   p.qw = v.qw;
@@ -268,7 +270,7 @@ Status run_w4a16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaS
 
 // ---------------- fp8 ----------------
 namespace {
-// The fp8 word of channels c[0..3] (E4M3 bytes), with the bit places that Fp8Word (qlinear_kernel.cuh) describes and
+// The fp8 word of channels c[0..3] (E4M3 bytes), with the bit places that Fp8Word (qlinear_fragment.cuh) describes and
 // decodes.
 uint32_t Fp8PackWord(const uint8_t (&c)[4]) {
   auto sign = [&](int i) { return uint32_t(c[i] >> 7); };
@@ -285,7 +287,8 @@ Fp8DeviceWeights::~Fp8DeviceWeights() {
 
 // The paths' copies: W8A8 the [N][K] bytes, the scales per column and the per-tensor scale; W8A16 the repacked words and
 // the scales in strip order.
-Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWeights>* out, Fp8Paths paths) {
+Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWeights>* out, Fp8Paths paths,
+                                 const GemmTuning& tuning) {
   FQ_RETURN_IF_ERROR(w.Validate());
   const bool w8a8 = paths != Fp8Paths::kW8A16, w8a16 = paths != Fp8Paths::kW8A8;
   const int K = w.K, N = w.N;
@@ -293,7 +296,7 @@ Status Fp8DeviceWeights::Create(const Fp8Weights& w, std::unique_ptr<Fp8DeviceWe
   v->K = K;
   v->N = N;
   v->nk32 = (K + kStepK - 1) / kStepK;
-  v->plan = PlanFor(K, N);
+  v->plan = PlanFor(K, N, tuning.target_warps);
   v->strips = v->plan.n_blocks * kWarpsN;
   const int strips = v->strips, nk32 = v->nk32;
   Blob blob;
@@ -374,11 +377,11 @@ size_t W8A16WorkspaceBytes(const Fp8DeviceWeights& w, int max_m) {
   return KernelWorkspace(v.N, v.K, v.plan, max_m, false, false, false).total;
 }
 
-Status run_w8a16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t stream) {
+Status RunW8A16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t stream) {
   const auto& v = w.view();
-  if (!v.qw) return InvalidArgument("run_w8a16: these FP8 weights were created for W8A8 only (Fp8Paths::kW8A8)");
+  if (!v.qw) return InvalidArgument("RunW8A16: these FP8 weights were created for W8A8 only (Fp8Paths::kW8A8)");
   const WsLayout l = KernelWorkspace(v.N, v.K, v.plan, a.M, false, false, false);
-  FQ_RETURN_IF_ERROR(CheckArgs(a, v.K, l.total, "run_w8a16"));
+  FQ_RETURN_IF_ERROR(CheckArgs(a, v.K, l.total, "RunW8A16"));
   if (a.M == 0) return Status::Ok();
   detail::QLinearParams p;
   p.qw = v.qw;

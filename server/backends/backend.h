@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/gemm/quant_formats.h"
 #include "server/core/shared_memory.h"
 #include "server/core/tensor.h"

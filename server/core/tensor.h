@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 
 namespace flashq::server {
 

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 
 namespace flashq::server {
 namespace {

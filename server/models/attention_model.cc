@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "kernels/attention/attention_ref.h"
 #include "server/core/request_decoder.h"
 #include "server/repository/model_repository.h"
 
@@ -39,9 +38,17 @@ absl::Status CheckCu(const InputTensor& t, int64_t total, int* batch) {
                                                    DTypeName(t.dtype), " ", ShapeString(t.shape)));
   }
   *batch = int(t.shape[0] - 1);
-  auto cu = ReadInt32(t);
-  Status s = attention::CheckCuSeqlens(cu.data(), *batch, total);
-  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("input '", t.name, "': ", s.message()));
+  const std::vector<int32_t> cu = ReadInt32(t);
+  auto bad = [&](auto&&... what) {
+    return absl::InvalidArgumentError(absl::StrCat("input '", t.name, "': ", what...));
+  };
+  if (cu[0] != 0) return bad("cu_seqlens[0] must be 0");
+  for (int b = 0; b < *batch; ++b) {
+    if (cu[b + 1] < cu[b]) return bad("cu_seqlens must be non-decreasing");
+  }
+  if (cu[*batch] != total) {
+    return bad("cu_seqlens[", *batch, "] = ", cu[*batch], " does not match the tensor's ", total, " rows");
+  }
   return absl::OkStatus();
 }
 

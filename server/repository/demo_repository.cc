@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/gemm/quant_formats.h"
 #include "server/repository/safetensors.h"
 

@@ -27,7 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "server/core/tensor.h"
 #include "server/repository/model_repository.h"
 

@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/gemm/quant_formats.h"
 #include "server/repository/checkpoint.h"
 #include "server/repository/model_repository.h"

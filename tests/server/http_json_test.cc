@@ -7,7 +7,7 @@
 
 #include <cstring>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 
 namespace flashq::server {
 namespace {

@@ -20,7 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/attention/attention_ref.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/batcher/scheduler.h"
 #include "server/core/model_stats.h"

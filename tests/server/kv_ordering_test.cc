@@ -23,7 +23,7 @@
 #include <google/protobuf/text_format.h>
 #include <gtest/gtest.h>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/inference_server.h"
 

@@ -22,7 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/attention/attention_ref.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/models/attention_model.h"
 #include "server/models/linear_model.h"

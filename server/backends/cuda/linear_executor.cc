@@ -46,7 +46,7 @@ class CudaLinear : public LinearExecutor {
                   w.fp8, &r.fp8, w.fp8_activations ? gemm::Fp8Paths::kW8A8 : gemm::Fp8Paths::kW8A16));
               !s.ok())
             return s;
-          r.ws_bytes = w.fp8_activations ? size_t(e->max_rows_) * (w.K + 4) + 256 : gemm::W8A16WorkspaceBytes(*r.fp8, e->max_rows_);
+          r.ws_bytes = w.fp8_activations ? gemm::W8A8WorkspaceBytes(w.K, e->max_rows_) : gemm::W8A16WorkspaceBytes(*r.fp8, e->max_rows_);
           break;
       }
       if (!w.bias.empty()) {
@@ -66,7 +66,8 @@ class CudaLinear : public LinearExecutor {
           if (w.format == WeightFormat::kFp8 && w.fp8_activations && w.fp8_input_scale > 0) {
             // A static activation scale: its row scales are written once, after the largest xq.
             const std::vector<float> scales(e->max_rows_, w.fp8_input_scale);
-            FQ_CUDA_OK(cudaMemcpy(ws + e->StaticScaleOffset(), scales.data(), scales.size() * 4, cudaMemcpyHostToDevice));
+            const size_t at = gemm::W8A8WorkspaceLayout(w.K, e->max_rows_, e->max_rows_, /*static_scale=*/true).scale;
+            FQ_CUDA_OK(cudaMemcpy(ws + at, scales.data(), scales.size() * 4, cudaMemcpyHostToDevice));
           }
         }
         r.workspace.push_back(ws);
@@ -124,9 +125,9 @@ class CudaLinear : public LinearExecutor {
       KernelTimer timer(*slot, *hist_[dev]);
       Status s;
       switch (format_) {
-        case WeightFormat::kBf16: s = gemm::run_bf16(d.blas(), r.bf16, N, K_, a, *stream); break;
-        case WeightFormat::kInt4: s = gemm::run_w4a16(*r.w4, a, d.blas(), *stream); break;
-        case WeightFormat::kFp8: s = fp8_act_ ? RunW8A8(d, r, a, *stream) : gemm::run_w8a16(*r.fp8, a, *stream); break;
+        case WeightFormat::kBf16: s = gemm::RunBf16(d.blas(), r.bf16, N, K_, a, *stream); break;
+        case WeightFormat::kInt4: s = gemm::RunW4A16(*r.w4, a, d.blas(), *stream); break;
+        case WeightFormat::kFp8: s = fp8_act_ ? RunW8A8(d, r, a, *stream) : gemm::RunW8A16(*r.fp8, a, *stream); break;
       }
       if (auto st_ = FromKernel(s); !st_.ok()) return st_;
       timer.Stop();
@@ -160,20 +161,16 @@ class CudaLinear : public LinearExecutor {
                                 : w.format == WeightFormat::kInt4 ? "linear_w4a16"
                                 : w.fp8_activations ? "linear_w8a8" : "linear_w8a16")) {}
 
-  // W8A8 workspace: xq [rows][K] E4M3, then the row scales (256-byte aligned). Static
-  // scales sit after the largest chunk's xq, so no chunk's xq reaches them.
-  size_t StaticScaleOffset() const { return (size_t(max_rows_) * K_ + 255) & ~size_t(255); }
-
   Status RunW8A8(DeviceContext& d, Replica& r, const gemm::LinearArgs& a, cudaStream_t stream) {
-    auto* xq = reinterpret_cast<uint8_t*>(a.workspace);
-    float* xs;
+    const bool static_scale = fp8_input_scale_ > 0;
+    const gemm::W8A8Workspace l = gemm::W8A8WorkspaceLayout(K_, max_rows_, a.M, static_scale);
+    auto* xq = reinterpret_cast<uint8_t*>(static_cast<char*>(a.workspace) + l.xq);
+    auto* xs = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + l.scale);
     Status s;
-    if (fp8_input_scale_ > 0) {
-      xs = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + StaticScaleOffset());
-      s = gemm::run_quantize_act_fp8_static(a.x, a.act, a.M, K_, xs, xq, stream);
+    if (static_scale) {
+      s = gemm::RunQuantizeActFp8Static(a.x, a.act, a.M, K_, xs, xq, stream);
     } else {
-      xs = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + ((size_t(a.M) * K_ + 255) & ~size_t(255)));
-      s = gemm::run_quantize_act_fp8(a.x, a.act, a.M, K_, /*per_row=*/true, xq, xs, stream);
+      s = gemm::RunQuantizeActFp8(a.x, a.act, a.M, K_, /*per_row=*/true, xq, xs, stream);
     }
     if (!s.ok()) return s;
     gemm::W8A8Args w8;
@@ -188,7 +185,7 @@ class CudaLinear : public LinearExecutor {
     w8.M = a.M;
     w8.out = gemm::ActType::kBF16;
     w8.batch_invariant = invariant_;
-    return gemm::run_w8a8(d.blas(), *r.fp8, w8, stream);
+    return gemm::RunW8A8(d.blas(), *r.fp8, w8, stream);
   }
 
   Contexts& ctx_;
@@ -209,14 +206,13 @@ absl::StatusOr<std::unique_ptr<LinearExecutor>> CreateCudaLinear(Contexts& ctx, 
                                                                  LinearWeights w, bool invariant) {
   auto e = CudaLinear::Create(ctx, metrics, w, invariant);
   if (!e.ok()) return e.status();
-  // Warm-up: every path once, on each GPU, at the row counts that select the kernels
-  // (gemm::kSmallMMaxRows, gemm::kWgmmaMinRows - 1, gemm::kWgmmaTileRows) and at the
-  // largest the server will use, in each activation type (FP32 runs as FP16).
+  // Warm-up: every path once, on each GPU, at the row counts that reach every kernel
+  // (gemm::WarmupRows, up to the largest the server will use), in each activation type
+  // (FP32 runs as FP16).
   const int max_rows = invariant ? 256 : 4096;
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
-  for (int m : {1, std::min(gemm::kSmallMMaxRows, max_rows), std::min(gemm::kWgmmaMinRows - 1, max_rows),
-                std::min(gemm::kWgmmaTileRows, max_rows), max_rows}) {
+  for (int m : gemm::WarmupRows(max_rows)) {
     std::vector<float> x(size_t(m) * w.K);
     for (float& f : x) f = nd(rng);
     for (DType t : {DType::kF16, DType::kBF16}) {

@@ -27,7 +27,7 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_ref.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 
 namespace flashq::attention {
 namespace {

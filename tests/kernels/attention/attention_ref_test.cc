@@ -151,12 +151,6 @@ TEST(AttentionChecks, RejectBadInput) {
   EXPECT_FALSE(CheckShape({1, 6, 4, 64, 0.1f, false}).ok());
   EXPECT_FALSE(CheckShape({1, 8, 2, 64, NAN, false}).ok());
   EXPECT_TRUE(CheckShape({0, 8, 2, 64, 0.1f, true}).ok());
-  std::vector<int32_t> good = {0, 3, 3, 7}, bad = {0, 3, 2, 7};
-  int mx = 0;
-  EXPECT_TRUE(CheckCuSeqlens(good.data(), 3, 7, &mx).ok());
-  EXPECT_EQ(mx, 4);
-  EXPECT_FALSE(CheckCuSeqlens(bad.data(), 3, 7).ok());
-  EXPECT_FALSE(CheckCuSeqlens(good.data(), 3, 8).ok());
   std::vector<int32_t> table = {0, 5}, lk = {20}, cuq = {0, 1};
   EXPECT_FALSE(CheckPaged(table.data(), 2, 16, 4, lk.data(), cuq.data(), 1).ok());  // block 5 >= 4
   EXPECT_TRUE(CheckPaged(table.data(), 2, 16, 6, lk.data(), cuq.data(), 1).ok());

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/gemm_tiles.h"
 #include "kernels/gemm/gemm_ref.h"
@@ -222,17 +222,6 @@ TEST(GemmCpuRef, LargeLayerThreadedMatchesSingleRow) {
   LinearRefInt4<float>(x.data(), M, w, y.data());
   LinearRefInt4<float>(x.data(), 1, w, y1.data());
   for (int n = 0; n < N; ++n) ASSERT_EQ(y[n], y1[n]);
-}
-
-TEST(GemmPlan, DependsOnKAndNOnly) {
-  SplitPlan p = PlanFor(4096, 4096);
-  EXPECT_GE(p.splits, 1);
-  EXPECT_LE(p.splits, kMaxSplits);
-  EXPECT_EQ(p.steps_per_warp % kSubSteps, 0);  // the kernel's pipeline stage is kSubSteps k32 steps
-  EXPECT_GE(p.splits * p.steps_per_warp * kWarpsK * kStepK, 4096);
-  EXPECT_LT((p.splits - 1) * p.steps_per_warp * kWarpsK * kStepK, 4096);  // no empty split
-  SplitPlan q = PlanFor(64, 8);
-  EXPECT_EQ(q.splits, 1);
 }
 
 }  // namespace

@@ -5,20 +5,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
 #include <memory>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/gemm/gemm.h"
-#include "kernels/gemm/gemm_internal.h"
 #include "kernels/gemm/gemm_ref.h"
 #include "kernels/gemm/quant_formats.h"
 #include "tests/kernels/gemm/gemm_test_util.h"
@@ -36,27 +33,6 @@ using testing::RandomVec;
     Status s_ = (x);                           \
     ASSERT_TRUE(s_.ok()) << #x << ": " << s_.message(); \
   } while (0)
-
-// Sets a process-wide kernel knob (gemm_internal.h) for a scope and restores it however the scope ends, a failed ASSERT
-// included, so that no later test runs with it.
-template <typename V>
-class KnobScope {
- public:
-  KnobScope(std::atomic<V>& knob, std::type_identity_t<V> value) : knob_(knob), saved_(knob.exchange(value)) {}
-  ~KnobScope() { knob_ = saved_; }
-  KnobScope(const KnobScope&) = delete;
-  KnobScope& operator=(const KnobScope&) = delete;
-
- private:
-  std::atomic<V>& knob_;
-  V saved_;
-};
-// fn() with `knob` set to `value`.
-template <typename V, typename Fn>
-auto WithKnob(std::atomic<V>& knob, std::type_identity_t<V> value, Fn fn) {
-  KnobScope<V> scope(knob, value);
-  return fn();
-}
 
 struct Dev {
   void* p = nullptr;
@@ -137,25 +113,28 @@ struct Ctx {
 };
 
 // shared: a workspace kept across calls (else a fresh zero-filled one).
-std::vector<float> RunW4(const W4A16Weights& w, const Acts& x, int M, ActType a, bool inv, BlasLt* blas, Dev* shared = nullptr) {
+std::vector<float> RunW4(const W4A16Weights& w, const Acts& x, int M, ActType a, bool inv, BlasLt* blas, Dev* shared = nullptr,
+                         const GemmTuning& tuning = {}) {
   Dev xd(x.bits.size() * 2), fresh(shared ? 0 : W4A16WorkspaceBytes(w, M, inv));
   Dev& ws = shared ? *shared : fresh;
   EXPECT_EQ(cudaMemcpy(xd.p, x.bits.data(), x.bits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   return RunPoisoned(M, w.N(), a, [&](void* y) {
     LinearArgs args{xd.p, y, M, a, inv, ws.p, ws.n};
-    Status s = run_w4a16(w, args, blas, nullptr);
+    args.tuning = tuning;
+    Status s = RunW4A16(w, args, blas, nullptr);
     EXPECT_TRUE(s.ok()) << s.message();
   });
 }
 
 // W8A16 in batch-invariant mode on the M rows of activation bits starting at `bits`.
-std::vector<float> RunW8(const Fp8DeviceWeights& w, const uint16_t* bits, int M, ActType a) {
+std::vector<float> RunW8(const Fp8DeviceWeights& w, const uint16_t* bits, int M, ActType a, const GemmTuning& tuning = {}) {
   const size_t xbytes = size_t(M) * w.K() * 2;
   Dev xd(xbytes), ws(W8A16WorkspaceBytes(w, M));
   EXPECT_EQ(cudaMemcpy(xd.p, bits, xbytes, cudaMemcpyHostToDevice), cudaSuccess);
   return RunPoisoned(M, w.N(), a, [&](void* y) {
     LinearArgs args{xd.p, y, M, a, true, ws.p, ws.n};
-    Status s = run_w8a16(w, args, nullptr);
+    args.tuning = tuning;
+    Status s = RunW8A16(w, args, nullptr);
     EXPECT_TRUE(s.ok()) << s.message();
   });
 }
@@ -315,11 +294,14 @@ TEST(GemmGpu, W4A16StagedKernelKeepsTheBits) {
         SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N) + (act == ActType::kF16 ? " f16" : " bf16") +
                      " M=" + std::to_string(M));
         Acts x = MakeActs(M, K, act, 5 + M);
-        const long before = detail::staged_launches.load();
-        auto staged = RunW4(*dw, x, M, act, true, nullptr);
-        const int limit = std::min({fits, detail::staged_max_rows.load(), detail::kStagedMaxRows});  // the knob may lower it
-        EXPECT_EQ(detail::staged_launches.load() - before, major >= 9 && M <= limit ? 1 : 0);
-        auto direct = WithKnob(detail::staged_max_rows, 0, [&] { return RunW4(*dw, x, M, act, true, nullptr); });
+        LaunchCounts counts;
+        GemmTuning on;
+        on.counts = &counts;
+        auto staged = RunW4(*dw, x, M, act, true, nullptr, nullptr, on);
+        EXPECT_EQ(counts.staged.load(), major >= 9 && M <= std::min(fits, kStagedMaxRows) ? 1 : 0);
+        GemmTuning off;
+        off.staged_max_rows = 0;
+        auto direct = RunW4(*dw, x, M, act, true, nullptr, nullptr, off);
         ExpectClose(staged, GemmF64(x.f, M, K, deq, N), act, 0, "staged");
         ASSERT_EQ(0, std::memcmp(staged.data(), direct.data(), staged.size() * sizeof(float)));
       }
@@ -337,7 +319,8 @@ TEST(GemmGpu, W4A16StripPairsKeepTheBits) {
   int dev = 0, major = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
-  KnobScope<int> staged_off(detail::staged_max_rows, 0);
+  GemmTuning staged_off;  // the pairs then take M <= 8 too
+  staged_off.staged_max_rows = 0;
   for (auto [K, N] : {std::pair{4096, 512}, std::pair{5496, 1000}, std::pair{8192, 2048}, std::pair{13312, 200}}) {
     Int4Weights w = QuantizeInt4(RandomVec(size_t(N) * K, 13).data(), N, K, 128, false);
     std::unique_ptr<W4A16Weights> dw;
@@ -349,10 +332,14 @@ TEST(GemmGpu, W4A16StripPairsKeepTheBits) {
         SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N) + (act == ActType::kF16 ? " f16" : " bf16") +
                      " M=" + std::to_string(M));
         Acts x = MakeActs(M, K, act, 21 + M);
-        const long before = detail::pair_launches.load();
-        auto paired = RunW4(*dw, x, M, act, true, nullptr);
-        EXPECT_EQ(detail::pair_launches.load() - before, major >= 9 && detail::strip_pairs.load() ? 1 : 0);
-        auto single = WithKnob(detail::strip_pairs, false, [&] { return RunW4(*dw, x, M, act, true, nullptr); });
+        LaunchCounts counts;
+        GemmTuning pairs = staged_off;
+        pairs.counts = &counts;
+        auto paired = RunW4(*dw, x, M, act, true, nullptr, nullptr, pairs);
+        EXPECT_EQ(counts.strip_pairs.load(), major >= 9 ? 1 : 0);
+        GemmTuning one_strip = staged_off;
+        one_strip.strip_pairs = false;
+        auto single = RunW4(*dw, x, M, act, true, nullptr, nullptr, one_strip);
         ExpectClose(paired, GemmF64(x.f, M, K, deq, N), act, 0, "strip pairs");
         ASSERT_EQ(0, std::memcmp(paired.data(), single.data(), paired.size() * sizeof(float)));
       }
@@ -380,11 +367,14 @@ TEST(GemmGpu, W8A16StagedKernelKeepsTheBits) {
         SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N) + (act == ActType::kF16 ? " f16" : " bf16") +
                      " M=" + std::to_string(M));
         Acts x = MakeActs(M, K, act, 7 + M);
-        const long before = detail::staged_launches.load();
-        auto staged = RunW8(*dw, x.bits.data(), M, act);
-        const int limit = std::min(detail::staged_fp8_max_rows.load(), detail::kStagedMaxRows);  // the knob may lower it
-        EXPECT_EQ(detail::staged_launches.load() - before, major >= 9 && M <= limit ? 1 : 0);
-        auto direct = WithKnob(detail::staged_fp8_max_rows, 0, [&] { return RunW8(*dw, x.bits.data(), M, act); });
+        LaunchCounts counts;
+        GemmTuning on;
+        on.counts = &counts;
+        auto staged = RunW8(*dw, x.bits.data(), M, act, on);
+        EXPECT_EQ(counts.staged.load(), major >= 9 && M <= kStagedMaxRows ? 1 : 0);
+        GemmTuning off;
+        off.staged_fp8_max_rows = 0;
+        auto direct = RunW8(*dw, x.bits.data(), M, act, off);
         ExpectClose(staged, GemmF64(x.f, M, K, deq, N), act, 0, "staged fp8");
         ASSERT_EQ(0, std::memcmp(staged.data(), direct.data(), staged.size() * sizeof(float)));
       }
@@ -405,7 +395,9 @@ TEST(GemmGpu, W4A16ResidentGridFallbacksKeepTheBits) {
       SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N) + " M=" + std::to_string(M));
       Acts x = MakeActs(M, K, ActType::kBF16, 4);
       auto normal = RunW4(*dw, x, M, ActType::kBF16, true, nullptr);
-      auto fallback = WithKnob(detail::grid_wait_ns, 0, [&] { return RunW4(*dw, x, M, ActType::kBF16, true, nullptr); });
+      GemmTuning no_wait;
+      no_wait.grid_wait_ns = 0;
+      auto fallback = RunW4(*dw, x, M, ActType::kBF16, true, nullptr, nullptr, no_wait);
       ASSERT_EQ(0, std::memcmp(normal.data(), fallback.data(), normal.size() * sizeof(float)));
     }
   }
@@ -510,7 +502,7 @@ TEST_P(GemmGpuW8A8, QuantizeAndGemmMatchReference) {
   for (int M : {Mmax, 1, 3, 17}) {
     Dev xd(size_t(M) * K * 2), xq(size_t(M) * K), xs(size_t(M) * 4);
     CK(cudaMemcpy(xd.p, x.bits.data(), size_t(M) * K * 2, cudaMemcpyHostToDevice));
-    OK(run_quantize_act_fp8(xd.p, ActType::kBF16, M, K, per_row, static_cast<uint8_t*>(xq.p), static_cast<float*>(xs.p), nullptr));
+    OK(RunQuantizeActFp8(xd.p, ActType::kBF16, M, K, per_row, static_cast<uint8_t*>(xq.p), static_cast<float*>(xs.p), nullptr));
     // Same bits as the host quantizer.
     std::vector<uint8_t> hq(size_t(M) * K), rq(size_t(M) * K);
     std::vector<float> hs(M), rs(M);
@@ -532,7 +524,7 @@ TEST_P(GemmGpuW8A8, QuantizeAndGemmMatchReference) {
         a.y = yp;
         a.M = M;
         a.batch_invariant = inv;
-        Status s = run_w8a8(ctx.blas.get(), *dw, a, nullptr);
+        Status s = RunW8A8(ctx.blas.get(), *dw, a, nullptr);
         EXPECT_TRUE(s.ok()) << s.message();
       });
       const std::string what = name + (inv ? " invariant" : " fast") + " M=" + std::to_string(M);
@@ -572,7 +564,7 @@ TEST(GemmGpu, Fp8WeightsForOnePathHoldOneCopy) {
 
   Dev xd(size_t(M) * K * 2), xq(size_t(M) * K), xs(size_t(M) * 4), y(size_t(M) * N * 2);
   CK(cudaMemcpy(xd.p, x.bits.data(), size_t(M) * K * 2, cudaMemcpyHostToDevice));
-  OK(run_quantize_act_fp8(xd.p, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq.p), static_cast<float*>(xs.p), nullptr));
+  OK(RunQuantizeActFp8(xd.p, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq.p), static_cast<float*>(xs.p), nullptr));
   W8A8Args a;
   a.x_fp8 = static_cast<uint8_t*>(xq.p);
   a.x_scale = static_cast<float*>(xs.p);
@@ -581,7 +573,7 @@ TEST(GemmGpu, Fp8WeightsForOnePathHoldOneCopy) {
     return RunPoisoned(M, N, ActType::kBF16, [&](void* yp) {
       W8A8Args b = a;
       b.y = yp;
-      Status s = run_w8a8(ctx.blas.get(), d, b, nullptr);
+      Status s = RunW8A8(ctx.blas.get(), d, b, nullptr);
       EXPECT_TRUE(s.ok()) << s.message();
     });
   };
@@ -589,11 +581,11 @@ TEST(GemmGpu, Fp8WeightsForOnePathHoldOneCopy) {
   ASSERT_EQ(0, std::memcmp(y8.data(), ref8.data(), y8.size() * sizeof(float))) << "W8A8 on kW8A8 weights";
 
   a.y = y.p;
-  const Status s8 = run_w8a8(ctx.blas.get(), *w16, a, nullptr);
+  const Status s8 = RunW8A8(ctx.blas.get(), *w16, a, nullptr);
   EXPECT_EQ(s8.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s8.message().find("created for W8A16 only"), std::string::npos) << s8.message();
   Dev ws(W8A16WorkspaceBytes(*w8, M));
-  const Status s16 = run_w8a16(*w8, LinearArgs{xd.p, y.p, M, ActType::kBF16, true, ws.p, ws.n}, nullptr);
+  const Status s16 = RunW8A16(*w8, LinearArgs{xd.p, y.p, M, ActType::kBF16, true, ws.p, ws.n}, nullptr);
   EXPECT_EQ(s16.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s16.message().find("created for W8A8 only"), std::string::npos) << s16.message();
 }
@@ -632,7 +624,7 @@ TEST(GemmGpu, Bf16CublasLtMatchesAndPinnedAlgoIsInvariant) {
       for (bool inv : {true, false}) {
         auto y = RunPoisoned(m, N, act, [&](void* yp) {
           LinearArgs a{xd.p, yp, m, act, inv, nullptr, 0};
-          Status s = run_bf16(ctx.blas.get(), w.dev->p, N, K, a, nullptr);
+          Status s = RunBf16(ctx.blas.get(), w.dev->p, N, K, a, nullptr);
           EXPECT_TRUE(s.ok()) << s.message();
         });
         std::vector<float> yh(y.begin(), y.begin() + ref.size());
@@ -669,7 +661,7 @@ TEST(GemmGpu, Bf16CublasLtConcurrentStreamsMatchALoneCall) {
     }
     auto y_of = [&](int s, int r) { return static_cast<uint16_t*>(yd[s]->p) + size_t(r) * M * N; };
     auto run = [&](int s, int r) {
-      return run_bf16(ctx.blas.get(), w.dev->p, N, K, LinearArgs{xd[s]->p, y_of(s, r), M, act, false, nullptr, 0}, st[s]);
+      return RunBf16(ctx.blas.get(), w.dev->p, N, K, LinearArgs{xd[s]->p, y_of(s, r), M, act, false, nullptr, 0}, st[s]);
     };
     auto fetch = [&](int s, int r) {
       std::vector<uint16_t> h(size_t(M) * N);

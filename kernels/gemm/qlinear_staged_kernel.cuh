@@ -19,21 +19,26 @@
 // the last weights (1.5-1.8 µs after the wait at 4096² M = 4, a %globaltimer probe) and held up all of the compute
 // that needs it. 4096²: M = 1 4.20 -> 4.02 µs, M = 4 4.63 -> 4.08, M = 8 4.89 -> 4.47 (H200).
 // Measured: docs/perf/experiments.md (the staged kernel's lines).
-// Launches of at most staged_dequant_first_rows rows dequantize before griddepcontrol.wait (see the kernel).
+// Launches of at most GemmTuning::staged_dequant_first_rows rows dequantize before griddepcontrol.wait (see the kernel).
 //
 // Bits: the same DequantPair values, the same mma chains per flush unit from zero (Mma0), Flush's fma, and the same
 // block sum as QLinearDirectKernel; weight steps past the strip's K and X columns past K read zeros, as that kernel
 // loads them. So row i of Y is bitwise the small-M kernel's for any M (GPU test W4A16StagedKernelKeepsTheBits).
-// Limits (UseStaged, and sm_90 at launch): int4 with stage flush, M <= kStagedMaxRows, plans of kMaxSplits splits
+// Limits (StagedApplies in dispatch.cc): int4 with stage flush, M <= kStagedMaxRows, plans of kMaxSplits splits
 // with at most kStagedMaxStages stages per warp range, K % 8 == 0 (16-byte rows of X), and the weights plus X within
 // the block's shared memory.
 #pragma once
 
-#include "kernels/gemm/qlinear_kernel.cuh"
+#include "kernels/common/ptx/bulk_copy.cuh"
+#include "kernels/common/ptx/cp_async.cuh"
+#include "kernels/common/ptx/loads.cuh"
+#include "kernels/common/ptx/mbarrier.cuh"
+#include "kernels/common/ptx/sync.cuh"
+#include "kernels/gemm/device_info.cuh"
+#include "kernels/gemm/qlinear_direct_kernel.cuh"
+#include "kernels/gemm/qlinear_fragment.cuh"
 
 namespace flashq::gemm::detail {
-
-constexpr int kStagedMaxStages = 4;  // stages of kSubSteps k32 steps per warp range
 
 // Shared memory: the strip's weight steps [0, warps * spw) as in global memory (512 bytes each), then X rows 0..M-1
 // of warps * spw * 32 columns each (columns past K zero), 64 bytes apart beyond 128-byte multiples so that the two
@@ -45,29 +50,24 @@ struct StagedLayout {
   bool dequant_first = false;
 };
 constexpr uint32_t kStagedBarBytes = 8u * (1 + kStagedMaxStages);  // a warp's mbarriers
-inline StagedLayout StagedLayoutFor(const QLinearParams& p) {
+inline StagedLayout StagedLayoutFor(const QLinearParams& p, const GemmTuning& t) {
   StagedLayout l;
   const uint32_t warps = uint32_t(kWarpsK) * p.splits, steps = warps * p.steps_per_warp;
   l.w_bytes = steps * 512u;
   l.x_stride = steps * kStepK * 2u + 64u;
   l.bars = l.w_bytes + uint32_t(p.M) * l.x_stride;
   l.total = l.bars + warps * kStagedBarBytes;
-  l.dequant_first = p.M <= staged_dequant_first_rows.load(std::memory_order_relaxed);
+  l.dequant_first = p.M <= t.staged_dequant_first_rows;
   return l;
 }
 
-__device__ __forceinline__ uint4 LdShared16(uint32_t a) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-  return v;
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(const QLinearParams p, const StagedLayout l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NT = 1;  // one 8-token tile (kStagedMaxRows)
   extern __shared__ __align__(128) uint4 staged_smem[];
-  LaunchDependents();  // as the int4 small-M kernel: the next kernel may start its weight prefetch at once
+  ptx::LaunchDependents();  // as the int4 small-M kernel: the next kernel may start its weight prefetch at once
   const int lane = threadIdx.x & 31;
   // The warp index through a shuffle: ptxas then knows that it is the same in every lane, and keeps the copies'
   // addresses in uniform registers (no loop over the lanes around each bulk copy and barrier init).
@@ -126,16 +126,16 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
     for (int s = 0; s < kStagedMaxStages; ++s) {
       if (s >= s0 && s < s1 && s < nst) {
         const uint32_t bytes = uint32_t(max(0, min(kSubSteps, nvalid - kSubSteps * s))) * 512u;
-        MbarArriveExpectTx(bar_w(s), bytes);
-        if (bytes) BulkCopy(wbase + uint32_t(s) * 2048u, wsrc + s * 2048, bytes, bar_w(s));
+        ptx::MbarArriveExpectTx(bar_w(s), bytes);
+        if (bytes) ptx::BulkCopy(wbase + uint32_t(s) * 2048u, wsrc + s * 2048, bytes, bar_w(s));
       }
     }
   };
   if (lane == 0) {
-    MbarInit(bar_x, 32);
+    ptx::MbarInit(bar_x, 32);
 #pragma unroll
-    for (int s = 0; s < kStagedMaxStages; ++s) MbarInit(bar_w(s), 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int s = 0; s < kStagedMaxStages; ++s) ptx::MbarInit(bar_w(s), 1);
+    ptx::FenceMbarInitCluster();
     copy_stages(0, 1);
   }
   __syncwarp();  // every lane sees the barriers and reads the zeros of every lane
@@ -144,14 +144,14 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
   // lane's copies arriving on the X barrier (many small copies from all lanes issue faster than a bulk copy per row
   // from one), then the other stages of the weights.
   auto wait_and_copy_x = [&] {
-    GridDependencyWait();
+    ptx::GridDependencyWait();
     const T* xsrc = static_cast<const T*>(p.x) + j0 * kStepK;
     for (int m = 0; m < p.M; ++m)
       for (int c = lane; c < xk / 8; c += 32)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(xs0 + uint32_t(m) * l.x_stride + uint32_t(c) * 16u),
                      "l"(xsrc + size_t(m) * p.K + c * 8)
                      : "memory");
-    CpAsyncMbarArrive(bar_x);
+    ptx::CpAsyncMbarArrive(bar_x);
     if (lane == 0) copy_stages(1, kStagedMaxStages);  // behind X (see the header)
   };
   // Stage 0 is dequantized into registers before X is waited for. With one row (dequant_first), X arrives soon after
@@ -173,13 +173,13 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 
   // Stage 0: A fragments before X. The wait for X takes its address from every fragment (times a runtime zero), so
   // that ptxas cannot sink the dequantization past it.
-  MbarWait(bar_w(0), 0);
+  ptx::MbarWaitAsmLoop(bar_w(0), 0);
   if (fresh & 1u) GroupRegs<T>(sbs[0], sbz[0], scl, nzm);
   uint32_t a[kSubSteps][2][2][4];
   uint32_t dep = 0;
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
-    const uint4 w = LdShared16(wrow + uint32_t(r) * 512u);
+    const uint4 w = ptx::LdShared16(wrow + uint32_t(r) * 512u);
     const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks)
@@ -199,12 +199,12 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
     if (dep0) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(bar_x), "r"(dep) : "memory");
     wait_and_copy_x();
   }
-  MbarWait(bar_x + dep0, 0);
+  ptx::MbarWaitAsmLoop(bar_x + dep0, 0);
 #pragma unroll
   for (int r = 0; r < kSubSteps; ++r) {
     uint4 xv[NT];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) xv[nt] = LdShared16(xrow[nt] + uint32_t(r) * (kStepK * 2u));
+    for (int nt = 0; nt < NT; ++nt) xv[nt] = ptx::LdShared16(xrow[nt] + uint32_t(r) * (kStepK * 2u));
     // StepMma's mma order: k16 half ks, then 16-column half u, then token tile.
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks)
@@ -223,16 +223,16 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 #pragma unroll
   for (int s = 1; s < kStagedMaxStages; ++s) {
     if (s >= nst) break;
-    MbarWait(bar_w(s), 0);
+    ptx::MbarWaitAsmLoop(bar_w(s), 0);
     if (fresh & (1u << s)) GroupRegs<T>(sbs[s], sbz[s], scl, nzm);
 #pragma unroll
     for (int r = 0; r < kSubSteps; ++r) {
       const int j = kSubSteps * s + r;
-      const uint4 w = LdShared16(wrow + uint32_t(j) * 512u);
+      const uint4 w = ptx::LdShared16(wrow + uint32_t(j) * 512u);
       const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
       uint4 xv[NT];
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) xv[nt] = LdShared16(xrow[nt] + uint32_t(j) * (kStepK * 2u));
+      for (int nt = 0; nt < NT; ++nt) xv[nt] = ptx::LdShared16(xrow[nt] + uint32_t(j) * (kStepK * 2u));
       StepMma<T, NT, false>(wv, xv, nzm, r == 0, c, acc);
     }
     Flush<NT>(scl, c, acc);
@@ -258,7 +258,6 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedKernel(cons
 // QLinearDirectKernel's arithmetic, so row i of Y is bitwise the small-M kernel's for any M (GPU test
 // W8A16StagedKernelKeepsTheBits).
 // ---------------------------------------------------------------------------------------------
-constexpr int kStagedFp8Steps = 8;       // k32 steps per warp range
 constexpr int kFp8StageSteps = 4;        // k32 steps per bulk copy
 constexpr uint32_t kFp8StepBytes = 1024;  // a step of a strip's fp8 weights: 2 chunks x 32 lanes x 16 bytes
 // Shared memory: the strip's weights (the block sum's accumulators take the same space after them), then each warp's
@@ -288,20 +287,20 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(c
 
   const char* wsrc = static_cast<const char*>(p.qw) + (size_t(strip) * p.nk32 + j0) * kFp8StepBytes;
   auto copy_stage = [&](int s) {  // lane 0: stage s of the warp's weights
-    MbarArriveExpectTx(bar0 + 8u * s, kStageBytes);
-    BulkCopy(wbase + uint32_t(s) * kStageBytes, wsrc + s * kStageBytes, kStageBytes, bar0 + 8u * s);
+    ptx::MbarArriveExpectTx(bar0 + 8u * s, kStageBytes);
+    ptx::BulkCopy(wbase + uint32_t(s) * kStageBytes, wsrc + s * kStageBytes, kStageBytes, bar0 + 8u * s);
   };
   if (lane == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) MbarInit(bar0 + 8u * s, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int s = 0; s < kStages; ++s) ptx::MbarInit(bar0 + 8u * s, 1);
+    ptx::FenceMbarInitCluster();
     copy_stage(0);
   }
   __syncwarp();  // every lane sees the barriers
 
   // After the wait: X, token rows 8nt + g (rows past M read row M - 1: their outputs are never stored), k 8t..8t+7 of
   // each step, zeros past K; then the other stages of the weights, behind X.
-  GridDependencyWait();
+  ptx::GridDependencyWait();
   const int xk0 = j0 * kStepK + 8 * t;
   uint4 xb[kStagedFp8Steps][NT];
 #pragma unroll
@@ -309,7 +308,7 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(c
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
       xb[r][nt] = xk0 + r * kStepK < p.K
-                      ? LdCached16(static_cast<const T*>(p.x) + size_t(min(nt * 8 + g, p.M - 1)) * p.K + xk0 + r * kStepK)
+                      ? ptx::LdCached16(static_cast<const T*>(p.x) + size_t(min(nt * 8 + g, p.M - 1)) * p.K + xk0 + r * kStepK)
                       : make_uint4(0u, 0u, 0u, 0u);
   if (lane == 0) {
 #pragma unroll
@@ -323,38 +322,28 @@ __global__ void __launch_bounds__(kDirectMaxThreads, 1) QLinearStagedFp8Kernel(c
   const uint32_t wrow = wbase + uint32_t(lane) * 16u;
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
-    MbarWait(bar0 + 8u * s, 0);
+    ptx::MbarWaitAsmLoop(bar0 + 8u * s, 0);
 #pragma unroll
     for (int r = 0; r < kFp8StageSteps; ++r) {
       const int j = kFp8StageSteps * s + r;
-      const uint4 w0 = LdShared16(wrow + uint32_t(j) * kFp8StepBytes), w1 = LdShared16(wrow + uint32_t(j) * kFp8StepBytes + 512u);
+      const uint4 w0 = ptx::LdShared16(wrow + uint32_t(j) * kFp8StepBytes), w1 = ptx::LdShared16(wrow + uint32_t(j) * kFp8StepBytes + 512u);
       const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
       StepMma<T, NT, true>(wv, xb[j], nzm, false, c, acc);
     }
   }
 
-  LaunchDependents();  // as QLinearDirectKernel's fp8 path: after the main loop
+  ptx::LaunchDependents();  // as QLinearDirectKernel's fp8 path: after the main loop
   __syncthreads();     // every warp is done with its weights: their space takes the block's sum
   BlockSum<T, NT, true>(reinterpret_cast<float*>(staged_smem), p, strip, warp, lane, acc, fsv);
 #endif
 }
 
-// Whether the staged kernel can take a launch of at most kStagedMaxRows rows (see the header comment; the device and
-// the shared memory are checked at launch); its shared memory in *l.
-inline bool UseStaged(const QLinearParams& p, StagedLayout* l) {
-  if (p.M > staged_max_rows.load(std::memory_order_relaxed) || p.splits != kMaxSplits ||
-      p.steps_per_warp > kSubSteps * kStagedMaxStages || p.K % 8 != 0)
-    return false;
-  *l = StagedLayoutFor(p);
-  return true;
-}
-
 // Launches staged kernel kKernel with `bytes` of shared memory, once its limit is raised to the device's opt-in
-// maximum (once per kernel and device, not per launch); cudaErrorNotSupported, with nothing launched, before sm_90 or
-// where the block's shared memory cannot hold `bytes`.
+// maximum (once per kernel and device, not per launch); cudaErrorNotSupported, with nothing launched, where the block's
+// shared memory cannot hold `bytes`.
 template <auto kKernel, typename... Args>
-cudaError_t LaunchStagedKernel(const QLinearParams& p, uint32_t bytes, cudaStream_t stream, const Args&... args) {
-  if (DeviceMajor() < 9) return cudaErrorNotSupported;
+cudaError_t LaunchStagedKernel(const QLinearParams& p, uint32_t bytes, const GemmTuning& t, const DeviceInfo& d,
+                               cudaStream_t stream, const Args&... args) {
   static std::atomic<int> optin[kMaxDevices] = {};  // the opt-in bytes + 1, once set
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev >= kMaxDevices) return cudaErrorNotSupported;
@@ -373,26 +362,21 @@ cudaError_t LaunchStagedKernel(const QLinearParams& p, uint32_t bytes, cudaStrea
   cfg.stream = stream;
   cudaLaunchAttribute at[1];
   cfg.attrs = at;
-  AddPdl(&cfg);
-  staged_launches.fetch_add(1, std::memory_order_relaxed);
+  AddPdl(&cfg, t, d);
+  if (t.counts) t.counts->staged.fetch_add(1, std::memory_order_relaxed);
   return cudaLaunchKernelEx(&cfg, kKernel, args...);
 }
 
-// Launches of at most kStagedMaxRows rows: cudaErrorNotSupported (nothing launched) where the staged kernels do not
-// apply (UseStaged; fp8: 8-split plans of kStagedFp8Steps steps per warp range, all inside the weights, M <=
-// staged_fp8_max_rows; both: sm_90) or the block's shared memory cannot hold them: the caller takes QLinearDirectKernel.
+// A launch that StagedApplies (dispatch.h) takes: cudaErrorNotSupported (nothing launched) where the block's shared
+// memory cannot hold it; the caller then takes QLinearDirectKernel.
 template <typename T, bool kFp8>
-cudaError_t LaunchQLinearStaged(const QLinearParams& p, cudaStream_t stream) {
+cudaError_t LaunchQLinearStaged(const QLinearParams& p, const GemmTuning& t, const DeviceInfo& d, cudaStream_t stream) {
   if constexpr (kFp8) {
-    if (p.M > staged_fp8_max_rows.load(std::memory_order_relaxed) || p.splits != kMaxSplits ||
-        p.steps_per_warp != kStagedFp8Steps || p.nk32 != kWarpsK * kMaxSplits * kStagedFp8Steps)
-      return cudaErrorNotSupported;
-    return LaunchStagedKernel<QLinearStagedFp8Kernel<T>>(p, kStagedFp8Bytes, stream, p);
+    return LaunchStagedKernel<QLinearStagedFp8Kernel<T>>(p, kStagedFp8Bytes, t, d, stream, p);
   } else {
-    StagedLayout l;
-    if (!UseStaged(p, &l)) return cudaErrorNotSupported;
     static_assert(kStagedMaxRows <= 8, "the staged kernel runs one 8-token tile");
-    return LaunchStagedKernel<QLinearStagedKernel<T>>(p, l.total, stream, p, l);
+    const StagedLayout l = StagedLayoutFor(p, t);
+    return LaunchStagedKernel<QLinearStagedKernel<T>>(p, l.total, t, d, stream, p, l);
   }
 }
 

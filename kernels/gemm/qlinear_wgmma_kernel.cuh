@@ -12,7 +12,7 @@
 //
 // X is first packed per 64-row tile and 4-step stage as the main kernel's shared-memory image: two 128B-swizzled
 // 64-channel panels, k permuted so that k16 chunk ks of a step holds channels 8t + 4ks + {0..3} where the A fragment
-// of thread t expects them (the packed weights' k order, see qlinear_kernel.cuh). With one token tile and a grid the
+// of thread t expects them (the packed weights' k order, see qlinear_fragment.cuh). With one token tile and a grid the
 // device holds at once, the main kernel's blocks pack it themselves and wait for each other; otherwise PackXKernel
 // runs before it.
 // Block: 4 warpgroups, warpgroup h = strips 2h, 2h+1 of the block's 8 (256 columns; warp w of the group: rows 16w..
@@ -32,17 +32,17 @@
 
 #include <cuda.h>
 
-#include "kernels/attention/wgmma_ops.cuh"
+#include "kernels/common/ptx/bulk_copy.cuh"
+#include "kernels/common/ptx/sync.cuh"
+#include "kernels/common/ptx/wgmma.cuh"
 #include "kernels/common/tensor_map.h"
-#include "kernels/gemm/qlinear_kernel.cuh"
+#include "kernels/common/ptx/cluster.cuh"
+#include "kernels/common/ptx/loads.cuh"
+#include "kernels/common/ptx/mbarrier.cuh"
+#include "kernels/gemm/device_info.cuh"
+#include "kernels/gemm/qlinear_fragment.cuh"
 
 namespace flashq::gemm::detail {
-
-// The most splits a grid that is not resident at once takes (2 through a cluster, 3-4 through the serial workspace
-// ticket); a resident grid (one token tile) takes any plan, its blocks each summing a slice. Larger plans of larger
-// M stay on QLinearKernel: clusters of 8 full-SM blocks do not fit one wave, and one block's 8-way tail costs more
-// than the loop gains.
-constexpr int kWgmmaMaxSplits = 4;
 
 struct WgCfg {
   static constexpr int kThreads = 512;                                // 4 math warpgroups of 64 columns (2 strips)
@@ -76,63 +76,21 @@ struct WgCfg {
 // Stages of packed X per 64-row tile: every warp range of the plan, K padded with zeros.
 inline __host__ __device__ int PackedXStages(const QLinearParams& p) { return gemm::PackedXStages(p.splits, p.steps_per_warp); }
 
-// wgmma m64n64k16, A from registers, B K-major from shared memory (tnsp-b = 0), fp32 accumulators.
-template <typename T>
-__device__ __forceinline__ void WgmmaRsK(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FQ_WGMMA_RS(TY)                                                                                                   \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                             \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                                   \
-               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
-               "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"          \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),      \
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),             \
-                 "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),             \
-                 "+f"(d[30]), "+f"(d[31])                                                                                \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
-  if constexpr (std::is_same_v<T, __half>) FQ_WGMMA_RS("f16");
-  else FQ_WGMMA_RS("bf16");
-#undef FQ_WGMMA_RS
-#endif
-}
-// The wgmma fence / commit / wait and register fences of the attention kernels.
-using attention::detail::FenceProxyAsync;
-using attention::detail::RegFence;
-using attention::detail::WgmmaCommit;
-using attention::detail::WgmmaFence;
-using attention::detail::WgmmaWait;
 // Shared-memory matrix descriptor, 128B swizzle (SBO = 8 rows of 128 B).
 __device__ __forceinline__ uint64_t SwizzledDesc(uint32_t addr) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
-// A 2D tensor-map box at (c0, c1) into shared memory, completing on mbarrier `bar`.
-__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-               "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ uint64_t GlobalTimerNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
-// Orders this thread's generic-proxy global accesses with the async proxy's (the TMA reads of packed X).
-__device__ __forceinline__ void FenceProxyAsyncGlobal() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 // Thread 0 of a block of a resident grid: polls *ctr (acquire) until (value & mask) >= target or wait_ns have
 // passed; returns the last value read.
 __device__ __forceinline__ int WaitCount(const int* ctr, int mask, int target, uint32_t wait_ns) {
   int v;
-  const uint64_t t0 = GlobalTimerNs();
+  const uint64_t t0 = ptx::GlobalTimerNs();
   do {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(ctr) : "memory");
-  } while ((v & mask) < target && GlobalTimerNs() - t0 < wait_ns);
+    v = ptx::LdAcquireGpu(ctr);
+  } while ((v & mask) < target && ptx::GlobalTimerNs() - t0 < wait_ns);
   return v;
 }
 
-__device__ __forceinline__ void RedAddRelease(int* ptr, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
-}
 // The spread split sum's word per tile: arrivals (bits 0-7) and blocks that gave up (8-15). Thread 0, after the
 // block's partial is in the workspace: returns what the block sums, its slice `split` once all `splits` partials are
 // in, or nothing (-1) when it has waited wait_ns (the grid was not resident after all, e.g. under an MPS SM limit) and
@@ -141,9 +99,9 @@ __device__ __forceinline__ void RedAddRelease(int* ptr, int v) {
 // summed twice is written twice with the same bits. The arrival needs no round trip (a release reduction); the
 // departure count (GridDeparture) zeroes the word.
 __device__ __forceinline__ int SpreadTicket(int* ctr, int split, int splits, uint32_t wait_ns) {
-  RedAddRelease(ctr, 1);  // releases this block's partial
+  ptx::RedAddRelease(ctr, 1);  // releases this block's partial
   int v = WaitCount(ctr, 0xff, splits, wait_ns);
-  if ((v & 0xff) < splits) v = AtomicAddAcqRel(ctr, 1 << 8);  // give up, unless every partial is in after all
+  if ((v & 0xff) < splits) v = ptx::AtomicAddAcqRel(ctr, 1 << 8);  // give up, unless every partial is in after all
   return (v & 0xff) < splits ? -1 : (v >> 8) != 0 ? splits : split;
 }
 // A block done waiting on `ctr` (count `n`) departs on ctr[1]: the result, taken at the block's end, says whether it
@@ -168,7 +126,7 @@ __device__ __forceinline__ void PackXInto(const QLinearParams& p, int m, int jj,
 #pragma unroll
   for (int t = 0; t < 4; ++t) {
     const int k = jj * kStepK + 8 * t;
-    in[t] = m < p.M && k < p.K ? LdCached16(static_cast<const T*>(p.x) + size_t(m) * p.K + k) : make_uint4(0u, 0u, 0u, 0u);
+    in[t] = m < p.M && k < p.K ? ptx::LdCached16(static_cast<const T*>(p.x) + size_t(m) * p.K + k) : make_uint4(0u, 0u, 0u, 0u);
   }
   const int r = m % WgCfg::kRows, s = jj % kSubSteps;
   uint4* dst = image + (s / 2) * (WgCfg::kRows * 8) + r * 8;
@@ -186,8 +144,8 @@ __device__ __forceinline__ void PackXItem(const QLinearParams& p, int i, int nst
 }
 template <typename T>
 __global__ void __launch_bounds__(256) PackXKernel(const QLinearParams p) {
-  GridDependencyWait();  // X comes from the previous kernel
-  LaunchDependents();    // the linear kernel may start its weight copies; it waits for this grid's end
+  ptx::GridDependencyWait();  // X comes from the previous kernel
+  ptx::LaunchDependents();    // the linear kernel may start its weight copies; it waits for this grid's end
   const int nsteps = PackedXStages(p) * kSubSteps;
   const int m_rows = (p.M + WgCfg::kRows - 1) / WgCfg::kRows * WgCfg::kRows;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -249,11 +207,11 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   if (tid == 0) {
     if (sbase & 1023) __trap();  // the swizzled X panels need 1024-byte alignment
     for (int i = 0; i < S; ++i) {
-      MbarInit(full_bar(i), 1);            // the producer's expect_tx, then the copies' bytes
-      MbarInit(empty_bar(i), C::kThreads);  // every math thread done with the stage
+      ptx::MbarInit(full_bar(i), 1);            // the producer's expect_tx, then the copies' bytes
+      ptx::MbarInit(empty_bar(i), C::kThreads);  // every math thread done with the stage
     }
-    MbarInit(packed_bar, C::kThreads / 2);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    ptx::MbarInit(packed_bar, C::kThreads / 2);
+    ptx::FenceMbarInitCluster();
   }
   __syncthreads();
   Cursor pc;  // producer: the stage issued next
@@ -262,17 +220,17 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   auto issue_w = [&](int slot, bool with_x) {
     const uint32_t base = ring + slot * C::kStageBytes, bar = full_bar(slot);
     const bool gs = group_start(pc);
-    MbarArriveExpectTx(bar, uint32_t(C::kWBytes + (with_x ? C::kXBytes : 0) + (gs ? nstrips * kSzBlockBytes : 0)));
-    TmaLoad2d(base + C::kXBytes, &wmap, pc.j * 64, strip0, bar);
+    ptx::MbarArriveExpectTx(bar, uint32_t(C::kWBytes + (with_x ? C::kXBytes : 0) + (gs ? nstrips * kSzBlockBytes : 0)));
+    ptx::TmaLoad2d(base + C::kXBytes, &wmap, pc.j * 64, strip0, bar);
     if (gs)
-      BulkCopy(base + C::kXBytes + C::kWBytes, static_cast<const char*>(p.sz) + (size_t(pc.g) * p.strips + strip0) * kSzBlockBytes,
+      ptx::BulkCopy(base + C::kXBytes + C::kWBytes, static_cast<const char*>(p.sz) + (size_t(pc.g) * p.strips + strip0) * kSzBlockBytes,
                nstrips * kSzBlockBytes, bar);
   };
   auto issue_x = [&](int slot) {
-    BulkCopy(ring + slot * C::kStageBytes, xsrc + size_t(pc.j / kSubSteps) * C::kXBytes, C::kXBytes, full_bar(slot));
+    ptx::BulkCopy(ring + slot * C::kStageBytes, xsrc + size_t(pc.j / kSubSteps) * C::kXBytes, C::kXBytes, full_bar(slot));
     advance(pc);
   };
-  LaunchDependents();
+  ptx::LaunchDependents();
 
   // One token tile, a grid the device holds at once (checked by the launcher): the blocks pack X themselves, in place of
   // PackXKernel and its grid boundary. The math warps, idle until their first stage arrives, pack it straight into ring
@@ -285,7 +243,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   auto pack_stage = [&](int gs, int first, int stride) {
     for (int q = first; q < C::kRows * kSubSteps; q += stride)
       PackXItem<T>(p, (q / kSubSteps) * nsteps + gs * kSubSteps + q % kSubSteps, nsteps);
-    FenceProxyAsyncGlobal();  // these generic stores before the TMA reads
+    ptx::FenceProxyAsyncGlobal();  // these generic stores before the TMA reads
   };
 
   if (tid >= C::kThreads) {
@@ -295,7 +253,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     // 4096 x 14336 28.1 -> 24.2 µs, 8192² 29.9 -> 26.0, 14336 x 4096 27.6 -> 25.1; with the stage flags below 23.9,
     // 25.5, 23.9; docs/perf/experiments.md). The other threads leave at once, so the math
     // warpgroups synchronise among themselves (math_sync; a block barrier there hung under racecheck). ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
+    ptx::SetMaxNRegDec<C::kProducerRegs>();
     if (tid != C::kThreads) return;
     Cursor save = pc;
     for (int st = 0; st < S && st < ntot; ++st) {
@@ -303,23 +261,23 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
       advance(pc);
     }
     pc = save;
-    GridDependencyWait();  // X (or PackXKernel's packed X) comes from the kernel before
+    ptx::GridDependencyWait();  // X (or PackXKernel's packed X) comes from the kernel before
     if (p.xready && 1 + cblock < ntot) {
-      MbarWait(packed_bar, 0);  // the math warps stored the block's share (one phase: they never wait for this thread)
-      for (int l = 1 + cblock; l < ntot; l += gridDim.z) RedAddRelease(p.xready + 1 + gs0 + l, 1);  // releases the stages
+      ptx::MbarWaitAsmLoop(packed_bar, 0);  // the math warps stored the block's share (one phase: they never wait for this thread)
+      for (int l = 1 + cblock; l < ntot; l += gridDim.z) ptx::RedAddRelease(p.xready + 1 + gs0 + l, 1);  // releases the stages
     }
     auto issue_x_ready = [&](int st, int slot) {
       if (p.xready && st == 0) return advance(pc);  // the math warps pack it into slot 0
       if (p.xready) {
         if (WaitCount(p.xready + 1 + gs0 + st, ~0, 1, p.wait_ns) < 1) pack_stage(gs0 + st, 0, 1);
-        FenceProxyAsyncGlobal();
+        ptx::FenceProxyAsyncGlobal();
       }
       issue_x(slot);
     };
     for (int st = 0; st < S && st < ntot; ++st) issue_x_ready(st, st);
     for (int st = S; st < ntot; ++st) {
       const int slot = st % S;
-      MbarWait(empty_bar(slot), (st / S - 1) & 1);  // the math warps are done with stage st - S
+      ptx::MbarWaitAsmLoop(empty_bar(slot), (st / S - 1) & 1);  // the math warps are done with stage st - S
       issue_w(slot, true);
       issue_x_ready(st, slot);
     }
@@ -328,8 +286,8 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-  GridDependencyWait();  // X, the workspace and Y come from or may still be in use by the kernel before
+  ptx::SetMaxNRegInc<C::kConsumerRegs>();
+  ptx::GridDependencyWait();  // X, the workspace and Y come from or may still be in use by the kernel before
   // The math warpgroups' block barrier (the producer warpgroup has left).
   auto math_sync = [] { asm volatile("bar.sync 2, %0;\n" ::"n"(C::kThreads) : "memory"); };
   // The packing of X (above), an item a thread: one L2 round trip (the producer's 128 threads, with 32 registers, took
@@ -339,10 +297,10 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     static_assert(C::kRows * kSubSteps == C::kThreads / 2, "a stage is an item for each of half the math threads");
     if (tid < C::kThreads / 2) {
       PackXInto<T>(p, tid / kSubSteps, gs0 * kSubSteps + tid % kSubSteps, reinterpret_cast<uint4*>(smem));
-      FenceProxyAsync();  // these generic stores before the wgmma reads
+      ptx::FenceProxyAsync();  // these generic stores before the wgmma reads
     } else {
       for (int l = 1 + cblock; l < ntot; l += gridDim.z) pack_stage(gs0 + l, tid - C::kThreads / 2, C::kThreads / 2);
-      if (1 + cblock < ntot) MbarArrive(packed_bar);  // the producer releases the stages
+      if (1 + cblock < ntot) ptx::MbarArrive(packed_bar);  // the producer releases the stages
     }
     math_sync();
   }
@@ -360,7 +318,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   for (int i = 0; i < 16; ++i) (&a[0][0][0])[i] = 0u;
   auto keep_a = [&](int b) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) RegFence((&a[b][0][0])[i]);
+    for (int i = 0; i < 8; ++i) ptx::RegFence((&a[b][0][0])[i]);
   };
   Cursor cc;  // consumer: the stage computed next
   range_start(cc, 0);
@@ -388,7 +346,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
     for (int s = 0; s < kSubSteps; ++s) {
       const int b = s & 1;
       if (s >= 2) {  // step s - 2's wgmmas read a[b]
-        WgmmaWait<1>();
+        ptx::WgmmaWait<1>();
         keep_a(b);
       }
 #pragma unroll
@@ -398,22 +356,22 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
         a[b][ks][2] = DequantPair<T>(wq[s].x, 2 * ks + 1, nzm[0]);
         a[b][ks][3] = DequantPair<T>(wq[s].y, 2 * ks + 1, nzm[1]);
       }
-      WgmmaFence();
+      ptx::WgmmaFence();
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks)  // the flush unit starts from zero (Mma0)
-        WgmmaRsK<T>(c, a[b][ks], desc0 + uint64_t(((s / 2) * (C::kRows * 128) + (s % 2) * 64 + ks * 32) >> 4), s > 0 || ks > 0);
-      WgmmaCommit();
+        ptx::WgmmaRsK<T>(c, a[b][ks], desc0 + uint64_t(((s / 2) * (C::kRows * 128) + (s % 2) * 64 + ks * 32) >> 4), s > 0 || ks > 0);
+      ptx::WgmmaCommit();
     }
-    WgmmaWait<0>();
+    ptx::WgmmaWait<0>();
     // The stage's X is read and its weights and scale block are in registers. Every thread arrives for its own
     // shared-memory reads: with one arrival per warp after __syncwarp, compute-sanitizer racecheck reports the next
     // refill's bulk copy as racing with the other lanes' reads (H200: every thread arriving costs 0.5-0.8 µs at
     // M = 40-64 on the three large shapes).
-    MbarArrive(empty_bar(slot));
+    ptx::MbarArrive(empty_bar(slot));
     keep_a(0);
     keep_a(1);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) RegFence(c[i]);
+    for (int i = 0; i < 32; ++i) ptx::RegFence(c[i]);
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] = fmaf(scl[(i >> 1) & 1], c[i], acc[i]);  // Flush
     if (cc.i == nst - 1 && cc.r == 0) {  // end of the first range: park its sums, start the second from zero
@@ -430,7 +388,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   int s_departed = -1;  // thread 0: GridDeparture's result, taken at the end (`finish`)
   int slot = 0;
   for (int st = 0; st < ntot; ++st) {
-    MbarWait(full_bar(slot), (st / S) & 1);
+    ptx::MbarWaitAsmLoop(full_bar(slot), (st / S) & 1);
     compute(slot);
     slot = slot + 1 == S ? 0 : slot + 1;
   }
@@ -476,7 +434,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   const int qend = rows * (C::kCols / 4);  // the tile's groups of 4 columns
   int q0 = tid, q1 = qend, qstep = C::kThreads;
   if (cluster) {
-    ClusterSync();
+    ptx::ClusterSync();
     q0 = split + 2 * tid;
     qstep = 2 * C::kThreads;
   } else {
@@ -490,7 +448,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
         s_part = SpreadTicket(ctr, split, splits, p.wait_ns);
         s_departed = GridDeparture(ctr);
       } else {
-        s_part = AtomicAddAcqRel(ctr, 1) == splits - 1 ? splits : -1;
+        s_part = ptx::AtomicAddAcqRel(ctr, 1) == splits - 1 ? splits : -1;
         if (s_part == splits) *ctr = 0;
       }
     }
@@ -505,7 +463,7 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   }
   T* y = static_cast<T*>(p.y);
   auto load4 = [&](int sp, int r, int c4) -> float4 {
-    if (cluster) return LdClusterF4(tbase + uint32_t(r * C::kTileLd + c4) * 4, sp);
+    if (cluster) return ptx::LdClusterF4(tbase + uint32_t(r * C::kTileLd + c4) * 4, sp);
     if (splits == 1) return *reinterpret_cast<const float4*>(tile + r * C::kTileLd + c4);
     const float* src = p.partial + sp * stride + size_t(m0 + r) * p.N + ncol0 + c4;
     if (vec) return __ldcg(reinterpret_cast<const float4*>(src));
@@ -542,25 +500,11 @@ __global__ void __launch_bounds__(WgCfg::kBlockThreads, 1) QLinearWgmmaKernel(co
   if (splits > kWgmmaMaxSplits) sum_store(I1{}, std::integral_constant<int, kMaxSplits>{});
   else if (cluster || splits == 1) sum_store(I1{}, I4{});
   else sum_store(I4{}, I4{});
-  if (cluster) ClusterSyncExit();  // no block leaves while another still reads its tile
+  if (cluster) ptx::ClusterSyncExit();  // no block leaves while another still reads its tile
   finish();
 #else
   __trap();
 #endif
-}
-
-// The wgmma path: int4 stage-flush launches of more than 32 rows on sm_90 with plans of at most 4 splits, or of 8
-// splits at one token tile (the launcher also needs the grid resident for them), when the caller's workspace holds
-// packed X. At M <= 32 half the 64-token tile is empty, and 8-split plans above one token tile (4096², 14336 x 4096)
-// would pay a serial split sum: QLinearKernel is faster there (H200). Bench knob FLASHQ_GEMM_WGMMA_MIN_M=n: the
-// smallest M it takes (n > 16, where the workspace was sized for M >= kWgmmaMinRows; 1000000 turns it off), for A/B.
-inline bool UseWgmma(const QLinearParams& p) {
-  static const int min_rows = [] {
-    const int v = KnobInt("FLASHQ_GEMM_WGMMA_MIN_M", 0);
-    return v > kSmallMMaxRows ? v : kWgmmaMinRows;
-  }();
-  const bool sums = p.splits <= kWgmmaMaxSplits || (p.xready != nullptr && p.M <= kWgmmaTileRows);
-  return p.M >= min_rows && p.xpack != nullptr && sums && DeviceMajor() >= 9;
 }
 
 // A 2D tensor map (dim0 contiguous, dim1 rows `stride1` bytes apart), boxes box0 x box1, no swizzle, zero fill;
@@ -577,16 +521,15 @@ inline bool EncodeMap2d(CUtensorMap* map, CUtensorMapDataType type, const void* 
                 CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// cudaErrorNotSupported (nothing launched) where UseWgmma says no or the tensor map cannot be made: the caller takes
-// QLinearKernel.
+// A launch that WgmmaApplies (dispatch.h) takes: cudaErrorNotSupported (nothing launched) where the tensor map cannot
+// be made or an 8-split grid would not be resident: the caller takes QLinearKernel.
 // The linear kernel alone (packing X itself) or PackXKernel and then the linear kernel, all with programmatic dependent
 // launch.
 template <typename T>
-cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
+cudaError_t LaunchQLinearWgmma(const QLinearParams& args, const GemmTuning& t, const DeviceInfo& d, cudaStream_t stream) {
   using C = WgCfg;
-  if (!UseWgmma(args)) return cudaErrorNotSupported;
   QLinearParams p = args;
-  p.wait_ns = grid_wait_ns.load(std::memory_order_relaxed);
+  p.wait_ns = t.grid_wait_ns;
   CUtensorMap wmap;
   if (!EncodeMap2d(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT64, p.qw, uint64_t(p.nk32) * 64, uint64_t(p.strips), uint64_t(p.nk32) * 512,
                    kSubSteps * 64, C::kStrips))
@@ -624,12 +567,12 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
           (void)cudaGetLastError();
           fit = 0;
         }
-        fit *= cluster ? 2 : CurrentDevice().sms;
+        fit *= cluster ? 2 : d.sms;
         fits.store(fit + 1, std::memory_order_relaxed);
       }
       if (long(fit) < long(cfg.gridDim.x) * cfg.gridDim.y * cfg.gridDim.z) return cudaErrorNotSupported;
     }
-    AddPdl(&cfg);
+    AddPdl(&cfg, t, d);
     return cudaLaunchKernelEx(&cfg, kernel, q, wmap);
   };
   // One token tile: in-kernel packing where the grid fits (H200: 8192² M = 64 35.6 -> 31.4 µs), else PackXKernel.
@@ -646,7 +589,7 @@ cudaError_t LaunchQLinearWgmma(const QLinearParams& args, cudaStream_t stream) {
   pack.blockDim = dim3(256);
   pack.stream = stream;
   pack.attrs = at;
-  AddPdl(&pack);
+  AddPdl(&pack, t, d);
   e = cudaLaunchKernelEx(&pack, PackXKernel<T>, p);
   if (e != cudaSuccess) return e;
   return launch_main(q);

@@ -1,0 +1,104 @@
+// Dispatch of our W4A16 / W8A16 kernels (see dispatch.h): pure host functions, built with and without CUDA.
+#include "kernels/gemm/dispatch.h"
+
+#include <algorithm>
+
+namespace flashq::gemm {
+
+SplitPlan PlanFor(int K, int N, int target_warps) {
+  SplitPlan p;
+  const int nk32 = (K + kStepK - 1) / kStepK;
+  p.n_blocks = (N + kBlockN - 1) / kBlockN;
+  // A 32-column strip's K is cut into 2 * splits contiguous warp ranges (the small-M kernel runs
+  // them as the warps of one block). Aim for ~target warps in all, at most kMaxSplits
+  // splits, and each warp at least 2 stages of kSubSteps k32 steps. kTargetWarps is one wave of
+  // the small-M kernel (16 warps per SM): on the H200 a second, partial wave cost 15-20% at M = 1
+  // (8192^2: 13.8 us with 4224 target warps, 11.5 us with 2112; docs/perf/experiments.md).
+  const int target = target_warps > 0 ? target_warps : kTargetWarps;
+  const int strips = (N + kWarpN - 1) / kWarpN;
+  int s = std::clamp(target / std::max(1, kWarpsK * strips), 1, kMaxSplits);
+  s = std::max(1, std::min(s, nk32 / (kWarpsK * 2 * kSubSteps)));
+  int spw = (nk32 + s * kWarpsK - 1) / (s * kWarpsK);
+  spw = (spw + kSubSteps - 1) / kSubSteps * kSubSteps;
+  p.steps_per_warp = std::max(spw, kSubSteps);
+  // Drop splits that would be empty.
+  p.splits = std::max(1, (nk32 + p.steps_per_warp * kWarpsK - 1) / (p.steps_per_warp * kWarpsK));
+  return p;
+}
+
+std::vector<int> WarmupRows(int max_rows) {
+  return {1, std::min(kSmallMMaxRows, max_rows), std::min(kWgmmaMinRows - 1, max_rows),
+          std::min(kWgmmaTileRows, max_rows), max_rows};
+}
+
+namespace detail {
+
+// Programmatic dependent launch of every kernel here (sm_90). H200 --bars: it saves 0.8-1.5 µs per call at M <= 16,
+// 0.7-1.6 µs at M = 32 and 64.
+bool UsePdl(const GemmTuning& t, const DeviceInfo& d) { return t.pdl && d.major >= 9; }
+
+// Only 2-split plans reduce through a cluster: on the H200 clusters of 2 beat the workspace + ticket reduction at
+// M = 1, 16 and 64, clusters of 4 and 8 lost to it (docs/perf/experiments.md; again at M = 32 and 64 with PDL).
+bool UseCluster(int splits, const GemmTuning& t, const DeviceInfo& d) {
+  return t.split_k_clusters && splits == 2 && d.major >= 9;
+}
+
+// int4 with stage flush: M <= staged_max_rows, plans of kMaxSplits splits with at most kStagedMaxStages stages per
+// warp range, K % 8 == 0 (16-byte rows of X). fp8: M <= staged_fp8_max_rows, 8-split plans of kStagedFp8Steps steps
+// per warp range, all inside the weights. Both: at most kStagedMaxRows rows (one 8-token tile), sm_90.
+bool StagedApplies(const LaunchShape& s, const GemmTuning& t, const DeviceInfo& d) {
+  if (s.M > kStagedMaxRows || s.splits != kMaxSplits || d.major < 9) return false;
+  if (s.fp8)
+    return s.M <= t.staged_fp8_max_rows && s.steps_per_warp == kStagedFp8Steps &&
+           s.nk32 == kWarpsK * kMaxSplits * kStagedFp8Steps;
+  return s.stage_flush && s.M <= t.staged_max_rows && s.steps_per_warp <= kSubSteps * kStagedMaxStages && s.K % 8 == 0;
+}
+
+bool UsePairs(const LaunchShape& s, const GemmTuning& t, const DeviceInfo& d) {
+  return !s.fp8 && s.stage_flush && t.strip_pairs && s.splits == kMaxSplits && d.major >= 9;
+}
+
+// int4 stage-flush launches of more than 32 rows on sm_90 with plans of at most kWgmmaMaxSplits splits, or of 8 splits
+// at one token tile (the launcher also needs the grid resident for them), when the workspace holds packed X. At
+// M <= 32 half the 64-token tile is empty, and 8-split plans above one token tile (4096², 14336 x 4096) would pay a
+// serial split sum: the 32-token kernel is faster there (H200).
+bool WgmmaApplies(const LaunchShape& s, const GemmTuning& t, const DeviceInfo& d) {
+  if (s.fp8 || !s.stage_flush) return false;
+  const int min_rows = t.wgmma_min_rows > kSmallMMaxRows ? t.wgmma_min_rows : kWgmmaMinRows;
+  const bool sums = s.splits <= kWgmmaMaxSplits || (s.xready && s.M <= kWgmmaTileRows);
+  return s.M >= min_rows && s.xpack && sums && d.major >= 9;
+}
+
+int DirectTokenTiles(int M) {
+  static_assert(kSmallMMaxRows == 16, "the small-M kernel's widest instantiation holds two 8-token tiles");
+  return M <= 8 ? 1 : 2;
+}
+
+// A block runs P consecutive splits one after another in one pipeline, writing each split's partial as before, so
+// the sums and their order do not change. P doubles while the grid holds more than one wave (min_blocks per SM) and
+// a block would still stream at most 8 pipeline stages: short warp ranges then stop paying a block's fill and drain
+// per split. H200: 4096² (8 splits of 2 stages) M = 64 -12%, M = 128 -10%; the shapes with 7-8 stages per split
+// gained nothing at P = 2 (docs/perf/experiments.md). Blocks that add their splits' sums themselves, in an order
+// that allows it, were slower. Cluster plans keep P = 1.
+int PairsPerBlock(const LaunchShape& s, int mtiles, int stage_steps, int min_blocks, const GemmTuning& t,
+                  const DeviceInfo& d) {
+  constexpr int kMaxStagesPerBlock = 8;
+  if (UseCluster(s.splits, t, d)) return 1;
+  const int nst = s.steps_per_warp / stage_steps;
+  const int tiles = mtiles * ((s.N + kBlockN - 1) / kBlockN);
+  const int wave = min_blocks * d.sms;
+  int pairs = 1;
+  while (s.splits % (2 * pairs) == 0 && tiles * (s.splits / pairs) > wave && 2 * pairs * nst <= kMaxStagesPerBlock)
+    pairs *= 2;
+  return pairs;
+}
+
+QLinearPath FirstPath(const LaunchShape& s, const GemmTuning& t, const DeviceInfo& d) {
+  if (StagedApplies(s, t, d)) return QLinearPath::kStaged;
+  if (s.M <= kSmallMMaxRows) return QLinearPath::kDirect;
+  if (WgmmaApplies(s, t, d)) return QLinearPath::kWgmma;
+  return QLinearPath::kTiled;
+}
+
+}  // namespace detail
+}  // namespace flashq::gemm

@@ -1,0 +1,170 @@
+// Dispatch of our W4A16 / W8A16 kernels (kernels/gemm/dispatch.h) without a GPU: the split-K plan depends on K and N
+// only, and the kernel choice follows the tuning and the device as the launchers expect.
+#include "kernels/gemm/dispatch.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+
+namespace flashq::gemm {
+namespace {
+
+using detail::DeviceInfo;
+using detail::LaunchShape;
+using detail::QLinearPath;
+
+constexpr DeviceInfo kH200{9, 132};
+constexpr DeviceInfo kA100{8, 108};
+
+LaunchShape Shape(int M, int K, int N, bool fp8 = false, bool stage_flush = true) {
+  const SplitPlan plan = PlanFor(K, N);
+  LaunchShape s;
+  s.M = M;
+  s.N = N;
+  s.K = K;
+  s.nk32 = (K + kStepK - 1) / kStepK;
+  s.splits = plan.splits;
+  s.steps_per_warp = plan.steps_per_warp;
+  s.fp8 = fp8;
+  s.stage_flush = !fp8 && stage_flush;
+  s.xpack = !fp8;
+  s.xready = !fp8;
+  return s;
+}
+
+TEST(GemmDispatch, SplitPlanCoversKInWholeStages) {
+  for (int K : {8, 64, 1000, 4096, 5496, 8192, 13312, 14336, 28672})
+    for (int N : {8, 200, 1000, 4096, 14336}) {
+      SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N));
+      const SplitPlan p = PlanFor(K, N);
+      const int nk32 = (K + kStepK - 1) / kStepK;
+      EXPECT_GE(p.splits, 1);
+      EXPECT_LE(p.splits, kMaxSplits);
+      EXPECT_EQ(p.steps_per_warp % kSubSteps, 0);  // a warp range is whole pipeline stages
+      EXPECT_GE(p.splits * p.steps_per_warp * kWarpsK, nk32);
+      EXPECT_LT((p.splits - 1) * p.steps_per_warp * kWarpsK, nk32);  // no empty split
+      EXPECT_EQ(p.n_blocks, (N + kBlockN - 1) / kBlockN);
+    }
+  EXPECT_EQ(PlanFor(64, 8).splits, 1);
+}
+
+// The plans the GPU tests and the recorded benchmarks assume (Llama-3-8B shapes).
+TEST(GemmDispatch, ShippedPlans) {
+  EXPECT_EQ(PlanFor(4096, 4096).splits, 8);
+  EXPECT_EQ(PlanFor(4096, 4096).steps_per_warp, 8);
+  EXPECT_EQ(PlanFor(8192, 8192).splits, 4);
+  EXPECT_EQ(PlanFor(4096, 14336).splits, 2);
+  // More target warps never mean fewer splits.
+  EXPECT_GE(PlanFor(8192, 8192, 2 * kTargetWarps).splits, PlanFor(8192, 8192).splits);
+}
+
+// Batch invariance: whatever kernel takes a launch, every row of every M sees the plan of (K, N), and the 32-token
+// kernel's splits per block only group whole splits.
+TEST(GemmDispatch, SplitsDependOnKAndNNeverOnM) {
+  const GemmTuning t;
+  for (auto [K, N] : {std::pair{4096, 4096}, std::pair{8192, 8192}, std::pair{4096, 14336}, std::pair{14336, 4096}}) {
+    const SplitPlan plan = PlanFor(K, N);
+    std::set<QLinearPath> paths;
+    for (int M = 1; M <= kMaxRowsPerLaunch; ++M) {
+      const LaunchShape s = Shape(M, K, N);
+      ASSERT_EQ(s.splits, plan.splits);
+      ASSERT_EQ(s.steps_per_warp, plan.steps_per_warp);
+      paths.insert(detail::FirstPath(s, t, kH200));
+      const int pairs = detail::PairsPerBlock(s, (M + 31) / 32, kSubSteps, 2, t, kH200);
+      EXPECT_GE(pairs, 1);
+      EXPECT_EQ(plan.splits % pairs, 0) << "M=" << M;
+    }
+    EXPECT_GE(paths.size(), 2u);  // M changes the kernel, not the plan
+  }
+}
+
+TEST(GemmDispatch, KernelChoiceOnSm90) {
+  const GemmTuning t;
+  // 4096²: an 8-split plan of 2 stages per warp range.
+  EXPECT_EQ(detail::FirstPath(Shape(1, 4096, 4096), t, kH200), QLinearPath::kStaged);
+  EXPECT_EQ(detail::FirstPath(Shape(kStagedMaxRows, 4096, 4096), t, kH200), QLinearPath::kStaged);
+  EXPECT_EQ(detail::FirstPath(Shape(kStagedMaxRows + 1, 4096, 4096), t, kH200), QLinearPath::kDirect);
+  EXPECT_EQ(detail::FirstPath(Shape(kSmallMMaxRows, 4096, 4096), t, kH200), QLinearPath::kDirect);
+  EXPECT_EQ(detail::FirstPath(Shape(kWgmmaMinRows - 1, 4096, 4096), t, kH200), QLinearPath::kTiled);
+  EXPECT_EQ(detail::FirstPath(Shape(kWgmmaMinRows, 4096, 4096), t, kH200), QLinearPath::kWgmma);
+  EXPECT_EQ(detail::FirstPath(Shape(kWgmmaTileRows, 4096, 4096), t, kH200), QLinearPath::kWgmma);
+  // 8 splits above one token tile would pay a serial split sum.
+  EXPECT_EQ(detail::FirstPath(Shape(kWgmmaTileRows + 1, 4096, 4096), t, kH200), QLinearPath::kTiled);
+  // 8192²: 4 splits take the wgmma kernel at any M from kWgmmaMinRows on, without the in-kernel packing words too.
+  LaunchShape s = Shape(kMaxRowsPerLaunch, 8192, 8192);
+  s.xready = false;
+  EXPECT_EQ(detail::FirstPath(s, t, kH200), QLinearPath::kWgmma);
+  s.xpack = false;  // a workspace without packed X
+  EXPECT_EQ(detail::FirstPath(s, t, kH200), QLinearPath::kTiled);
+  // Step flush (groups of 32 or 64) and fp8 never take the wgmma kernel; step flush never the staged one.
+  EXPECT_EQ(detail::FirstPath(Shape(64, 8192, 8192, false, false), t, kH200), QLinearPath::kTiled);
+  EXPECT_EQ(detail::FirstPath(Shape(1, 4096, 4096, false, false), t, kH200), QLinearPath::kDirect);
+  EXPECT_EQ(detail::FirstPath(Shape(64, 4096, 4096, true), t, kH200), QLinearPath::kTiled);
+  // fp8: the staged form needs 8-split plans of kStagedFp8Steps steps per warp range (4096²).
+  EXPECT_EQ(detail::FirstPath(Shape(4, 4096, 4096, true), t, kH200), QLinearPath::kStaged);
+  EXPECT_EQ(detail::FirstPath(Shape(4, 8192, 8192, true), t, kH200), QLinearPath::kDirect);
+}
+
+TEST(GemmDispatch, OlderGpusTakeTheSm80Kernels) {
+  const GemmTuning t;
+  for (int M : {1, 8, 16, 17, 33, 64, 128}) {
+    const QLinearPath p = detail::FirstPath(Shape(M, 4096, 4096), t, kA100);
+    EXPECT_EQ(p, M <= kSmallMMaxRows ? QLinearPath::kDirect : QLinearPath::kTiled) << "M=" << M;
+  }
+  EXPECT_FALSE(detail::UsePdl(t, kA100));
+  EXPECT_FALSE(detail::UseCluster(2, t, kA100));
+  EXPECT_FALSE(detail::UsePairs(Shape(4, 4096, 4096), t, kA100));
+}
+
+TEST(GemmDispatch, TuningTurnsPathsOff) {
+  GemmTuning t;
+  EXPECT_TRUE(detail::UsePdl(t, kH200));
+  EXPECT_TRUE(detail::UseCluster(2, t, kH200));
+  EXPECT_FALSE(detail::UseCluster(4, t, kH200));  // clusters of 4 and 8 lost to the workspace ticket
+  EXPECT_TRUE(detail::UsePairs(Shape(4, 4096, 4096), t, kH200));
+  EXPECT_FALSE(detail::UsePairs(Shape(4, 8192, 8192), t, kH200));  // 4 splits: one-strip blocks
+  EXPECT_FALSE(detail::UsePairs(Shape(4, 4096, 4096, true), t, kH200));
+  t.staged_max_rows = 0;
+  EXPECT_EQ(detail::FirstPath(Shape(1, 4096, 4096), t, kH200), QLinearPath::kDirect);
+  t.staged_fp8_max_rows = 0;
+  EXPECT_EQ(detail::FirstPath(Shape(1, 4096, 4096, true), t, kH200), QLinearPath::kDirect);
+  t.wgmma_min_rows = 1000000;
+  EXPECT_EQ(detail::FirstPath(Shape(64, 8192, 8192), t, kH200), QLinearPath::kTiled);
+  t.wgmma_min_rows = 1;  // at most kSmallMMaxRows: the shipped threshold
+  EXPECT_EQ(detail::FirstPath(Shape(kWgmmaMinRows - 1, 8192, 8192), t, kH200), QLinearPath::kTiled);
+  t.strip_pairs = false;
+  t.split_k_clusters = false;
+  t.pdl = false;
+  EXPECT_FALSE(detail::UsePairs(Shape(4, 4096, 4096), t, kH200));
+  EXPECT_FALSE(detail::UseCluster(2, t, kH200));
+  EXPECT_FALSE(detail::UsePdl(t, kH200));
+}
+
+// 4096² at M = 64 on 132 SMs: 2 splits per block (two pipeline stages each) bring 512 blocks to 256, one wave of two
+// blocks per SM; at M = 32 the 256 blocks already fit one wave. Cluster plans keep one split per block.
+TEST(GemmDispatch, SplitsPerBlockFillOneWave) {
+  const GemmTuning t;
+  EXPECT_EQ(detail::PairsPerBlock(Shape(64, 4096, 4096), 2, kSubSteps, 2, t, kH200), 2);
+  EXPECT_EQ(detail::PairsPerBlock(Shape(32, 4096, 4096), 1, kSubSteps, 2, t, kH200), 1);
+  EXPECT_EQ(detail::PairsPerBlock(Shape(64, 4096, 14336), 2, kSubSteps, 2, t, kH200), 1);  // 2 splits: a cluster
+  EXPECT_EQ(detail::DirectTokenTiles(1), 1);
+  EXPECT_EQ(detail::DirectTokenTiles(8), 1);
+  EXPECT_EQ(detail::DirectTokenTiles(9), 2);
+  EXPECT_EQ(detail::DirectTokenTiles(kSmallMMaxRows), 2);
+}
+
+// The warm-up rows reach every kernel an sm_90 int4 layer can take.
+TEST(GemmDispatch, WarmupRowsReachEveryKernel) {
+  EXPECT_EQ(WarmupRows(256), (std::vector<int>{1, kSmallMMaxRows, kWgmmaMinRows - 1, kWgmmaTileRows, 256}));
+  for (int m : WarmupRows(8)) EXPECT_LE(m, 8);
+  const GemmTuning t;
+  std::set<QLinearPath> seen;
+  for (int m : WarmupRows(256))
+    seen.insert(detail::FirstPath(Shape(std::min(m, kMaxRowsPerLaunch), 4096, 4096), t, kH200));
+  EXPECT_EQ(seen, (std::set<QLinearPath>{QLinearPath::kStaged, QLinearPath::kDirect, QLinearPath::kWgmma,
+                                         QLinearPath::kTiled}));
+}
+
+}  // namespace
+}  // namespace flashq::gemm
