@@ -49,29 +49,28 @@ class SliceReader {
 
   // The next n bytes, as views into the slices (nothing copied).
   bool View(uint64_t n, std::vector<std::string_view>* pieces) {
-    while (n > 0) {
-      if (done()) return false;
-      const size_t take = size_t(std::min<uint64_t>(n, slices_[slice_].size() - at_));
-      pieces->emplace_back(reinterpret_cast<const char*>(slices_[slice_].begin()) + at_, take);
-      Advance(take);
-      n -= take;
-    }
-    return true;
+    return Take(n, [&](const char* p, size_t k) { pieces->emplace_back(p, k); });
   }
 
   // Appends the next n bytes to `out`.
   bool Copy(uint64_t n, std::string* out) {
+    return Take(n, [&](const char* p, size_t k) { out->append(p, k); });
+  }
+
+ private:
+  // Hands the next n bytes to `take`, one piece per slice they lie in.
+  template <class F>
+  bool Take(uint64_t n, F&& take) {
     while (n > 0) {
       if (done()) return false;
-      const size_t take = size_t(std::min<uint64_t>(n, slices_[slice_].size() - at_));
-      out->append(reinterpret_cast<const char*>(slices_[slice_].begin()) + at_, take);
-      Advance(take);
-      n -= take;
+      const size_t k = size_t(std::min<uint64_t>(n, slices_[slice_].size() - at_));
+      take(reinterpret_cast<const char*>(slices_[slice_].begin()) + at_, k);
+      Advance(k);
+      n -= k;
     }
     return true;
   }
 
- private:
   void Advance(size_t n) {
     at_ += n;
     consumed_ += n;
