@@ -73,11 +73,11 @@ def server_e2e(src, dst):
     scenarios = sorted({row["scenario"] for run in e["runs"] for row in run["rows"]})
     fig, axes = plt.subplots(1, len(scenarios), figsize=(4.5 * len(scenarios), 3.8))
     for ax, sc in zip(axes, scenarios):
-        for run in e["runs"]:
+        for i, run in enumerate(e["runs"]):  # one colour per section on every axis
             pts = sorted((r["throughput_rps"], r["p99_ms"]) for r in run["rows"] if r["scenario"] == sc and not r["errors"])
             if pts:
                 label = run["section"].split(" (")[0] + (f", {run['server']}" if run["server"] else "")
-                ax.plot([t for t, _ in pts], [l for _, l in pts], marker="o", ms=3, label=label)
+                ax.plot([t for t, _ in pts], [l for _, l in pts], marker="o", ms=3, label=label, color=f"C{i}")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -85,8 +85,11 @@ def server_e2e(src, dst):
         ax.set_title(sc, fontsize=9)
         ax.set_xlabel("requests/s")
     axes[0].set_ylabel("p99 latency, ms")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7)
+    legend = {}  # every section once, whichever scenarios it has rows for
+    for ax in axes:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(l, h)
+    fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=3, fontsize=7)
     fig.suptitle(f"flashq-server end to end ({e['device']}, {e['date']}, commit {e['commit']})", fontsize=9)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(os.path.join(R, dst), dpi=110)
