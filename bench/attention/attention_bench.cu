@@ -230,7 +230,7 @@ std::string RunPrefill(Timer& timer, const PrefillCfg& cfg, int reps) {
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
   p.batch = batch; p.num_heads_q = p.num_heads_kv = h; p.head_dim = d; p.max_seqlen_q = max_len;
   p.softmax_scale = 1.0f / std::sqrt(float(d)); p.causal = cfg.causal; p.dtype = DType::kBF16;
-  OKS(run_varlen_attention(p, nullptr));
+  OKS(RunVarlenAttention(p, nullptr));
   CK(cudaDeviceSynchronize());
   // Spot check: 12 sampled (token, head) rows against float64.
   auto hq = ToHost(q, n), hk = ToHost(k, n), hv = ToHost(v, n);
@@ -252,13 +252,13 @@ std::string RunPrefill(Timer& timer, const PrefillCfg& cfg, int reps) {
   };
   const CheckResult chk = check();
   const bool ok = chk.ok;
-  const double ms = timer.MedianMs([&] { OKS(run_varlen_attention(p, nullptr)); }, reps);
+  const double ms = timer.MedianMs([&] { OKS(RunVarlenAttention(p, nullptr)); }, reps);
   const double flops = 4.0 * pairs * h * d;
   const double tflops = ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0;
   std::printf("prefill %-24s %8.3f ms  %7.1f TFLOP/s  check max err/(rms+|ref|) %.3g (rms %.3g) %s\n", cfg.name.c_str(),
               ms, tflops, chk.max_rel, chk.rms, ok ? "ok" : "FAIL");
   std::string variant;
-  // Variants (not what run_varlen_attention picks on Hopper): the TMA kernel with TMA tail tiles,
+  // Variants (not what RunVarlenAttention picks on Hopper): the TMA kernel with TMA tail tiles,
   // the plain wgmma kernel, the
   // cp.async warp-specialised wgmma kernel with and without consumer ping-pong, and the mma.sync
   // kernel shipped for sm_80/sm_89.
@@ -327,7 +327,7 @@ std::string RunDecode(Timer& timer, const DecodeCfg& cfg, int reps) {
   CK(cudaMalloc(&q, size_t(b) * hq * d * 2)); CK(cudaMalloc(&o, size_t(b) * hq * d * 2));
   CK(cudaMalloc(&kc, cache_elems * 2)); CK(cudaMalloc(&vc, cache_elems * 2));
   CK(cudaMalloc(&dt, table.size() * 4)); CK(cudaMalloc(&ds, seqlens.size() * 4)); CK(cudaMalloc(&dq, cuq.size() * 4));
-  const size_t ws_bytes = paged_decode_workspace_size(b, hq, d, L, cfg.split);
+  const size_t ws_bytes = PagedDecodeWorkspaceBytes(b, hq, d, L, cfg.split);
   CK(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 16)));
   CK(cudaMemcpy(dt, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(ds, seqlens.data(), seqlens.size() * 4, cudaMemcpyHostToDevice));
@@ -343,7 +343,7 @@ std::string RunDecode(Timer& timer, const DecodeCfg& cfg, int reps) {
   p.total_q = b; p.batch = b; p.max_blocks_per_seq = blocks_per_seq; p.page_size = page;
   p.max_seqlen_q = 1; p.max_seqlen_k = L; p.num_heads_q = hq; p.num_heads_kv = hkv; p.head_dim = d;
   p.split_tokens = cfg.split; p.softmax_scale = 1.0f / std::sqrt(float(d)); p.causal = true; p.dtype = DType::kBF16;
-  OKS(run_paged_decode(p, nullptr));
+  OKS(RunPagedDecode(p, nullptr));
   CK(cudaDeviceSynchronize());
   // Spot check 8 (sequence, head) rows against float64.
   auto hqv = ToHost(q, size_t(b) * hq * d), hk = ToHost(kc, cache_elems), hv = ToHost(vc, cache_elems);
@@ -364,7 +364,7 @@ std::string RunDecode(Timer& timer, const DecodeCfg& cfg, int reps) {
   };
   const CheckResult chk = check();
   const bool ok = chk.ok;
-  const double ms = timer.MedianMs([&] { OKS(run_paged_decode(p, nullptr)); }, reps);
+  const double ms = timer.MedianMs([&] { OKS(RunPagedDecode(p, nullptr)); }, reps);
   const double bytes = 2.0 * double(b) * L * hkv * d * 2;  // K and V read once
   const double gbps = ms > 0 ? bytes / (ms * 1e-3) / 1e9 : 0.0;
   std::printf("decode  B=%-3d L=%-6d page=%-3d split=%-4d %8.4f ms  %7.1f GB/s  check max err/(rms+|ref|) %.3g (rms %.3g) %s\n",

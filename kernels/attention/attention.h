@@ -59,7 +59,7 @@ struct VarlenAttentionParams {
   DType dtype = DType::kBF16;
 };
 
-Status run_varlen_attention(const VarlenAttentionParams& params, cudaStream_t stream);
+Status RunVarlenAttention(const VarlenAttentionParams& params, cudaStream_t stream);
 
 // Paged decode (q_len >= 1 new tokens per sequence, causal inside them, bottom-right).
 // q [total_q, Hq, D]; k_cache/v_cache [num_blocks, page_size, Hkv, D] addressed through the
@@ -69,7 +69,7 @@ Status run_varlen_attention(const VarlenAttentionParams& params, cudaStream_t st
 // count, for batch invariance); each (sequence, kv head, split) is one CTA that handles all
 // Hq/Hkv query heads of that kv head together (GQA packing: each K/V byte is read once), and a
 // second kernel merges the splits with their log-sum-exp. Sequences with one split skip it.
-// workspace: device memory of paged_decode_workspace_size(...) bytes, 16-byte aligned.
+// workspace: device memory of PagedDecodeWorkspaceBytes(...) bytes, 16-byte aligned.
 struct PagedDecodeParams {
   const void* q = nullptr;
   const void* k_cache = nullptr;
@@ -102,12 +102,12 @@ struct PagedDecodeParams {
 
 constexpr int kDefaultSplitTokens = 1024;  // measured best single value on H200 (docs/perf/attention.md)
 
-// Bytes of workspace run_paged_decode needs for these bounds (fp32 partial O and LSE per
+// Bytes of workspace RunPagedDecode needs for these bounds (fp32 partial O and LSE per
 // (token, head, split)).
-size_t paged_decode_workspace_size(int total_q, int num_heads_q, int head_dim, int max_seqlen_k,
+size_t PagedDecodeWorkspaceBytes(int total_q, int num_heads_q, int head_dim, int max_seqlen_k,
                                    int split_tokens = 0);
 
-Status run_paged_decode(const PagedDecodeParams& params, cudaStream_t stream);
+Status RunPagedDecode(const PagedDecodeParams& params, cudaStream_t stream);
 
 // Append new K/V rows into the paged cache. k_new/v_new [total_new, Hkv, D]; token i of sequence
 // b (0 <= i < n_b = cu_seqlens_new[b+1] - cu_seqlens_new[b]) goes to position
@@ -131,6 +131,6 @@ struct KvAppendParams {
   DType dtype = DType::kBF16;
 };
 
-Status run_kv_append(const KvAppendParams& params, cudaStream_t stream);
+Status RunKvAppend(const KvAppendParams& params, cudaStream_t stream);
 
 }  // namespace flashq::attention

@@ -1,4 +1,4 @@
-// run_varlen_attention: host-side checks (no device reads), then dispatch to the precompiled
+// RunVarlenAttention: host-side checks (no device reads), then dispatch to the precompiled
 // instantiation for (dtype, head dim, causal). See prefill_kernel.cuh for the kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -19,22 +19,22 @@ bool Mult8(int64_t s) { return s % 8 == 0; }
 
 Status CheckVarlen(const VarlenAttentionParams& p) {
   if (p.dtype != DType::kF16 && p.dtype != DType::kBF16)
-    return InvalidArgument("run_varlen_attention: dtype must be FP16 or BF16");
+    return InvalidArgument("RunVarlenAttention: dtype must be FP16 or BF16");
   if (!SupportedHeadDim(p.head_dim))
-    return InvalidArgument("run_varlen_attention: head_dim " + std::to_string(p.head_dim) + " not in {64,128,256}");
+    return InvalidArgument("RunVarlenAttention: head_dim " + std::to_string(p.head_dim) + " not in {64,128,256}");
   if (p.batch < 0 || p.num_heads_q <= 0 || p.num_heads_kv <= 0 || p.num_heads_q % p.num_heads_kv != 0)
-    return InvalidArgument("run_varlen_attention: bad batch or head counts");
-  if (p.max_seqlen_q < 0) return InvalidArgument("run_varlen_attention: max_seqlen_q < 0");
+    return InvalidArgument("RunVarlenAttention: bad batch or head counts");
+  if (p.max_seqlen_q < 0) return InvalidArgument("RunVarlenAttention: max_seqlen_q < 0");
   if (!std::isfinite(p.softmax_scale) || p.softmax_scale <= 0.0f)
-    return InvalidArgument("run_varlen_attention: softmax_scale must be finite and > 0");
+    return InvalidArgument("RunVarlenAttention: softmax_scale must be finite and > 0");
   if (p.batch == 0 || p.max_seqlen_q == 0) return Status::Ok();
   if (!p.q || !p.k || !p.v || !p.o || !p.cu_seqlens_q || !p.cu_seqlens_k)
-    return InvalidArgument("run_varlen_attention: null pointer");
+    return InvalidArgument("RunVarlenAttention: null pointer");
   if (!Aligned16(p.q) || !Aligned16(p.k) || !Aligned16(p.v) || !Aligned16(p.o))
-    return InvalidArgument("run_varlen_attention: tensors must be 16-byte aligned");
+    return InvalidArgument("RunVarlenAttention: tensors must be 16-byte aligned");
   if (!Mult8(p.q_row_stride) || !Mult8(p.q_head_stride) || !Mult8(p.k_row_stride) || !Mult8(p.k_head_stride) ||
       !Mult8(p.v_row_stride) || !Mult8(p.v_head_stride) || !Mult8(p.o_row_stride) || !Mult8(p.o_head_stride))
-    return InvalidArgument("run_varlen_attention: strides must be multiples of 8 elements");
+    return InvalidArgument("RunVarlenAttention: strides must be multiples of 8 elements");
   return Status::Ok();
 }
 
@@ -70,12 +70,12 @@ Status DispatchHeadDim(const VarlenAttentionParams& p, cudaStream_t st) {
     case 128: return p.causal ? LaunchPrefill<T, 128, true>(p, st) : LaunchPrefill<T, 128, false>(p, st);
     case 256: return p.causal ? LaunchPrefill<T, 256, true>(p, st) : LaunchPrefill<T, 256, false>(p, st);
   }
-  return InvalidArgument("run_varlen_attention: unsupported head_dim");
+  return InvalidArgument("RunVarlenAttention: unsupported head_dim");
 }
 
 }  // namespace
 
-Status run_varlen_attention(const VarlenAttentionParams& p, cudaStream_t stream) {
+Status RunVarlenAttention(const VarlenAttentionParams& p, cudaStream_t stream) {
   FQ_RETURN_IF_ERROR(CheckVarlen(p));
   if (p.batch == 0 || p.max_seqlen_q == 0) return Status::Ok();
   return p.dtype == DType::kBF16 ? DispatchHeadDim<__nv_bfloat16>(p, stream) : DispatchHeadDim<__half>(p, stream);

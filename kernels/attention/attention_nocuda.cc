@@ -3,15 +3,15 @@
 
 namespace flashq::attention {
 
-Status run_varlen_attention(const VarlenAttentionParams&, cudaStream_t) {
-  return Unimplemented("run_varlen_attention: built without CUDA");
+Status RunVarlenAttention(const VarlenAttentionParams&, cudaStream_t) {
+  return Unimplemented("RunVarlenAttention: built without CUDA");
 }
-size_t paged_decode_workspace_size(int, int, int, int, int) { return 0; }
-Status run_paged_decode(const PagedDecodeParams&, cudaStream_t) {
-  return Unimplemented("run_paged_decode: built without CUDA");
+size_t PagedDecodeWorkspaceBytes(int, int, int, int, int) { return 0; }
+Status RunPagedDecode(const PagedDecodeParams&, cudaStream_t) {
+  return Unimplemented("RunPagedDecode: built without CUDA");
 }
-Status run_kv_append(const KvAppendParams&, cudaStream_t) {
-  return Unimplemented("run_kv_append: built without CUDA");
+Status RunKvAppend(const KvAppendParams&, cudaStream_t) {
+  return Unimplemented("RunKvAppend: built without CUDA");
 }
 
 }  // namespace flashq::attention

@@ -38,20 +38,20 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 }  // namespace
 
-Status run_kv_append(const KvAppendParams& p, cudaStream_t stream) {
+Status RunKvAppend(const KvAppendParams& p, cudaStream_t stream) {
   if (p.dtype != DType::kF16 && p.dtype != DType::kBF16)
-    return InvalidArgument("run_kv_append: dtype must be FP16 or BF16");
+    return InvalidArgument("RunKvAppend: dtype must be FP16 or BF16");
   if (p.head_dim <= 0 || p.head_dim % 8 != 0 || p.num_heads_kv <= 0 || p.batch < 0 || p.page_size <= 0 ||
       p.max_new < 0)
-    return InvalidArgument("run_kv_append: bad shape");
+    return InvalidArgument("RunKvAppend: bad shape");
   if (p.batch == 0 || p.max_new == 0) return Status::Ok();
   if (!p.k_new || !p.v_new || !p.k_cache || !p.v_cache || !p.block_table || !p.seqlens_k || !p.cu_seqlens_new)
-    return InvalidArgument("run_kv_append: null pointer");
+    return InvalidArgument("RunKvAppend: null pointer");
   if (!Aligned16(p.k_new) || !Aligned16(p.v_new) || !Aligned16(p.k_cache) || !Aligned16(p.v_cache) ||
       p.new_row_stride % 8 || p.new_head_stride % 8 || p.kv_block_stride % 8 || p.kv_row_stride % 8 ||
       p.kv_head_stride % 8)
-    return InvalidArgument("run_kv_append: tensors must be 16-byte aligned with strides multiple of 8");
-  if (p.batch > 65535) return InvalidArgument("run_kv_append: batch > 65535");
+    return InvalidArgument("RunKvAppend: tensors must be 16-byte aligned with strides multiple of 8");
+  if (p.batch > 65535) return InvalidArgument("RunKvAppend: batch > 65535");
   KvAppendKernel<<<dim3(p.max_new, p.batch), 128, 0, stream>>>(p);
   FQ_CUDA_RETURN_LAUNCH();
   return Status::Ok();

@@ -23,7 +23,7 @@
 // BF16, split 1024): B=64 L=8k 3.98-4.06 TB/s (94-96% of the 4.24 TB/s copy ceiling; 1.52-1.56x SDPA
 // flash, 0.89-0.91x cuDNN), B=32 L=4k 3.53-3.65 TB/s (0.87-0.90x cuDNN), B=1 L=32k 2.70-2.78 TB/s
 // (1.01-1.04x cuDNN); the cp.async-only kernel in the same run: 3.58, 3.32, 2.68 TB/s. A persistent
-// warp-specialised variant (bench/attention/decode_stream_variant.cuh) was slower; docs/perf/attention.md says why.
+// warp-specialised variant was slower (docs/perf/attention.md says why; its line in docs/perf/experiments.md).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -455,7 +455,7 @@ Status LaunchCombine(const PagedDecodeParams& p, int split_tokens, int max_split
   auto combine = CombineKernel<T, D>;
   int smem_limit = 0;
   FQ_RETURN_IF_ERROR(RaiseSmemLimit(reinterpret_cast<const void*>(combine), &smem_limit));
-  if (combine_smem > smem_limit) return InvalidArgument("run_paged_decode: too many splits (raise split_tokens)");
+  if (combine_smem > smem_limit) return InvalidArgument("RunPagedDecode: too many splits (raise split_tokens)");
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.batch, p.num_heads_q);
   cfg.blockDim = dim3(128);
@@ -498,7 +498,7 @@ Status LaunchPagedDecodeSplit(const PagedDecodeParams& p, int split_tokens, cuda
   auto kernel = tma ? PagedDecodeKernel<T, D, true> : PagedDecodeKernel<T, D, false>;
   int smem_limit = 0;
   FQ_RETURN_IF_ERROR(RaiseSmemLimit(reinterpret_cast<const void*>(kernel), &smem_limit));
-  if (smem > smem_limit) return InvalidArgument("run_paged_decode: page_size too small for split_tokens");
+  if (smem > smem_limit) return InvalidArgument("RunPagedDecode: page_size too small for split_tokens");
   const dim3 grid(max_splits, p.num_heads_kv * m_tiles, p.batch);
   kernel<<<grid, Tr::kThreads, smem, stream>>>(p, maps, split_tokens, max_splits, m_tiles, table_slots);
   FQ_CUDA_RETURN_LAUNCH();

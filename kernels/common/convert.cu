@@ -50,18 +50,18 @@ Status LaunchStatus(const char* what) {
 
 }  // namespace
 
-Status run_convert(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t stream) {
-  if (!Supported(from) || !Supported(to)) return InvalidArgument("run_convert: FP16, BF16 and FP32 only");
+Status RunConvert(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t stream) {
+  if (!Supported(from) || !Supported(to)) return InvalidArgument("RunConvert: FP16, BF16 and FP32 only");
   if (n <= 0) return Status::Ok();
   ConvertKernel<<<Blocks(n), 256, 0, stream>>>(src, from, dst, to, n);
-  return LaunchStatus("run_convert");
+  return LaunchStatus("RunConvert");
 }
 
-Status run_add_bias(void* y, DType dtype, int64_t rows, int64_t cols, const float* bias, cudaStream_t stream) {
-  if (!Supported(dtype)) return InvalidArgument("run_add_bias: FP16, BF16 and FP32 only");
+Status RunAddBias(void* y, DType dtype, int64_t rows, int64_t cols, const float* bias, cudaStream_t stream) {
+  if (!Supported(dtype)) return InvalidArgument("RunAddBias: FP16, BF16 and FP32 only");
   if (rows <= 0 || cols <= 0) return Status::Ok();
   AddBiasKernel<<<Blocks(rows * cols), 256, 0, stream>>>(y, dtype, rows * cols, cols, bias);
-  return LaunchStatus("run_add_bias");
+  return LaunchStatus("RunAddBias");
 }
 
 }  // namespace flashq

@@ -13,11 +13,11 @@
 namespace flashq {
 
 // dst[i] = src[i] from `from` to `to`; both FP16, BF16 or FP32. dst must not overlap src.
-Status run_convert(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t stream);
+Status RunConvert(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t stream);
 
 // y[r][c] = round(y[r][c] + bias[c]) for a row-major [rows][cols] y of FP16, BF16 or FP32,
 // the sum taken in float.
-Status run_add_bias(void* y, DType dtype, int64_t rows, int64_t cols, const float* bias, cudaStream_t stream);
+Status RunAddBias(void* y, DType dtype, int64_t rows, int64_t cols, const float* bias, cudaStream_t stream);
 
 }  // namespace flashq
 #endif

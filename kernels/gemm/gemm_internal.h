@@ -61,7 +61,7 @@ cudaError_t LaunchInt4Bf16StepFlush(const QLinearParams& p, const GemmTuning& t,
 cudaError_t LaunchFp8F16(const QLinearParams& p, const GemmTuning& t, cudaStream_t s);
 cudaError_t LaunchFp8Bf16(const QLinearParams& p, const GemmTuning& t, cudaStream_t s);
 
-// aux_kernels.cu
+// linear_helper_kernels.cu
 cudaError_t LaunchGatherColumns(const void* x, int M, int K, const int32_t* perm, void* out, cudaStream_t s);
 // y[m][n] = y[m][n] * row[m] * col[n] in fp32, in place (N % 8 == 0).
 cudaError_t LaunchScaleRowsCols(void* y, ActType act, int M, int N, const float* row, const float* col, cudaStream_t s);

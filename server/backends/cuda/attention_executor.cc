@@ -110,7 +110,7 @@ class CudaAttention : public AttentionExecutor {
     auto stream = st.stream();
     if (!stream.ok()) return stream.status();
     KernelTimer timer(slot, hist);
-    if (auto s = FromKernel(attention::run_varlen_attention(p, *stream)); !s.ok()) return s;
+    if (auto s = FromKernel(attention::RunVarlenAttention(p, *stream)); !s.ok()) return s;
     timer.Stop();
     auto o = st.Convert(o_d, kdt, b.dtype, tq * q_row);
     if (!o.ok()) return o.status();

@@ -95,7 +95,7 @@ class CudaKvAttention : public KvAttentionExecutor {
     const DType kdt = KernelDType(b.dtype);
     std::vector<size_t> sizes = {(n * width + n + n + 1) * 4};
     for (size_t e : {q_elems, kv_elems, kv_elems, q_elems}) BatchStaging::Need(&sizes, b.dtype, kdt, e);
-    sizes.push_back(attention::paged_decode_workspace_size(total, g_.num_heads_q, g_.head_dim, max_k));
+    sizes.push_back(attention::PagedDecodeWorkspaceBytes(total, g_.num_heads_q, g_.head_dim, max_k));
     return Carver::Need(sizes);
   }
 
@@ -131,7 +131,7 @@ class CudaKvAttention : public KvAttentionExecutor {
       o.pieces.push_back(it.o);
     }
     const int64_t q_row = int64_t(g_.num_heads_q) * g_.head_dim, kv_row = int64_t(g_.num_heads_kv) * g_.head_dim;
-    const size_t ws = attention::paged_decode_workspace_size(total, g_.num_heads_q, g_.head_dim, max_k);
+    const size_t ws = attention::PagedDecodeWorkspaceBytes(total, g_.num_heads_q, g_.head_dim, max_k);
     SlotLease slot(*ctx_[dev]);
     BatchStaging st(*slot, b.times);
     char* tables_d = st.Take(tables.size() * 4);
@@ -199,8 +199,8 @@ class CudaKvAttention : public KvAttentionExecutor {
     auto stream = st.stream();
     if (!stream.ok()) return stream.status();
     KernelTimer timer(*slot, *hist_[dev]);
-    if (auto s = FromKernel(attention::run_kv_append(a, *stream)); !s.ok()) return s;
-    if (auto s = FromKernel(attention::run_paged_decode(p, *stream)); !s.ok()) return s;
+    if (auto s = FromKernel(attention::RunKvAppend(a, *stream)); !s.ok()) return s;
+    if (auto s = FromKernel(attention::RunPagedDecode(p, *stream)); !s.ok()) return s;
     timer.Stop();
     auto out = st.Convert(o_d, kdt, b.dtype, total * q_row);
     if (!out.ok()) return out.status();

@@ -134,7 +134,7 @@ class CudaLinear : public LinearExecutor {
       auto y = st.Convert(yd, ydt, dtype, size_t(m) * N);
       if (!y.ok()) return y.status();
       if (r.bias) {
-        if (auto b = FromKernel(run_add_bias(*y, dtype, m, N, r.bias, *stream)); !b.ok()) return b;
+        if (auto b = FromKernel(RunAddBias(*y, dtype, m, N, r.bias, *stream)); !b.ok()) return b;
       }
       if (auto dl = st.Download(*y, y_out, size_t(r0) * N * esize, size_t(m) * N * esize); !dl.ok()) return dl;
       if (auto f = st.Finish(); !f.ok()) return f;

@@ -90,7 +90,7 @@ absl::StatusOr<char*> BatchStaging::Convert(char* src, DType from, DType to, siz
   if (!out) return Full(elems * DTypeSize(to));
   auto st = stream();
   if (!st.ok()) return st.status();
-  if (auto s = FromKernel(run_convert(src, from, out, to, int64_t(elems), *st)); !s.ok()) return s;
+  if (auto s = FromKernel(RunConvert(src, from, out, to, int64_t(elems), *st)); !s.ok()) return s;
   return out;
 }
 

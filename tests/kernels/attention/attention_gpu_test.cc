@@ -211,7 +211,7 @@ void RunVarlenGpu(const VarlenRun& r, int max_seqlen_q, std::vector<uint16_t>& o
   p.o_row_stride = p.q_row_stride; p.o_head_stride = s.head_dim;
   p.batch = s.batch; p.num_heads_q = s.num_heads_q; p.num_heads_kv = s.num_heads_kv; p.head_dim = s.head_dim;
   p.max_seqlen_q = max_seqlen_q; p.softmax_scale = s.softmax_scale; p.causal = s.causal; p.dtype = r.dtype;
-  OKS(run_varlen_attention(p, nullptr));
+  OKS(RunVarlenAttention(p, nullptr));
   CK(cudaDeviceSynchronize());
   o.resize(size_t(tq) * s.num_heads_q * s.head_dim);
   lse.resize(size_t(tq) * s.num_heads_q);
@@ -286,9 +286,9 @@ INSTANTIATE_TEST_SUITE_P(All, VarlenGpuTest, ::testing::ValuesIn(VarlenCases()),
 TEST(VarlenGpu, RejectsBadParams) {
   VarlenAttentionParams p;
   p.batch = 1; p.num_heads_q = 6; p.num_heads_kv = 4; p.head_dim = 128; p.max_seqlen_q = 1; p.softmax_scale = 1.0f;
-  EXPECT_EQ(run_varlen_attention(p, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(RunVarlenAttention(p, nullptr).code(), StatusCode::kInvalidArgument);
   p.num_heads_q = 8; p.head_dim = 96;
-  EXPECT_EQ(run_varlen_attention(p, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(RunVarlenAttention(p, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -353,7 +353,7 @@ void MakePaged(PagedSetup& s, const PagedCase& c, std::vector<int> lk, uint32_t 
 }
 
 // Runs decode; if `append` is set, the cache is uploaded without the new tokens' K/V and
-// run_kv_append writes them first.
+// RunKvAppend writes them first.
 void RunPagedGpu(const PagedSetup& s, bool append, int max_q, int max_k, std::vector<uint16_t>& o,
                  std::vector<float>& lse) {
   const PagedCase& c = s.c;
@@ -390,7 +390,7 @@ void RunPagedGpu(const PagedSetup& s, bool append, int max_q, int max_k, std::ve
     a.kv_block_stride = kv_block; a.kv_row_stride = kv_row; a.kv_head_stride = c.d;
     a.batch = batch; a.max_new = max_q; a.max_blocks_per_seq = s.max_blocks; a.page_size = c.page;
     a.num_heads_kv = c.hkv; a.head_dim = c.d; a.dtype = c.dtype;
-    OKS(run_kv_append(a, nullptr));
+    OKS(RunKvAppend(a, nullptr));
     CK(cudaDeviceSynchronize());
     std::vector<uint16_t> kback(s.kcache.size()), vback(s.vcache.size());
     Download(kback, kc);
@@ -398,7 +398,7 @@ void RunPagedGpu(const PagedSetup& s, bool append, int max_q, int max_k, std::ve
     ASSERT_EQ(0, std::memcmp(kback.data(), s.kcache.data(), kback.size() * 2)) << "append wrote K wrong";
     ASSERT_EQ(0, std::memcmp(vback.data(), s.vcache.data(), vback.size() * 2)) << "append wrote V wrong";
   }
-  const size_t ws_bytes = paged_decode_workspace_size(tq, c.hq, c.d, max_k, c.split);
+  const size_t ws_bytes = PagedDecodeWorkspaceBytes(tq, c.hq, c.d, max_k, c.split);
   DevBuf ws(ws_bytes);
   if (ws_bytes) {
     CK(cudaMemset(ws.p, 0xFF, ws_bytes));
@@ -415,7 +415,7 @@ void RunPagedGpu(const PagedSetup& s, bool append, int max_q, int max_k, std::ve
   p.max_seqlen_q = max_q; p.max_seqlen_k = max_k;
   p.num_heads_q = c.hq; p.num_heads_kv = c.hkv; p.head_dim = c.d;
   p.softmax_scale = 1.0f / std::sqrt(float(c.d)); p.causal = true; p.dtype = c.dtype; p.split_tokens = c.split;
-  OKS(run_paged_decode(p, nullptr));
+  OKS(RunPagedDecode(p, nullptr));
   CK(cudaDeviceSynchronize());
   o.resize(size_t(tq) * c.hq * c.d);
   lse.resize(size_t(tq) * c.hq);
@@ -509,7 +509,7 @@ TEST(PagedGpu, ConcurrentLaunchesOfDifferentShapesAllSucceed) {
     const PagedCase& c = l.s.c;
     const int tq = l.s.cuq.back();
     const int max_k = *std::max_element(l.s.lk.begin(), l.s.lk.end());
-    const size_t ws_bytes = paged_decode_workspace_size(tq, c.hq, c.d, max_k, c.split);
+    const size_t ws_bytes = PagedDecodeWorkspaceBytes(tq, c.hq, c.d, max_k, c.split);
     for (size_t bytes : {l.s.qb.size() * 2, l.s.kcache.size() * 2, l.s.vcache.size() * 2, l.s.table.size() * 4,
                          l.s.seqlens.size() * 4, l.s.cuq.size() * 4, size_t(tq) * c.hq * c.d * 2, ws_bytes + 16})
       l.b.push_back(std::make_unique<DevBuf>(bytes));
@@ -526,7 +526,7 @@ TEST(PagedGpu, ConcurrentLaunchesOfDifferentShapesAllSucceed) {
     p.num_heads_q = c.hq; p.num_heads_kv = c.hkv; p.head_dim = c.d;
     p.softmax_scale = 1.0f / std::sqrt(float(c.d)); p.causal = true; p.dtype = c.dtype; p.split_tokens = c.split;
     CK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
-    OKS(run_paged_decode(p, l.stream));
+    OKS(RunPagedDecode(p, l.stream));
     CK(cudaStreamSynchronize(l.stream));
     l.want.resize(size_t(tq) * c.hq * c.d);
     Download(l.want, l.buf(6));
@@ -538,7 +538,7 @@ TEST(PagedGpu, ConcurrentLaunchesOfDifferentShapesAllSucceed) {
       if (cudaSetDevice(0) != cudaSuccess) failures[i] = "cudaSetDevice";  // a CUDA thread's first call
       Lane& l = lanes[i];
       for (int it = 0; it < 300 && failures[i].empty(); ++it) {
-        const Status st = run_paged_decode(l.p, l.stream);
+        const Status st = RunPagedDecode(l.p, l.stream);
         if (!st.ok()) failures[i] = "launch " + std::to_string(it) + ": " + st.message();
       }
       if (cudaStreamSynchronize(l.stream) != cudaSuccess && failures[i].empty()) failures[i] = "stream failed";
@@ -561,7 +561,7 @@ TEST(PagedGpu, RejectsMissingWorkspace) {
   p.block_table = p.seqlens_k = p.cu_seqlens_q = dummy;
   p.batch = 1; p.total_q = 1; p.max_seqlen_q = 1; p.max_seqlen_k = 2000; p.max_blocks_per_seq = 200; p.page_size = 16;
   p.num_heads_q = 8; p.num_heads_kv = 8; p.head_dim = 128; p.softmax_scale = 0.1f;
-  EXPECT_EQ(run_paged_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(RunPagedDecode(p, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------------------------------------
