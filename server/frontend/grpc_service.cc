@@ -165,9 +165,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelInfer(grpc::CallbackServerC
                                                            const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
   // Shared by the answer: the message and the receive slices its tensors point into.
   auto call = std::make_shared<RawInferRequest>();
-  std::vector<grpc::Slice> slices;
-  absl::Status parsed = req->Dump(&slices).ok() ? ParseRawInferRequest(std::move(slices), call.get())
-                                                : absl::InvalidArgumentError("the request could not be read");
+  const absl::Status parsed = ParseRawInferRequest(*req, call.get());
   InferenceServer* s = server_.load();
   if (grpc::Status a = Authenticate(*ctx, true); !a.ok()) {
     if (s) s->CountRejected(call->message.model_name(), absl::StatusCode::kUnauthenticated);
@@ -385,9 +383,7 @@ class StreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::Byt
     // the stream's order (kv_attention sequences depend on it). A request that does not
     // parse gets its error on the stream, which goes on.
     auto call = std::make_shared<RawInferRequest>();
-    std::vector<grpc::Slice> slices;
-    const absl::Status parsed = read->Dump(&slices).ok() ? ParseRawInferRequest(std::move(slices), call.get())
-                                                         : absl::InvalidArgumentError("the request could not be read");
+    const absl::Status parsed = ParseRawInferRequest(*read, call.get());
     if (!parsed.ok()) {
       server_->CountRejected("", parsed.code());
       Enqueue(std::make_unique<grpc::ByteBuffer>(SerializeStreamResponse(parsed, call->message, nullptr)));

@@ -172,6 +172,12 @@ absl::Status ParseRawInferRequest(std::vector<grpc::Slice> slices, RawInferReque
   return absl::OkStatus();
 }
 
+absl::Status ParseRawInferRequest(const grpc::ByteBuffer& buffer, RawInferRequest* out) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Dump(&slices).ok()) return absl::InvalidArgumentError("the request could not be read");
+  return ParseRawInferRequest(std::move(slices), out);
+}
+
 void FillInferResponse(const inference::ModelInferRequest& request, Work& work,
                        inference::ModelInferResponse* response) {
   FillHead(request, work, response);

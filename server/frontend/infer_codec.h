@@ -34,6 +34,8 @@ struct RawInferRequest {
 // Parses a serialized ModelInferRequest, in pieces, into `out`, which keeps the slices.
 // INVALID_ARGUMENT, saying where, for bytes that are not a ModelInferRequest.
 absl::Status ParseRawInferRequest(std::vector<grpc::Slice> slices, RawInferRequest* out);
+// The same for a request as gRPC received it (its slices are shared, not copied).
+absl::Status ParseRawInferRequest(const grpc::ByteBuffer& buffer, RawInferRequest* out);
 
 // Moves a finished work's outputs into a response (raw_output_contents). An output
 // written to shared memory gets its name, datatype and shape and an empty

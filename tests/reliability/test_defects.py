@@ -7,7 +7,8 @@ serving (docs/reliability.md, "Adversarial findings"):
   - client strings of up to a megabyte (sequence ids, model names);
   - a kv sequence at its token limit, ended with zero new tokens;
   - requests whose client gave up during compute, and refused tokens, in flashq_requests_total;
-  - an empty --auth-token, and model versions that do not exist."""
+  - an empty --auth-token, and model versions that do not exist;
+  - bytes that are not a ModelInferRequest (the server parses ModelInfer itself), unary and stream."""
 import json
 import re
 import struct
@@ -72,6 +73,33 @@ def test_extreme_dimensions_of_empty_tensors(server):
     got = stream_call(st, [crash] + reqs[40:80] + [rel.lin_req(np.random.default_rng(1))])
     assert [g[0] for g in got[:-1]] == ["INVALID_ARGUMENT"] * (len(got) - 1), got
     assert got[-1][0] == "OK"
+    assert server.proc.poll() is None, server.log()
+    ch.close()
+
+
+def test_bytes_that_are_not_a_request(server):
+    """ModelInfer and ModelStreamInfer parse their own bytes (server/frontend/infer_codec.h): a truncated
+    or malformed message is INVALID_ARGUMENT, saying where, and the server and the stream go on."""
+    ch = rel.channel(server.url)
+    method = "/inference.GRPCInferenceService/ModelInfer"
+    unary = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+    good = rel.lin_req(np.random.default_rng(3)).SerializeToString()
+    cases = [good[:len(good) // 2],                       # truncated inside the tensor bytes
+             b"\x3a\xff\xff\xff\xff\x0f",                  # raw_input_contents longer than the message
+             b"\x0b\x08\x01",                              # a group that never ends
+             b"\x0a\x02\xff\xfe"]                          # model_name that is not UTF-8
+    for bad in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            unary(bad, timeout=30)
+        assert e.value.code() == C.INVALID_ARGUMENT and "not a valid ModelInferRequest" in e.value.details(), \
+            (bad[:16], e.value.code(), e.value.details())
+    assert rel.service_pb2.ModelInferResponse.FromString(unary(good, timeout=30)).outputs[0].name == "Y"
+    stream = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer", request_serializer=None,
+                              response_deserializer=rel.service_pb2.ModelStreamInferResponse.FromString)
+    got = list(stream(iter([cases[0], good, cases[1], good]), timeout=60))
+    errors = [r.error_message for r in got if r.error_message]
+    assert len(got) == 4 and len(errors) == 2, [r.error_message for r in got]
+    assert all(m.startswith("INVALID_ARGUMENT: the request is not a valid ModelInferRequest") for m in errors), errors
     assert server.proc.poll() is None, server.log()
     ch.close()
 
