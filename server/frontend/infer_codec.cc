@@ -1,5 +1,6 @@
 #include "server/frontend/infer_codec.h"
 
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -35,17 +36,29 @@ class SliceReader {
   bool done() const { return slice_ == slices_.size(); }
   uint64_t offset() const { return consumed_; }
 
-  bool Varint(uint64_t* v) {
+  // A varint of at most `max_bytes` bytes; bits past 64 are dropped, as protobuf drops them.
+  bool Varint(uint64_t* v, int max_bytes = 10) {
     *v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int i = 0; i < max_bytes; ++i) {
       if (done()) return false;
       const uint8_t b = slices_[slice_].begin()[at_];
       Advance(1);
-      *v |= uint64_t(b & 0x7f) << shift;
+      *v |= uint64_t(b & 0x7f) << (7 * i);
       if (!(b & 0x80)) return true;
     }
-    return false;  // over ten bytes
+    return false;
   }
+
+  // A field tag as protobuf reads one: at most five bytes, kept to 32 bits.
+  bool Tag(uint32_t* tag) {
+    uint64_t v;
+    if (!Varint(&v, 5)) return false;
+    *tag = uint32_t(v);
+    return true;
+  }
+
+  // A length as protobuf reads one: at most five bytes, below 2 GiB less its 16 bytes of slop.
+  bool Length(uint64_t* n) { return Varint(n, 5) && *n <= uint64_t(INT32_MAX - 16); }
 
   // The next n bytes, as views into the slices (nothing copied).
   bool View(uint64_t n, std::vector<std::string_view>* pieces) {
@@ -91,8 +104,8 @@ class SliceReader {
 
 // Copies the field whose tag was just read, tag included, to `out`; a group with the
 // fields inside it. Returns what is wrong, or null.
-const char* CopyField(uint64_t tag, SliceReader& r, std::string* out, int depth) {
-  if ((tag >> 3) == 0 || (tag >> 3) > 0x1fffffff) return "an invalid field number";
+const char* CopyField(uint32_t tag, SliceReader& r, std::string* out, int depth) {
+  if ((tag >> 3) == 0) return "an invalid field number";
   AppendVarint(tag, out);
   uint64_t v = 0;
   switch (tag & 7) {
@@ -103,14 +116,14 @@ const char* CopyField(uint64_t tag, SliceReader& r, std::string* out, int depth)
     case kFixed64: return r.Copy(8, out) ? nullptr : "a truncated fixed64";
     case kFixed32: return r.Copy(4, out) ? nullptr : "a truncated fixed32";
     case kLengthDelimited:
-      if (!r.Varint(&v)) return "a truncated length";
+      if (!r.Length(&v)) return "a bad length";
       AppendVarint(v, out);
       return r.Copy(v, out) ? nullptr : "a field past the end of the message";
     case kStartGroup:
       if (depth >= kMaxGroupDepth) return "groups nested too deep";
       for (;;) {
-        uint64_t inner;
-        if (!r.Varint(&inner)) return "an unterminated group";
+        uint32_t inner;
+        if (!r.Tag(&inner)) return "an unterminated group";
         if ((inner & 7) == kEndGroup) {
           if ((inner >> 3) != (tag >> 3)) return "a mismatched end of group";
           AppendVarint(inner, out);
@@ -155,11 +168,11 @@ absl::Status ParseRawInferRequest(std::vector<grpc::Slice> slices, RawInferReque
         absl::StrCat("the request is not a valid ModelInferRequest: ", what, " at byte ", r.offset()));
   };
   while (!r.done()) {
-    uint64_t tag;
-    if (!r.Varint(&tag)) return malformed("a truncated field tag");
+    uint32_t tag;
+    if (!r.Tag(&tag)) return malformed("a bad field tag");
     if ((tag >> 3) == kRawInputField && (tag & 7) == kLengthDelimited) {
       uint64_t n;
-      if (!r.Varint(&n)) return malformed("a truncated length");
+      if (!r.Length(&n)) return malformed("a bad length");
       std::vector<std::string_view>& pieces = out->raw.emplace_back();
       if (!r.View(n, &pieces)) return malformed("raw_input_contents past the end of the message");
       continue;

@@ -87,6 +87,8 @@ TEST(InferCodec, KeepsFieldsItDoesNotKnowAndGroups) {
   wire += std::string("\xcd\x3e\x01\x02\x03\x04", 6);          // field 1001, fixed32
   wire += std::string("\xc9\x3e\x01\x02\x03\x04\x05\x06\x07\x08", 10);  // fixed64
   wire += std::string("\xcb\x3e\x08\x05\xcc\x3e", 6);          // group 1001 { 1: 5 }
+  // A five-byte tag whose value passes 32 bits: protobuf keeps its low 32 (here a fixed32).
+  wire += std::string("\xbd\xc7\xbe\xcc\x3e\x6f\xbe\xa1\x3f", 9);
   inference::ModelInferRequest want;
   ASSERT_TRUE(want.ParseFromString(wire));
   RawInferRequest got;
@@ -107,7 +109,9 @@ TEST(InferCodec, RefusesWhatProtobufRefusesAndSaysWhere) {
   struct Case {
     std::string bytes, says;
   };
-  for (const Case& c : {Case{std::string("\x3a\xff\xff\xff\xff\x0f", 6), "raw_input_contents past the end"},
+  for (const Case& c : {Case{std::string("\x3a\xff\xff\xff\xff\x0f", 6), "a bad length"},
+                        Case{std::string("\x3a\x80\x80\x80\x80\x80\x00", 7), "a bad length"},  // six bytes
+                        Case{std::string("\x3a\x05ab", 4), "raw_input_contents past the end"},
                         Case{std::string("\x0a\x05ab", 4), "past the end of the message"},
                         Case{std::string("\x08\xff\xff", 3), "truncated varint"},
                         Case{std::string("\x0b\x08\x01", 3), "unterminated group"},
@@ -115,6 +119,8 @@ TEST(InferCodec, RefusesWhatProtobufRefusesAndSaysWhere) {
                         Case{std::string("\x0c", 1), "unsupported wire type"},
                         Case{std::string("\x00\x01", 2), "invalid field number"},
                         Case{std::string("\x0a\x02\xff\xfe", 4), "does not parse"}}) {  // model_name: bad UTF-8
+    inference::ModelInferRequest p;
+    EXPECT_FALSE(p.ParseFromString(c.bytes)) << c.says;  // protobuf refuses it too
     RawInferRequest got;
     const absl::Status s = ParseRawInferRequest(Cut(c.bytes, 1), &got);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.says;
