@@ -1,6 +1,7 @@
 #include "client/bench/input_data.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -10,9 +11,11 @@
 namespace flashq::bench {
 namespace {
 
+// A file of this process's own: ctest runs each test as a process of its own, several at once.
 std::string Write(const std::string& text) {
   static int n = 0;
-  const std::string path = testing::TempDir() + "/input_data_" + std::to_string(n++) + ".json";
+  const std::string path =
+      testing::TempDir() + "/input_data_" + std::to_string(getpid()) + "_" + std::to_string(n++) + ".json";
   std::ofstream(path) << text;
   return path;
 }
