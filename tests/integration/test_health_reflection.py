@@ -96,13 +96,20 @@ def test_not_serving_while_models_load():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert s.proc.poll() is None, f"server exited:\n{s.log()}"
-            whole, svc = _status(ch), _status(ch, SERVICE)
-            if whole == health_pb2.HealthCheckResponse.SERVING:
-                break
-            if whole == health_pb2.HealthCheckResponse.NOT_SERVING:
+            # The server turns ServerReady true, then health SERVING, then logs its ready line: sampled in the
+            # reverse order, a NOT_SERVING answer means the samples before it were taken before those turns.
+            line = READY_LINE in open(s.log_path, errors="replace").read()
+            try:
                 ready = service_pb2_grpc.GRPCInferenceServiceStub(ch).ServerReady(
                     service_pb2.ServerReadyRequest(), timeout=2).ready
-                seen.append((whole, svc, ready, READY_LINE in open(s.log_path, errors="replace").read()))
+            except grpc.RpcError:
+                ready = None  # not connected yet
+            svc = _status(ch, SERVICE)
+            whole = _status(ch)
+            if whole == health_pb2.HealthCheckResponse.SERVING:
+                break
+            if whole == health_pb2.HealthCheckResponse.NOT_SERVING and ready is not None:
+                seen.append((whole, svc, ready, line))
             time.sleep(0.02)
         else:
             raise AssertionError(f"never SERVING:\n{s.log()}")
