@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/heap.h"
 #include "server/backends/cpu/cpu_backend.h"
-#include "server/core/flags.h"
+#include "common/flags.h"
 #include "server/inference_server.h"
 #include "server/core/shared_memory.h"
 #include "server/frontend/auth.h"
@@ -458,7 +458,7 @@ int main(int argc, char** argv) {
   // as GraphCycles and SpinLock time on every gRPC thread.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   flashq::server::Options options;
-  flashq::server::FlagSet flags(
+  flashq::FlagSet flags(
       "flashq-server: KServe v2 gRPC server for fused attention and quantized linear layers.\n"
       "Usage: flashq-server [--model-repository=DIR] [--http-port=8000] [--grpc-port=8001] [--metrics-port=8002] [--backend=auto] ...");
   flashq::server::AddFlags(flags, options);

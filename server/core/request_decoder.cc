@@ -45,6 +45,11 @@ bool HasTypedContents(const inference::InferTensorContents& c) {
          c.uint64_contents_size() || c.fp32_contents_size() || c.fp64_contents_size() || c.bytes_contents_size();
 }
 
+// Whether the kernels consume tensors of type `t` (FP16, BF16, FP32): such a tensor may stay
+// where it is, in device memory or in fragments. Models read the others (offsets, lengths) on
+// the host, in one piece.
+bool ForKernels(DType t) { return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32; }
+
 // A status of `s`'s code whose message starts with what it concerns.
 absl::Status Prefixed(const absl::Status& s, absl::string_view what) {
   return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
@@ -203,10 +208,7 @@ absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& r
       }
       auto buffer = shared_memory->Find(ref.region, ref.offset, ref.byte_size);
       if (!buffer.ok()) return Prefixed(buffer.status(), what);
-      if (buffer->kind == MemoryKind::kDevice && t.dtype != DType::kF16 && t.dtype != DType::kBF16 &&
-          t.dtype != DType::kF32) {
-        // Models read integer inputs (offsets, lengths) on the host; only the tensors the
-        // kernels consume stay in device memory.
+      if (buffer->kind == MemoryKind::kDevice && !ForKernels(t.dtype)) {
         out.owned.push_back(std::make_unique<std::string>(buffer->size, '\0'));
         if (absl::Status s = buffer->Read(0, out.owned.back()->data(), buffer->size); !s.ok()) return Prefixed(s, what);
         t.data = *out.owned.back();
@@ -231,10 +233,9 @@ absl::StatusOr<DecodedInputs> DecodeInputs(const inference::ModelInferRequest& r
       const std::vector<std::string_view>& pieces = bytes.raw[size_t(next_raw++)];
       if (pieces.size() == 1) {
         t.data = pieces[0];
-      } else if (t.dtype == DType::kF16 || t.dtype == DType::kBF16 || t.dtype == DType::kF32) {
+      } else if (ForKernels(t.dtype)) {
         t.fragments = pieces;  // a backend gathers them as they are
       } else {
-        // Models read integer inputs (offsets, lengths) on the host, in one piece.
         auto joined = std::make_unique<std::string>();
         joined->reserve(size_t(expected));
         for (std::string_view f : pieces) joined->append(f);

@@ -19,7 +19,7 @@
 #include <grpcpp/impl/server_builder_option.h>
 #include <grpcpp/server_builder.h>
 
-#include "server/core/flags.h"
+#include "common/flags.h"
 
 namespace flashq::server {
 

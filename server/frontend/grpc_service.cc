@@ -177,8 +177,7 @@ grpc::ServerUnaryReactor* GrpcInferenceService::ModelInfer(grpc::CallbackServerC
   }
   if (!s || !ready_.load()) return Reply(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is not ready"));
   auto* reactor = ctx->DefaultReactor();
-  RawContents raw = std::move(call->raw);
-  s->Infer(call->message, std::move(raw), SteadyDeadline(ctx), [ctx] { return ctx->IsCancelled(); },
+  s->Infer(call->message, std::move(call->raw), SteadyDeadline(ctx), [ctx] { return ctx->IsCancelled(); },
            [reactor, call, resp](const absl::Status& st, Work* work) {
              if (st.ok()) {
                grpc::ByteBuffer answer = SerializeInferResponse(call->message, *work);
@@ -388,8 +387,7 @@ class StreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::Byt
       server_->CountRejected("", parsed.code());
       Enqueue(std::make_unique<grpc::ByteBuffer>(SerializeStreamResponse(parsed, call->message, nullptr)));
     } else {
-      RawContents raw = std::move(call->raw);
-      server_->Infer(call->message, std::move(raw), SteadyDeadline(ctx_), [this] { return ctx_->IsCancelled(); },
+      server_->Infer(call->message, std::move(call->raw), SteadyDeadline(ctx_), [this] { return ctx_->IsCancelled(); },
                      [this, call](const absl::Status& st, Work* work) {
                        Enqueue(std::make_unique<grpc::ByteBuffer>(SerializeStreamResponse(st, call->message, work)));
                      });

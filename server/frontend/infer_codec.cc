@@ -1,7 +1,6 @@
 #include "server/frontend/infer_codec.h"
 
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>

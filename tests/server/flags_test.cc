@@ -1,6 +1,6 @@
 // FlagSet (common/flags.h) as flashq-server uses it: Triton-style --dash-flags (--a=1, --a 1),
 // underscores accepted, bool forms, errors for unknown flags and bad values, --help.
-#include "server/core/flags.h"
+#include "common/flags.h"
 
 #include <string>
 #include <vector>
