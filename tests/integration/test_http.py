@@ -17,7 +17,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 from conftest import TEST_TMP, ServerProcess
-from helpers import round_to
+from helpers import round_to, triton_inputs
 
 DEMO_MODELS = ["attention", "kv_attention", "up_proj_bf16", "down_proj_bf16", "up_proj_int4",
                "down_proj_int4", "up_proj_fp8", "down_proj_fp8"]
@@ -69,12 +69,7 @@ def json_attention_body(q, kv, **extra):
 
 def grpc_attention(server, q, kv):
     c = grpcclient.InferenceServerClient(server.url)
-    ins = []
-    for name, a in (("Q", q), ("K", kv), ("V", kv)):
-        i = grpcclient.InferInput(name, list(a.shape), "FP16")
-        i.set_data_from_numpy(a)
-        ins.append(i)
-    o = c.infer("attention", ins).as_numpy("O")
+    o = c.infer("attention", triton_inputs(grpcclient, (("Q", q), ("K", kv), ("V", kv)))).as_numpy("O")
     c.close()
     return o
 

@@ -8,7 +8,7 @@ import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from helpers import wait_for
+from helpers import triton_inputs, wait_for
 
 ARGS_LINE = "gRPC channel arguments: "
 
@@ -88,11 +88,7 @@ def test_tritonclient_inference_survives_goaway(start_server):
     rng = np.random.default_rng(3)
     q = rng.standard_normal((4, 32, 128)).astype(np.float16)
     kv = rng.standard_normal((4, 8, 128)).astype(np.float16)
-    ins = []
-    for name, a in (("Q", q), ("K", kv), ("V", kv)):
-        i = grpcclient.InferInput(name, list(a.shape), "FP16")
-        i.set_data_from_numpy(a)
-        ins.append(i)
+    ins = triton_inputs(grpcclient, (("Q", q), ("K", kv), ("V", kv)))
     first = c.infer("attention", ins).as_numpy("O")
     deadline = time.monotonic() + 3
     n = 0

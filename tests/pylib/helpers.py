@@ -117,6 +117,16 @@ def stub(url, max_message_bytes=256 << 20):
     return ch, service_pb2_grpc.GRPCInferenceServiceStub(ch)
 
 
+def triton_inputs(client_module, arrays, datatype="FP16"):
+    """tritonclient InferInputs of (name, array) pairs; client_module is tritonclient.grpc or .http."""
+    inputs = []
+    for name, a in arrays:
+        i = client_module.InferInput(name, list(a.shape), datatype)
+        i.set_data_from_numpy(a)
+        inputs.append(i)
+    return inputs
+
+
 def infer_request(model, inputs, params=None, outputs=None, request_id=""):
     """inputs: list of (name, datatype, shape, raw_bytes). params: dict of name -> bool/int/float/str."""
     req = service_pb2.ModelInferRequest(model_name=model, id=request_id)

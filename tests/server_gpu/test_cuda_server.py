@@ -42,7 +42,8 @@ import numpy as np
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "pylib"))  # helpers and the server process, shared with the other suites
-from server_process import READY_LINE, FlashqServer  # noqa: E402
+from helpers import triton_inputs  # noqa: E402
+from server_process import FlashqServer  # noqa: E402
 
 SKIP = 77
 K, N, GROUP = 576, 400, 128
@@ -297,11 +298,7 @@ def http_and_metrics(server, client):
     rng = np.random.default_rng(5)
     q = rng.standard_normal((7, 8, 128)).astype(np.float16)
     kv = rng.standard_normal((7, 2, 128)).astype(np.float16)
-    ins = []
-    for name, a in (("Q", q), ("K", kv), ("V", kv)):
-        i = grpcclient.InferInput(name, list(a.shape), "FP16")
-        i.set_data_from_numpy(a)
-        ins.append(i)
+    ins = triton_inputs(grpcclient, (("Q", q), ("K", kv), ("V", kv)))
     want = client.infer("attention", ins).as_numpy("O")
     header = json.dumps({"inputs": [{"name": n, "shape": list(a.shape), "datatype": "FP16",
                                      "parameters": {"binary_data_size": a.nbytes}}
