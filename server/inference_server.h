@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/backends/backend.h"
+#include "server/batcher/responder.h"
 #include "server/batcher/scheduler.h"
 #include "server/core/model.h"
 #include "server/core/model_stats.h"
@@ -44,6 +45,9 @@ struct InferenceServerOptions {
   // instance_group counts. False: a model with instance_group gets the workers it asks for.
   bool workers_per_model_from_flag = false;
   int64_t idle_spin_us = 0;  // SchedulerOptions::idle_spin
+  // Threads that send the answers of a batch beyond its first few, shared by all models
+  // (ResponderPool); 0: each batch worker answers its whole batch.
+  int response_threads = 0;
   // The largest response the frontend can send (its message limit); a request whose
   // outputs would not fit is refused before compute. 0: no limit.
   int64_t max_response_bytes = 0;
@@ -150,7 +154,7 @@ class InferenceServer {
   using VersionSet = std::map<int64_t, std::shared_ptr<Served>, std::greater<>>;
   InferenceServer(Backend& backend, ServerMetrics& metrics, const InferenceServerOptions& options)
       : backend_(backend), metrics_(metrics), options_(options), max_response_bytes_(options.max_response_bytes),
-        shared_memory_(options.shared_memory), control_(options.control) {}
+        shared_memory_(options.shared_memory), control_(options.control), responders_(options.response_threads) {}
   // Builds (loads and warms up) every version of every entry, in parallel.
   absl::StatusOr<std::vector<VersionSet>> Build(const std::vector<ModelEntry>& entries, bool record_times);
   absl::StatusOr<std::shared_ptr<Served>> Wrap(const ModelEntry& entry, int64_t version, std::unique_ptr<Model> model);
@@ -190,6 +194,7 @@ class InferenceServer {
   double weights_seconds_ = 0;
   std::vector<std::pair<std::string, double>> load_seconds_;
   const ModelControlMode control_;
+  ResponderPool responders_;  // declared before the models, so that it outlives their schedulers
   // Requests hold mu_ shared from the model look-up until their admission into its
   // queue, so that once a writer has replaced or removed a model no request can still
   // enter the old one's queue; its drain then answers everything it admitted.

@@ -2,6 +2,8 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace flashq::server {
@@ -16,8 +18,9 @@ bool IsBulk(const std::vector<std::unique_ptr<Pending>>& batch) {
 }
 }  // namespace
 
-Scheduler::Scheduler(Model& model, SchedulerOptions options, ServerMetrics::Model& metrics, ModelStats& stats)
-    : model_(model), options_(options), metrics_(metrics), stats_(stats) {
+Scheduler::Scheduler(Model& model, SchedulerOptions options, ServerMetrics::Model& metrics, ModelStats& stats,
+                     ResponderPool* responders)
+    : model_(model), options_(options), metrics_(metrics), stats_(stats), responders_(responders) {
   for (int i = 0; i < std::max(1, options_.workers); ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
@@ -85,6 +88,8 @@ void Scheduler::Shutdown() {
   cv_.notify_all();
   for (auto& t : workers_) t.join();
   workers_.clear();
+  std::unique_lock<std::mutex> l(posted_mu_);
+  posted_cv_.wait(l, [&] { return posted_ == 0; });
 }
 
 int64_t Scheduler::depth() const {
@@ -254,7 +259,28 @@ void Scheduler::Run(std::vector<std::unique_ptr<Pending>>& batch) {
     metrics_.queue_seconds->Observe(Seconds(p->queue_ns));
     metrics_.compute_seconds->Observe(Seconds(compute_ns));
   }
-  for (auto& p : batch) Answer(std::move(p), absl::OkStatus());
+  // The worker answers the first kAnswerChunk requests and hands the rest, in chunks, to the
+  // responders, which write them in parallel while it takes the next batch. With
+  // preserve_ordering the answers keep their one thread (Answer).
+  constexpr size_t kAnswerChunk = 4;
+  if (responders_ && responders_->threads() > 0 && !options_.preserve_ordering) {
+    for (size_t i = kAnswerChunk; i < batch.size(); i += kAnswerChunk) {
+      auto chunk = std::make_shared<std::vector<std::unique_ptr<Pending>>>();
+      for (size_t j = i; j < std::min(batch.size(), i + kAnswerChunk); ++j) chunk->push_back(std::move(batch[j]));
+      {
+        std::lock_guard<std::mutex> l(posted_mu_);
+        ++posted_;
+      }
+      responders_->Post([this, chunk] {
+        for (auto& p : *chunk) p->done(*p, absl::OkStatus());
+        std::lock_guard<std::mutex> l(posted_mu_);
+        if (--posted_ == 0) posted_cv_.notify_all();
+      });
+    }
+  }
+  for (auto& p : batch) {
+    if (p) Answer(std::move(p), absl::OkStatus());
+  }
 }
 
 void Scheduler::Answer(std::unique_ptr<Pending> p, const absl::Status& status) {

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/batcher/responder.h"
 #include "server/core/model.h"
 #include "server/core/model_stats.h"
 #include "server/metrics/metrics.h"
@@ -92,14 +93,18 @@ struct Pending {
 
 class Scheduler {
  public:
-  Scheduler(Model& model, SchedulerOptions options, ServerMetrics::Model& metrics, ModelStats& stats);
+  // responders: where a batch's answers beyond the first few are sent from (null: the worker
+  // answers all of them); it must outlive the scheduler.
+  Scheduler(Model& model, SchedulerOptions options, ServerMetrics::Model& metrics, ModelStats& stats,
+            ResponderPool* responders = nullptr);
   ~Scheduler();
 
   // RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE after Shutdown, or the error of
   // Model::Admit, which runs under the queue's lock. On error the caller keeps ownership
   // of nothing: the work has been dropped (Model::Drop) and `done` has NOT been called.
   absl::Status Enqueue(std::unique_ptr<Pending> p);
-  // Stops accepting, runs everything already queued, joins the workers.
+  // Stops accepting, runs everything already queued, joins the workers, and returns once
+  // every request has been answered.
   void Shutdown();
   int64_t depth() const;
 
@@ -140,6 +145,11 @@ class Scheduler {
   std::map<uint64_t, std::pair<std::unique_ptr<Pending>, absl::Status>> ready_;
   uint64_t next_answer_ = 0;
   bool answering_ = false;                    // a thread is answering from ready_
+
+  ResponderPool* const responders_;
+  std::mutex posted_mu_;                      // answers handed to responders_ and not yet sent
+  std::condition_variable posted_cv_;
+  int64_t posted_ = 0;
 
   std::vector<std::thread> workers_;
 };

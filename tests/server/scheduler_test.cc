@@ -220,8 +220,8 @@ struct Req {
 
 // Members are destroyed in reverse order: the scheduler (joins its workers) first.
 struct Harness {
-  explicit Harness(SchedulerOptions o) : options(o) {
-    scheduler = std::make_unique<Scheduler>(model, options, metrics.ForModel("fake"), stats);
+  explicit Harness(SchedulerOptions o, ResponderPool* responders = nullptr) : options(o) {
+    scheduler = std::make_unique<Scheduler>(model, options, metrics.ForModel("fake"), stats, responders);
   }
 
   absl::Status Enqueue(const Req& r) {
@@ -741,6 +741,41 @@ TEST(SchedulerTest, ShutdownDrainsTheQueue) {
   EXPECT_EQ(h.model.drops()[500], std::vector<absl::StatusCode>{absl::StatusCode::kUnavailable});
   EXPECT_EQ(h.answers.count(500), 0) << "done must not be called for a rejected request";
   h.scheduler->Shutdown();  // idempotent
+}
+
+// With responders, a batch's answers beyond its first four are sent from their threads: each
+// request is answered once, the responders carry answers of every batch, and Shutdown returns
+// only once the last answer is sent.
+TEST(SchedulerTest, RespondersSendTheAnswersOfLargeBatches) {
+  ResponderPool responders(2);
+  Harness h(Options(milliseconds(0), 16384, /*workers=*/1), &responders);
+  std::mutex mu;
+  std::set<std::thread::id> senders;
+  h.Plug(1000);
+  std::vector<int> ids = {1000};
+  for (int id = 0; id < 100; ++id) {
+    auto w = std::make_unique<FakeWork>();
+    w->id = id;
+    auto p = std::make_unique<Pending>();
+    p->work = std::move(w);
+    p->done = [&, id](Pending& p, const absl::Status& s) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        senders.insert(std::this_thread::get_id());
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));  // a slow write
+      h.answers.Record(id, s, p);
+    };
+    ASSERT_TRUE(h.scheduler->Enqueue(std::move(p)).ok());
+    ids.push_back(id);
+  }
+  h.model.gate.Open();
+  ASSERT_TRUE(h.model.WaitForBatches(2));
+  h.scheduler->Shutdown();  // answers are still being sent: it must wait for them
+  h.answers.ExpectEachOnce(ids);
+  EXPECT_EQ(h.model.batches()[1].size(), 100u);
+  std::lock_guard<std::mutex> l(mu);
+  EXPECT_GE(senders.size(), 3u) << "the worker and both responders send answers";
 }
 
 // A polling worker (idle_spin) takes what arrives while it polls, answers everything once,

@@ -1,0 +1,42 @@
+// Threads that send a batch's answers, so that a batch worker is free for the next batch
+// while the responses of the last one are written.
+//
+// Answering a request builds its response and hands it to gRPC, which writes it on the
+// calling thread: 10-20 µs per request. A worker answering a batch of 40 itself spends
+// longer on that than the GPU spends on the batch, and every request of the batch waits
+// behind the ones answered before it. docs/perf/server.md has the measurement.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace flashq::server {
+
+class ResponderPool {
+ public:
+  // threads = 0: Post runs each job on the caller's thread.
+  explicit ResponderPool(int threads);
+  // Runs every job posted, then joins the threads.
+  ~ResponderPool();
+  ResponderPool(const ResponderPool&) = delete;
+  ResponderPool& operator=(const ResponderPool&) = delete;
+
+  void Post(std::function<void()> job);
+  int threads() const { return static_cast<int>(threads_.size()); }
+
+ private:
+  void Loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace flashq::server
