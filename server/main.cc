@@ -11,7 +11,6 @@
 #include <iostream>
 #include <mutex>
 #include <optional>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -52,7 +51,7 @@ struct Options {
   // any request within a model's token budget fits (docs/security.md, "Request limits").
   int64_t grpc_max_message_bytes = INT32_MAX;
   int64_t stream_max_unanswered = StreamLimits().max_answers, stream_max_unsent_bytes = StreamLimits().max_bytes;
-  int64_t kv_cache_blocks = 0, workers_per_model = -1, cpu_threads = 0, idle_spin_us = -1, response_threads = -1;
+  int64_t kv_cache_blocks = 0, workers_per_model = -1, cpu_threads = 0, idle_spin_us = -1, response_threads = 0;
   int64_t gpu_streams = 4, gpu_staging_mb = 128, gpu_arena_mb = 2048;
   int64_t heap_reserve_mb = int64_t(kHeapPrefaultBytes >> 20);
   bool batch_invariant = true;
@@ -154,7 +153,8 @@ void AddFlags(FlagSet& f, Options& o) {
         "backend, 0 with the CPU backend (whose cores do the compute).", -1, 10'000);
   f.Add("response-threads", &o.response_threads,
         "Threads that send the answers of a batch beyond its first 4 while its worker takes the next batch; 0: each "
-        "worker sends its whole batch's answers. -1: a quarter of the cores, 1 to 8.", -1, 256);
+        "worker sends its whole batch's answers. Helps where the host has cores to spare for them (docs/perf/server.md).",
+        0, 256);
   f.Add("cpu-threads", &o.cpu_threads, "Threads of the CPU backend (0: all cores).", 0, 1024);
   f.Add("gpu-streams", &o.gpu_streams,
         "CUDA backend: streams per GPU, each with its own pinned and device staging; batches overlap across them.", 1, 64);
@@ -396,8 +396,7 @@ int Run(const Options& o) {
   opts.workers_per_model_from_flag = o.workers_per_model > 0;
   // With the CUDA backend a worker's core waits on the GPU; with the CPU backend the
   // cores compute, and a polling worker would take one from them.
-  opts.response_threads = int(o.response_threads >= 0 ? o.response_threads
-                                                      : std::clamp(int(std::thread::hardware_concurrency()) / 4, 1, 8));
+  opts.response_threads = int(o.response_threads);
   opts.idle_spin_us = o.idle_spin_us >= 0 ? o.idle_spin_us : (*backend)->name() == "cpu" ? 0 : 500;
   opts.max_response_bytes = o.grpc_max_message_bytes;
   opts.shared_memory = shared_memory.get();

@@ -1,10 +1,11 @@
 // Threads that send a batch's answers, so that a batch worker is free for the next batch
 // while the responses of the last one are written.
 //
-// Answering a request builds its response and hands it to gRPC, which writes it on the
-// calling thread: 10-20 µs per request. A worker answering a batch of 40 itself spends
-// longer on that than the GPU spends on the batch, and every request of the batch waits
-// behind the ones answered before it. docs/perf/server.md has the measurement.
+// Answering a request builds its response and hands it to gRPC, which writes it to the
+// socket on the calling thread; each request of a batch waits behind the ones answered
+// before it. Under load on a 32-core host the batch workers spent about 60% of their time
+// there. Whether threads of their own pay depends on the cores left to them
+// (docs/perf/server.md).
 #pragma once
 
 #include <condition_variable>

@@ -34,8 +34,10 @@ def pct(xs, p):
 def test_open_loop_at_twice_capacity():
     rng = np.random.default_rng(11)
     req = rel.attention_req(rng, tokens=256, hq=8, hkv=2, d=64)
+    # Two responder threads send the answers of batches beyond their first four: the ledger
+    # below checks that each request is still answered once, with the right status.
     with Server(f"--max-queue-size={QUEUE}", f"--workers-per-model={WORKERS}", "--max-queue-delay-us=1000",
-                name="overload") as srv:
+                "--response-threads=2", name="overload") as srv:
         ch = rel.channel(srv.url)
         st = rel.stub(ch)
         for _ in range(3):
