@@ -394,9 +394,9 @@ int Run(const Options& o) {
   const int default_workers = (*backend)->name() == "cpu" ? 2 : 4 * (*backend)->devices();
   opts.workers_per_model = int(o.workers_per_model > 0 ? o.workers_per_model : default_workers);
   opts.workers_per_model_from_flag = o.workers_per_model > 0;
+  opts.response_threads = int(o.response_threads);
   // With the CUDA backend a worker's core waits on the GPU; with the CPU backend the
   // cores compute, and a polling worker would take one from them.
-  opts.response_threads = int(o.response_threads);
   opts.idle_spin_us = o.idle_spin_us >= 0 ? o.idle_spin_us : (*backend)->name() == "cpu" ? 0 : 500;
   opts.max_response_bytes = o.grpc_max_message_bytes;
   opts.shared_memory = shared_memory.get();

@@ -228,10 +228,12 @@ void Scheduler::WorkerLoop() {
       if (!p->work->exclusive_key.empty()) ran_keys.push_back(p->work->exclusive_key);
     }
     const bool ran_bulk = IsBulk(batch);
-    if (!batch.empty()) Run(batch);
+    std::vector<std::string> posted_keys;  // released by the responders once those answers are sent
+    if (!batch.empty()) Run(batch, &posted_keys);
     answer_drops(true);
     {
       std::lock_guard<std::mutex> l(mu_);
+      for (const std::string& k : posted_keys) ran_keys.erase(std::find(ran_keys.begin(), ran_keys.end(), k));
       for (const std::string& k : ran_keys) running_keys_.erase(running_keys_.find(k));
       running_bulk_ -= ran_bulk;
     }
@@ -239,7 +241,7 @@ void Scheduler::WorkerLoop() {
   }
 }
 
-void Scheduler::Run(std::vector<std::unique_ptr<Pending>>& batch) {
+void Scheduler::Run(std::vector<std::unique_ptr<Pending>>& batch, std::vector<std::string>* posted_keys) {
   const auto start = Clock::now();
   std::vector<Work*> works;
   int64_t tokens = 0;
@@ -260,19 +262,33 @@ void Scheduler::Run(std::vector<std::unique_ptr<Pending>>& batch) {
     metrics_.compute_seconds->Observe(Seconds(compute_ns));
   }
   // The worker answers the first kAnswerChunk requests and hands the rest, in chunks, to the
-  // responders, which write them in parallel while it takes the next batch. With
-  // preserve_ordering the answers keep their one thread (Answer).
+  // responders, which write them in parallel while it takes the next batch. A sequence's
+  // exclusive key stays held until its answer is sent, so that the sequence's next request
+  // neither runs nor is answered before it. With preserve_ordering the answers keep their
+  // one thread (Answer).
   constexpr size_t kAnswerChunk = 4;
   if (responders_ && responders_->threads() > 0 && !options_.preserve_ordering) {
     for (size_t i = kAnswerChunk; i < batch.size(); i += kAnswerChunk) {
       auto chunk = std::make_shared<std::vector<std::unique_ptr<Pending>>>();
-      for (size_t j = i; j < std::min(batch.size(), i + kAnswerChunk); ++j) chunk->push_back(std::move(batch[j]));
+      std::vector<std::string> keys;
+      for (size_t j = i; j < std::min(batch.size(), i + kAnswerChunk); ++j) {
+        if (!batch[j]->work->exclusive_key.empty()) keys.push_back(batch[j]->work->exclusive_key);
+        chunk->push_back(std::move(batch[j]));
+      }
+      posted_keys->insert(posted_keys->end(), keys.begin(), keys.end());
       {
         std::lock_guard<std::mutex> l(posted_mu_);
         ++posted_;
       }
-      responders_->Post([this, chunk] {
+      responders_->Post([this, chunk, keys = std::move(keys)] {
         for (auto& p : *chunk) p->done(*p, absl::OkStatus());
+        if (!keys.empty()) {
+          {
+            std::lock_guard<std::mutex> l(mu_);
+            for (const std::string& k : keys) running_keys_.erase(running_keys_.find(k));
+          }
+          cv_.notify_all();
+        }
         std::lock_guard<std::mutex> l(posted_mu_);
         if (--posted_ == 0) posted_cv_.notify_all();
       });

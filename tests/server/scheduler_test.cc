@@ -778,6 +778,45 @@ TEST(SchedulerTest, RespondersSendTheAnswersOfLargeBatches) {
   EXPECT_GE(senders.size(), 3u) << "the worker and both responders send answers";
 }
 
+// A sequence's request answered by a responder keeps the sequence's exclusive key until its
+// answer is sent: the sequence's next request runs, and is answered, only after it.
+TEST(SchedulerTest, RespondersKeepASequenceInOrder) {
+  ResponderPool responders(1);
+  Harness h(Options(milliseconds(0), 16384, /*workers=*/1), &responders);
+  std::mutex mu;
+  std::vector<int> order;
+  auto enqueue = [&](int id, const std::string& key, int write_ms) {
+    auto w = std::make_unique<FakeWork>();
+    w->id = id;
+    w->exclusive_key = key;
+    auto p = std::make_unique<Pending>();
+    p->work = std::move(w);
+    p->done = [&, id, write_ms](Pending& p, const absl::Status& s) {
+      std::this_thread::sleep_for(milliseconds(write_ms));
+      {
+        std::lock_guard<std::mutex> l(mu);
+        order.push_back(id);
+      }
+      h.answers.Record(id, s, p);
+    };
+    return h.scheduler->Enqueue(std::move(p));
+  };
+  h.Plug(1000);
+  // Ten sequences in one batch; the last one's answer goes to the responder and is slow.
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(enqueue(i, "seq" + std::to_string(i), i == 9 ? 100 : 0).ok());
+  ASSERT_TRUE(enqueue(19, "seq9", 0).ok());  // the next request of sequence 9
+  h.model.gate.Open();
+  ASSERT_TRUE(h.answers.WaitFor(12));
+  h.scheduler->Shutdown();
+  std::lock_guard<std::mutex> l(mu);
+  const auto first = std::find(order.begin(), order.end(), 9), second = std::find(order.begin(), order.end(), 19);
+  ASSERT_TRUE(first != order.end() && second != order.end());
+  EXPECT_LT(first - order.begin(), second - order.begin()) << "the sequence's second request was answered first";
+  const auto batches = h.model.batches();
+  ASSERT_EQ(batches.size(), 3u);
+  EXPECT_EQ(batches[2], std::vector<int>{19});
+}
+
 // A polling worker (idle_spin) takes what arrives while it polls, answers everything once,
 // and neither keeps the other workers from running nor holds up shutdown.
 TEST(SchedulerTest, IdleSpinTakesRequestsAndStopsForShutdown) {
