@@ -234,7 +234,7 @@ absl::StatusOr<std::shared_ptr<InferenceServer::Served>> InferenceServer::Wrap(c
   s->metrics = &metrics_.ForModel(entry.config.name());
   if (s->model->KvBlocks()) metrics_.KvCacheUsageRatio(entry.config.name());
   UpdateKvGauges(*s);
-  s->scheduler = std::make_unique<Scheduler>(*s->model, *sched, *s->metrics, *s->stats, &responders_);
+  s->scheduler = std::make_unique<Scheduler>(*s->model, *sched, *s->metrics, *s->stats, responders_.get());
   return s;
 }
 

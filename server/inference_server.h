@@ -154,7 +154,9 @@ class InferenceServer {
   using VersionSet = std::map<int64_t, std::shared_ptr<Served>, std::greater<>>;
   InferenceServer(Backend& backend, ServerMetrics& metrics, const InferenceServerOptions& options)
       : backend_(backend), metrics_(metrics), options_(options), max_response_bytes_(options.max_response_bytes),
-        shared_memory_(options.shared_memory), control_(options.control), responders_(options.response_threads) {}
+        shared_memory_(options.shared_memory), control_(options.control),
+        responders_(options.response_threads > 0 ? std::make_unique<ResponderPool>(options.response_threads)
+                                                  : nullptr) {}
   // Builds (loads and warms up) every version of every entry, in parallel.
   absl::StatusOr<std::vector<VersionSet>> Build(const std::vector<ModelEntry>& entries, bool record_times);
   absl::StatusOr<std::shared_ptr<Served>> Wrap(const ModelEntry& entry, int64_t version, std::unique_ptr<Model> model);
@@ -194,7 +196,8 @@ class InferenceServer {
   double weights_seconds_ = 0;
   std::vector<std::pair<std::string, double>> load_seconds_;
   const ModelControlMode control_;
-  ResponderPool responders_;  // declared before the models, so that it outlives their schedulers
+  // --response-threads > 0 only; declared before the models, so that it outlives their schedulers.
+  const std::unique_ptr<ResponderPool> responders_;
   // Requests hold mu_ shared from the model look-up until their admission into its
   // queue, so that once a writer has replaced or removed a model no request can still
   // enter the old one's queue; its drain then answers everything it admitted.

@@ -18,10 +18,6 @@ ResponderPool::~ResponderPool() {
 }
 
 void ResponderPool::Post(std::function<void()> job) {
-  if (threads_.empty()) {
-    job();
-    return;
-  }
   {
     std::lock_guard<std::mutex> l(mu_);
     jobs_.push_back(std::move(job));

@@ -20,7 +20,6 @@ namespace flashq::server {
 
 class ResponderPool {
  public:
-  // threads = 0: Post runs each job on the caller's thread.
   explicit ResponderPool(int threads);
   // Runs every job posted, then joins the threads.
   ~ResponderPool();
@@ -28,7 +27,6 @@ class ResponderPool {
   ResponderPool& operator=(const ResponderPool&) = delete;
 
   void Post(std::function<void()> job);
-  int threads() const { return static_cast<int>(threads_.size()); }
 
  private:
   void Loop();

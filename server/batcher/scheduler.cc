@@ -222,26 +222,34 @@ void Scheduler::WorkerLoop() {
     };
     answer_drops(false);
     // Run answers (and hands over) the batch's requests: what the bookkeeping below
-    // needs is taken first.
-    std::vector<std::string> ran_keys;
+    // needs is taken first. The batch's exclusive keys are released by the last holder:
+    // this worker once the drops are answered, or a responder still sending answers.
+    auto keys = std::make_shared<HeldKeys>(*this);
     for (const auto& p : batch) {
-      if (!p->work->exclusive_key.empty()) ran_keys.push_back(p->work->exclusive_key);
+      if (!p->work->exclusive_key.empty()) keys->keys.push_back(p->work->exclusive_key);
     }
     const bool ran_bulk = IsBulk(batch);
-    std::vector<std::string> posted_keys;  // released by the responders once those answers are sent
-    if (!batch.empty()) Run(batch, &posted_keys);
+    if (!batch.empty()) Run(batch, keys);
     answer_drops(true);
+    keys.reset();
     {
       std::lock_guard<std::mutex> l(mu_);
-      for (const std::string& k : posted_keys) ran_keys.erase(std::find(ran_keys.begin(), ran_keys.end(), k));
-      for (const std::string& k : ran_keys) running_keys_.erase(running_keys_.find(k));
       running_bulk_ -= ran_bulk;
     }
     cv_.notify_all();
   }
 }
 
-void Scheduler::Run(std::vector<std::unique_ptr<Pending>>& batch, std::vector<std::string>* posted_keys) {
+Scheduler::HeldKeys::~HeldKeys() {
+  if (keys.empty()) return;
+  {
+    std::lock_guard<std::mutex> l(s.mu_);
+    for (const std::string& k : keys) s.running_keys_.erase(s.running_keys_.find(k));
+  }
+  s.cv_.notify_all();
+}
+
+void Scheduler::Run(std::vector<std::unique_ptr<Pending>>& batch, const std::shared_ptr<HeldKeys>& keys) {
   const auto start = Clock::now();
   std::vector<Work*> works;
   int64_t tokens = 0;
@@ -262,33 +270,22 @@ void Scheduler::Run(std::vector<std::unique_ptr<Pending>>& batch, std::vector<st
     metrics_.compute_seconds->Observe(Seconds(compute_ns));
   }
   // The worker answers the first kAnswerChunk requests and hands the rest, in chunks, to the
-  // responders, which write them in parallel while it takes the next batch. A sequence's
-  // exclusive key stays held until its answer is sent, so that the sequence's next request
-  // neither runs nor is answered before it. With preserve_ordering the answers keep their
-  // one thread (Answer).
+  // responders, which write them in parallel while it takes the next batch. Each chunk holds
+  // the batch's exclusive keys until its answers are sent, so that no sequence's next request
+  // runs or is answered before them. With preserve_ordering the answers keep their one
+  // thread (Answer).
   constexpr size_t kAnswerChunk = 4;
-  if (responders_ && responders_->threads() > 0 && !options_.preserve_ordering) {
+  if (responders_ && !options_.preserve_ordering) {
     for (size_t i = kAnswerChunk; i < batch.size(); i += kAnswerChunk) {
       auto chunk = std::make_shared<std::vector<std::unique_ptr<Pending>>>();
-      std::vector<std::string> keys;
-      for (size_t j = i; j < std::min(batch.size(), i + kAnswerChunk); ++j) {
-        if (!batch[j]->work->exclusive_key.empty()) keys.push_back(batch[j]->work->exclusive_key);
-        chunk->push_back(std::move(batch[j]));
-      }
-      posted_keys->insert(posted_keys->end(), keys.begin(), keys.end());
+      for (size_t j = i; j < std::min(batch.size(), i + kAnswerChunk); ++j) chunk->push_back(std::move(batch[j]));
       {
         std::lock_guard<std::mutex> l(posted_mu_);
         ++posted_;
       }
-      responders_->Post([this, chunk, keys = std::move(keys)] {
+      responders_->Post([this, chunk, held = keys]() mutable {
         for (auto& p : *chunk) p->done(*p, absl::OkStatus());
-        if (!keys.empty()) {
-          {
-            std::lock_guard<std::mutex> l(mu_);
-            for (const std::string& k : keys) running_keys_.erase(running_keys_.find(k));
-          }
-          cv_.notify_all();
-        }
+        held.reset();  // before the count below: Shutdown may return, and the scheduler go, once it is 0
         std::lock_guard<std::mutex> l(posted_mu_);
         if (--posted_ == 0) posted_cv_.notify_all();
       });

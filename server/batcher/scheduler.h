@@ -118,10 +118,16 @@ class Scheduler {
   bool HasRunnable() const;
   // Under mu_: whether a batch starting with `w` may start now (the bulk limit).
   bool Startable(const Work& w) const;
-  // Executes the batch and answers every request in it (through Answer, or the responders).
-  // posted_keys: the exclusive keys of the requests handed to the responders, which release
-  // them once those are answered.
-  void Run(std::vector<std::unique_ptr<Pending>>& batch, std::vector<std::string>* posted_keys);
+  // A batch's exclusive keys, released from running_keys_ when the last holder lets go.
+  struct HeldKeys {
+    explicit HeldKeys(Scheduler& scheduler) : s(scheduler) {}
+    ~HeldKeys();
+    Scheduler& s;
+    std::vector<std::string> keys;
+  };
+  // Executes the batch and answers every request in it (through Answer, or the responders,
+  // which hold `keys` until their answers are sent).
+  void Run(std::vector<std::unique_ptr<Pending>>& batch, const std::shared_ptr<HeldKeys>& keys);
   // Calls p->done, at once or, with preserve_ordering, once every request admitted
   // before it has been answered.
   void Answer(std::unique_ptr<Pending> p, const absl::Status& status);
