@@ -293,6 +293,10 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
     OK(RunBf16(blas, wbd[0], N, K, LinearArgs{x, y, M, ActType::kBF16, true, nullptr, 0, g_tuning}, nullptr));
     fetch();
     double eb = RelErr(got, ref);
+    CK(cudaMemset(y, 0xff, yh.size() * 2));
+    OK(RunW16Invariant(wbd[0], N, K, LinearArgs{x, y, M, ActType::kBF16, true, nullptr, 0, g_tuning}, nullptr));
+    fetch();
+    const double ebo = RelErr(got, ref);
     double e88 = 0;
     if (g_w8a8) {
       LinearRefFp8W8A8<float>(xr.data(), M, w8, true, ref.data());
@@ -313,11 +317,14 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
       std::snprintf(w8a8_json, sizeof w8a8_json, ",\"w8a8_rowwise\":%.3g", e88);
       std::snprintf(w8a8_text, sizeof w8a8_text, "%.2e", e88);
     }
-    std::snprintf(line, sizeof line, "%s{\"K\":%d,\"N\":%d,\"M\":%d,\"rel_err\":{\"w4a16\":%.3g,\"w8a16\":%.3g,\"bf16_cublaslt\":%.3g%s}}",
-                  g_checks.empty() ? "" : ",", K, N, M, e4, e8, eb, w8a8_json);
+    std::snprintf(line, sizeof line,
+                  "%s{\"K\":%d,\"N\":%d,\"M\":%d,\"rel_err\":{\"w4a16\":%.3g,\"w8a16\":%.3g,\"bf16_cublaslt\":%.3g,"
+                  "\"bf16_ours\":%.3g%s}}",
+                  g_checks.empty() ? "" : ",", K, N, M, e4, e8, eb, ebo, w8a8_json);
     g_checks += line;
-    std::printf("check K=%d N=%d M=%d: rel err w4a16 %.2e  w8a16 %.2e  bf16 %.2e  w8a8 %s\n", K, N, M, e4, e8, eb, w8a8_text);
-    if (!(e4 < 1e-2 && e8 < 1e-2 && eb < 1e-2 && e88 < 2e-2)) {
+    std::printf("check K=%d N=%d M=%d: rel err w4a16 %.2e  w8a16 %.2e  bf16 %.2e  bf16 ours %.2e  w8a8 %s\n", K, N, M, e4,
+                e8, eb, ebo, w8a8_text);
+    if (!(e4 < 1e-2 && e8 < 1e-2 && eb < 1e-2 && ebo < 1e-2 && e88 < 2e-2)) {
       std::fprintf(stderr, "correctness check failed\n");
       std::exit(1);
     }
@@ -330,6 +337,13 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
       auto bf = [&](int i) { OK(RunBf16(blas, wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, inv, nullptr, 0, g_tuning}, g_stream)); };
       OK(WarmBf16(blas, M, N, K, ActType::kBF16, inv));
       Record("bf16_cublaslt", K, N, M, inv, TimeUs(bf, EstimateUs(bf)), bf16_bytes);
+      if (inv) {  // our 16-bit kernel is invariant by construction: one row, beside cuBLASLt's two
+        auto bo = [&](int i) {
+          OK(RunW16Invariant(wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, true, nullptr, 0, g_tuning},
+                             g_stream));
+        };
+        Record("bf16_ours", K, N, M, true, TimeUs(bo, EstimateUs(bo)), bf16_bytes);
+      }
       auto q4 = [&](int i) { OK(RunW4A16(*w4d[i % r4], LinearArgs{x, y, M, g_act, inv, ws, ws_bytes, g_tuning}, blas, g_stream)); };
       if (!inv && M >= kW4A16DequantMinM) OK(WarmBf16(blas, M, N, K, ActType::kBF16, false));
       Record("w4a16_g128" + act_suffix, K, N, M, inv, TimeUs(q4, EstimateUs(q4)), w4_bytes);

@@ -2,6 +2,7 @@
 #include "kernels/gemm/dispatch.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace flashq::gemm {
 
@@ -24,6 +25,19 @@ SplitPlan PlanFor(int K, int N, int target_warps) {
   // Drop splits that would be empty.
   p.splits = std::max(1, (nk32 + p.steps_per_warp * kWarpsK - 1) / (p.steps_per_warp * kWarpsK));
   return p;
+}
+
+W16Tile W16InvariantTileFor(int M, int N, int sms) {
+  W16Tile t;
+  t.tokens = 8;
+  while (t.tokens < std::min(M, 256)) t.tokens *= 2;
+  t.groups = t.tokens >= 128 ? 2 : 1;
+  auto blocks = [&] { return int64_t((N + 64 * t.groups - 1) / (64 * t.groups)) * ((M + t.tokens - 1) / t.tokens); };
+  while (blocks() < sms && (t.groups > 1 || t.tokens > 64)) {
+    if (t.groups > 1) t.groups = 1;
+    else t.tokens /= 2;
+  }
+  return t;
 }
 
 std::vector<int> WarmupRows(int max_rows) {

@@ -109,6 +109,13 @@ constexpr int kW4A16DequantMinM = 256;
 // stream) at any M up to the max_m it was sized for: other weights' layouts put data where its words must stay zero.
 Status RunW4A16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaStream_t stream);
 
+// ---- 16-bit weights in the batch-invariant mode (our kernel, sm_90a) ----
+// y = x · wᵀ with w [N][K] of the activation type, row-major on the device (the checkpoint's layout, no repacking).
+// Each output is one fp32 chain over K's k16 chunks in order, whatever M (w16_invariant_kernel.cuh), so row i of y is
+// bitwise the same for any M. Needs K % 8 == 0, N % 8 == 0 and 16-byte aligned x, w and y; no workspace (a.workspace
+// is not read). Unimplemented on GPUs other than sm_90 (callers keep cuBLASLt's pinned algorithm there).
+Status RunW16Invariant(const void* w, int N, int K, const LinearArgs& a, cudaStream_t stream);
+
 // ---- FP8 E4M3 weights: W8A16 (our kernel) and W8A8 (cuBLASLt) ----
 // The paths a set of FP8 weights serves. Each keeps its own copy on the GPU (W8A8 the [N][K] E4M3 matrix that cuBLASLt
 // reads, W8A16 our kernel's repacked words), so weights made for one path take half the memory of kBoth; the other

@@ -60,6 +60,11 @@ cudaError_t LaunchInt4F16StepFlush(const QLinearParams& p, const GemmTuning& t, 
 cudaError_t LaunchInt4Bf16StepFlush(const QLinearParams& p, const GemmTuning& t, cudaStream_t s);
 cudaError_t LaunchFp8F16(const QLinearParams& p, const GemmTuning& t, cudaStream_t s);
 cudaError_t LaunchFp8Bf16(const QLinearParams& p, const GemmTuning& t, cudaStream_t s);
+// The 16-bit invariant kernel (inst/w16_invariant_*.cu); cudaErrorNotSupported off sm_90 or without a TMA encoder.
+cudaError_t LaunchW16InvariantF16(const void* w, const void* x, void* y, int M, int N, int K, const GemmTuning& t,
+                                  cudaStream_t s);
+cudaError_t LaunchW16InvariantBf16(const void* w, const void* x, void* y, int M, int N, int K, const GemmTuning& t,
+                                   cudaStream_t s);
 
 // linear_helper_kernels.cu
 cudaError_t LaunchGatherColumns(const void* x, int M, int K, const int32_t* perm, void* out, cudaStream_t s);

@@ -76,10 +76,7 @@ struct WgCfg {
 // Stages of packed X per 64-row tile: every warp range of the plan, K padded with zeros.
 inline __host__ __device__ int PackedXStages(const QLinearParams& p) { return gemm::PackedXStages(p.splits, p.steps_per_warp); }
 
-// Shared-memory matrix descriptor, 128B swizzle (SBO = 8 rows of 128 B).
-__device__ __forceinline__ uint64_t SwizzledDesc(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
+using ptx::SwizzledDesc;
 // Thread 0 of a block of a resident grid: polls *ctr (acquire) until (value & mask) >= target or wait_ns have
 // passed; returns the last value read.
 __device__ __forceinline__ int WaitCount(const int* ctr, int mask, int target, uint32_t wait_ns) {

@@ -397,3 +397,26 @@ Status RunW8A16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t str
 }
 
 }  // namespace flashq::gemm
+
+namespace flashq::gemm {
+
+Status RunW16Invariant(const void* w, int N, int K, const LinearArgs& a, cudaStream_t stream) {
+  if (a.M < 0 || N <= 0 || K <= 0) return InvalidArgument("RunW16Invariant: M, N and K must be positive");
+  if (K % 8 != 0 || N % 8 != 0)
+    return InvalidArgument("RunW16Invariant: K and N must be multiples of 8 (got K = " + std::to_string(K) +
+                           ", N = " + std::to_string(N) + ")");
+  for (const void* p : {w, a.x, static_cast<const void*>(a.y)}) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      return InvalidArgument("RunW16Invariant: x, w and y must be 16-byte aligned");
+  }
+  if (a.M == 0) return Status::Ok();
+  const cudaError_t e = a.act == ActType::kBF16
+                            ? detail::LaunchW16InvariantBf16(w, a.x, a.y, a.M, N, K, a.tuning, stream)
+                            : detail::LaunchW16InvariantF16(w, a.x, a.y, a.M, N, K, a.tuning, stream);
+  if (e == cudaErrorNotSupported)
+    return Unimplemented("RunW16Invariant: needs an sm_90 GPU and the driver's TMA encoder");
+  FQ_CUDA_RETURN(e);
+  return Status::Ok();
+}
+
+}  // namespace flashq::gemm

@@ -60,7 +60,7 @@ __device__ __forceinline__ void RegFence(uint32_t& x) { asm volatile("" : "+r"(x
 """
 
 out = HEADER
-for n in (64, 128):
+for n in (8, 16, 32, 64, 128, 256):
     for bf16 in (True, False):
         out += gen(n, bf16)
 out += FOOTER

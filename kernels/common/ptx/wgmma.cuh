@@ -11,6 +11,12 @@
 
 namespace flashq::ptx {
 
+// Shared-memory matrix descriptor of a K-major operand in 64-column panels of 128-byte rows, 128B swizzle (SBO = 8
+// rows of 128 B; LBO unused for this layout, encoded as 16 B).
+__device__ __forceinline__ uint64_t SwizzledDesc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
 // wgmma m64n64k16, A from registers, B K-major from shared memory (tnsp-b = 0), fp32 accumulators.
 template <typename T>
 __device__ __forceinline__ void WgmmaRsK(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {

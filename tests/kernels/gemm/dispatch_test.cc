@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
+#include <utility>
 #include <tuple>
 
 namespace flashq::gemm {
@@ -164,6 +166,36 @@ TEST(GemmDispatch, WarmupRowsReachEveryKernel) {
     seen.insert(detail::FirstPath(Shape(std::min(m, kMaxRowsPerLaunch), 4096, 4096), t, kH200));
   EXPECT_EQ(seen, (std::set<QLinearPath>{QLinearPath::kStaged, QLinearPath::kDirect, QLinearPath::kWgmma,
                                          QLinearPath::kTiled}));
+}
+
+}  // namespace
+}  // namespace flashq::gemm
+
+namespace flashq::gemm {
+namespace {
+
+// The 16-bit invariant kernel's tile changes speed, never bits; it must be one the kernel is instantiated for, and it
+// must give every SM of an H200 a block where the shape has enough outputs.
+TEST(GemmDispatch, W16InvariantTiles) {
+  for (int N : {8, 200, 4096, 14336}) {
+    for (int M = 1; M <= 5000; M += (M < 300 ? 1 : 97)) {
+      const W16Tile t = W16InvariantTileFor(M, N, kH200.sms);
+      EXPECT_TRUE(t.tokens == 8 || t.tokens == 16 || t.tokens == 32 || t.tokens == 64 || t.tokens == 128 ||
+                  t.tokens == 256) << M << " " << N;
+      EXPECT_TRUE(t.groups == 1 || (t.groups == 2 && t.tokens >= 128)) << M << " " << N;
+      EXPECT_LE(t.tokens, std::max(64, 2 * M)) << "a tile twice as wide as the batch, M = " << M;
+    }
+  }
+  auto tile = [](int M, int N) {
+    const W16Tile t = W16InvariantTileFor(M, N, kH200.sms);
+    return std::make_pair(t.tokens, t.groups);
+  };
+  EXPECT_EQ(tile(1, 4096), std::make_pair(8, 1));
+  EXPECT_EQ(tile(64, 4096), std::make_pair(64, 1));
+  EXPECT_EQ(tile(256, 4096), std::make_pair(64, 1));     // 256 blocks rather than 32
+  EXPECT_EQ(tile(1024, 4096), std::make_pair(256, 1));
+  EXPECT_EQ(tile(4096, 4096), std::make_pair(256, 2));
+  EXPECT_EQ(tile(4096, 14336), std::make_pair(256, 2));
 }
 
 }  // namespace

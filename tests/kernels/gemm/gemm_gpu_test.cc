@@ -638,6 +638,67 @@ TEST(GemmGpu, Bf16CublasLtMatchesAndPinnedAlgoIsInvariant) {
 }
 
 
+// 16-bit weights in the batch-invariant mode on our kernel: against float64, every output written (NaN poison), and
+// every M from 1 to 300 bitwise equal to the first M rows of the M = 300 call (M picks the tile, so this crosses every
+// tile shape the dispatch uses at these sizes). Shapes with K and N tails of the 64-wide boxes.
+std::vector<float> RunW16(const Act16Weights& w, int N, int K, const uint16_t* bits, int M, ActType a) {
+  Dev xd(size_t(M) * K * 2);
+  EXPECT_EQ(cudaMemcpy(xd.p, bits, size_t(M) * K * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  return RunPoisoned(M, N, a, [&](void* y) {
+    LinearArgs args{xd.p, y, M, a, true, nullptr, 0};
+    Status s = RunW16Invariant(w.dev->p, N, K, args, nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+  });
+}
+
+TEST(GemmGpu, W16InvariantMatchesF64AndIsInvariant) {
+  for (ActType act : {ActType::kBF16, ActType::kF16}) {
+    for (auto [K, N] : {std::pair{512, 384}, std::pair{72, 200}, std::pair{1000, 136}}) {
+      const Act16Weights w = MakeAct16Weights(N, K, act, 61);
+      const int M = 300;
+      const Acts x = MakeActs(M, K, act, 62);
+      const std::vector<float> big = RunW16(w, N, K, x.bits.data(), M, act);
+      ExpectClose(big, GemmF64(x.f, M, K, w.f, N), act, 0,
+                  std::string("w16 ") + Name(act) + " K=" + std::to_string(K) + " N=" + std::to_string(N));
+      for (int m = 1; m < M; ++m) {
+        const std::vector<float> y = RunW16(w, N, K, x.bits.data(), m, act);
+        ASSERT_EQ(0, std::memcmp(y.data(), big.data(), y.size() * sizeof(float)))
+            << Name(act) << " K=" << K << " N=" << N << ": rows of M=" << m << " differ from the same rows at M=" << M;
+      }
+    }
+  }
+}
+
+// Large M (the 256-token, two-warpgroup tile): rows of a 4096-row call against single-row and 17-row calls of the
+// same rows, from anywhere in the batch.
+TEST(GemmGpu, W16InvariantAt4096Rows) {
+  const int K = 256, N = 1152, M = 4096;
+  const ActType act = ActType::kBF16;
+  ASSERT_EQ(W16InvariantTileFor(M, N, 132).tokens, 256);
+  const Act16Weights w = MakeAct16Weights(N, K, act, 63);
+  const Acts x = MakeActs(M, K, act, 64);
+  const std::vector<float> big = RunW16(w, N, K, x.bits.data(), M, act);
+  const Acts head = SliceRows(x, 0, 64, K);
+  const std::vector<float> head_big(big.begin(), big.begin() + size_t(64) * N);
+  ExpectClose(head_big, GemmF64(head.f, 64, K, w.f, N), act, 0, "w16 bf16 M=4096, first 64 rows");
+  for (int r0 : {0, 1234, 4095 - 16}) {
+    for (int m : {1, 17}) {
+      const std::vector<float> y = RunW16(w, N, K, x.bits.data() + size_t(r0) * K, m, act);
+      ASSERT_EQ(0, std::memcmp(y.data(), big.data() + size_t(r0) * N, y.size() * sizeof(float)))
+          << "rows " << r0 << ".." << r0 + m - 1 << " alone differ from the same rows at M=4096";
+    }
+  }
+}
+
+TEST(GemmGpu, W16InvariantShapeErrorsNameTheConstraint) {
+  const Act16Weights w = MakeAct16Weights(64, 64, ActType::kBF16, 65);
+  Dev x(64 * 64 * 2), y(64 * 64 * 2);
+  LinearArgs a{x.p, y.p, 4, ActType::kBF16, true, nullptr, 0};
+  const Status s = RunW16Invariant(w.dev->p, 64, 60, a, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("multiples of 8"), std::string::npos) << s.message();
+}
+
 // Calls on several streams at once (the server's streams share one BlasLt): each stream has its own
 // cuBLASLt workspace, so split-K algorithms that use it stay correct and bitwise equal to a lone call.
 // Non-invariant mode, small M and long K: the shapes where cuBLASLt picks split-K with a workspace.
