@@ -27,8 +27,8 @@ SplitPlan PlanFor(int K, int N, int target_warps) {
   return p;
 }
 
-W16Tile W16InvariantTileFor(int M, int N, int sms) {
-  W16Tile t;
+InvariantTile InvariantTileFor(int M, int N, int sms) {
+  InvariantTile t;
   t.tokens = 8;
   while (t.tokens < std::min(M, 256)) t.tokens *= 2;
   t.groups = t.tokens >= 128 ? 2 : 1;

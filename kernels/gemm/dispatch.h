@@ -24,13 +24,13 @@ SplitPlan PlanFor(int K, int N, int target_warps = kTargetWarps);
 // order (a small max_rows repeats itself): a warm-up runs each once.
 std::vector<int> WarmupRows(int max_rows);
 
-// The tile of one launch of the 16-bit invariant kernel (w16_invariant_kernel.cuh): `tokens` (the wgmma n, 8..256)
+// The tile of one launch of the invariant GEMM (invariant_gemm_kernel.cuh): `tokens` (the wgmma n, 8..256)
 // by 64 x `groups` weight rows. Any tile gives the same bits; the choice is speed alone: the largest tile that still
 // gives every SM a block, shrinking no further than 64 tokens.
-struct W16Tile {
+struct InvariantTile {
   int tokens = 8, groups = 1;
 };
-W16Tile W16InvariantTileFor(int M, int N, int sms);
+InvariantTile InvariantTileFor(int M, int N, int sms);
 
 namespace detail {
 

@@ -60,11 +60,20 @@ cudaError_t LaunchInt4F16StepFlush(const QLinearParams& p, const GemmTuning& t, 
 cudaError_t LaunchInt4Bf16StepFlush(const QLinearParams& p, const GemmTuning& t, cudaStream_t s);
 cudaError_t LaunchFp8F16(const QLinearParams& p, const GemmTuning& t, cudaStream_t s);
 cudaError_t LaunchFp8Bf16(const QLinearParams& p, const GemmTuning& t, cudaStream_t s);
-// The 16-bit invariant kernel (inst/w16_invariant_*.cu); cudaErrorNotSupported off sm_90 or without a TMA encoder.
-cudaError_t LaunchW16InvariantF16(const void* w, const void* x, void* y, int M, int N, int K, const GemmTuning& t,
-                                  cudaStream_t s);
-cudaError_t LaunchW16InvariantBf16(const void* w, const void* x, void* y, int M, int N, int K, const GemmTuning& t,
-                                   cudaStream_t s);
+// The invariant GEMM (invariant_gemm_kernel.cuh), one file per (input, output) type under inst/;
+// cudaErrorNotSupported off sm_90 or without a TMA encoder. Scales: W8A8 only.
+struct InvariantGemmArgs {
+  const void* w = nullptr;  // [N][K]
+  const void* x = nullptr;  // [M][K]
+  void* y = nullptr;        // [M][N]
+  const float* x_scale = nullptr;  // [M]
+  const float* w_scale = nullptr;  // [N]
+  int M = 0, N = 0, K = 0;
+};
+cudaError_t LaunchInvariantW16F16(const InvariantGemmArgs& a, const GemmTuning& t, cudaStream_t s);
+cudaError_t LaunchInvariantW16Bf16(const InvariantGemmArgs& a, const GemmTuning& t, cudaStream_t s);
+cudaError_t LaunchInvariantW8A8F16(const InvariantGemmArgs& a, const GemmTuning& t, cudaStream_t s);
+cudaError_t LaunchInvariantW8A8Bf16(const InvariantGemmArgs& a, const GemmTuning& t, cudaStream_t s);
 
 // linear_helper_kernels.cu
 cudaError_t LaunchGatherColumns(const void* x, int M, int K, const int32_t* perm, void* out, cudaStream_t s);

@@ -30,6 +30,7 @@ size_t W8A16WorkspaceBytes(const Fp8DeviceWeights&, int) { return 0; }
 Status RunW8A16(const Fp8DeviceWeights&, const LinearArgs&, cudaStream_t) { return NoCuda(); }
 Status RunW16Invariant(const void*, int, int, const LinearArgs&, cudaStream_t) { return NoCuda(); }
 Status RunW8A8(BlasLt*, const Fp8DeviceWeights&, const W8A8Args&, cudaStream_t) { return NoCuda(); }
+Status RunW8A8Invariant(const Fp8DeviceWeights&, const W8A8Args&, cudaStream_t) { return NoCuda(); }
 Status RunQuantizeActFp8(const void*, ActType, int, int, bool, uint8_t*, float*, cudaStream_t) { return NoCuda(); }
 Status RunQuantizeActFp8Static(const void*, ActType, int, int, const float*, uint8_t*, cudaStream_t) { return NoCuda(); }
 Status RunBf16(BlasLt*, const void*, int, int, const LinearArgs&, cudaStream_t) { return NoCuda(); }

@@ -4,7 +4,9 @@
 // qlinear_fragment.cuh.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <numeric>
 #include <string>
 #include <type_traits>
@@ -400,23 +402,54 @@ Status RunW8A16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t str
 
 namespace flashq::gemm {
 
+namespace {
+
+Status InvariantError(cudaError_t e, const char* fn) {
+  if (e == cudaErrorNotSupported)
+    return Unimplemented(std::string(fn) + ": needs an sm_90 GPU and the driver's TMA encoder");
+  FQ_CUDA_RETURN(e);
+  return Status::Ok();
+}
+
+Status CheckInvariantPointers(std::initializer_list<const void*> ptrs, const char* fn) {
+  for (const void* p : ptrs) {
+    if (p == nullptr) return InvalidArgument(std::string(fn) + ": null pointer");
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      return InvalidArgument(std::string(fn) + ": operands must be 16-byte aligned");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status RunW16Invariant(const void* w, int N, int K, const LinearArgs& a, cudaStream_t stream) {
   if (a.M < 0 || N <= 0 || K <= 0) return InvalidArgument("RunW16Invariant: M, N and K must be positive");
   if (K % 8 != 0 || N % 8 != 0)
     return InvalidArgument("RunW16Invariant: K and N must be multiples of 8 (got K = " + std::to_string(K) +
                            ", N = " + std::to_string(N) + ")");
-  for (const void* p : {w, a.x, static_cast<const void*>(a.y)}) {
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
-      return InvalidArgument("RunW16Invariant: x, w and y must be 16-byte aligned");
-  }
   if (a.M == 0) return Status::Ok();
-  const cudaError_t e = a.act == ActType::kBF16
-                            ? detail::LaunchW16InvariantBf16(w, a.x, a.y, a.M, N, K, a.tuning, stream)
-                            : detail::LaunchW16InvariantF16(w, a.x, a.y, a.M, N, K, a.tuning, stream);
-  if (e == cudaErrorNotSupported)
-    return Unimplemented("RunW16Invariant: needs an sm_90 GPU and the driver's TMA encoder");
-  FQ_CUDA_RETURN(e);
-  return Status::Ok();
+  FQ_RETURN_IF_ERROR(CheckInvariantPointers({w, a.x, a.y}, "RunW16Invariant"));
+  detail::InvariantGemmArgs g{w, a.x, a.y, nullptr, nullptr, a.M, N, K};
+  return InvariantError(a.act == ActType::kBF16 ? detail::LaunchInvariantW16Bf16(g, a.tuning, stream)
+                                                : detail::LaunchInvariantW16F16(g, a.tuning, stream),
+                        "RunW16Invariant");
+}
+
+Status RunW8A8Invariant(const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream) {
+  const auto& v = w.view();
+  if (!v.w)
+    return InvalidArgument("RunW8A8Invariant: these FP8 weights were created for W8A16 only (Fp8Paths::kW8A16)");
+  if (v.K % 16 != 0 || v.N % 8 != 0)
+    return InvalidArgument("RunW8A8Invariant: K must be a multiple of 16 and N of 8 (got K = " + std::to_string(v.K) +
+                           ", N = " + std::to_string(v.N) + ")");
+  if (a.M < 0) return InvalidArgument("RunW8A8Invariant: M must be >= 0");
+  if (a.M == 0) return Status::Ok();
+  FQ_RETURN_IF_ERROR(CheckInvariantPointers({a.x_fp8, a.y}, "RunW8A8Invariant"));
+  if (!a.x_scale) return InvalidArgument("RunW8A8Invariant: null x_scale");
+  detail::InvariantGemmArgs g{v.w, a.x_fp8, a.y, a.x_scale, v.scale_vec, a.M, v.N, v.K};
+  return InvariantError(a.out == ActType::kBF16 ? detail::LaunchInvariantW8A8Bf16(g, {}, stream)
+                                                : detail::LaunchInvariantW8A8F16(g, {}, stream),
+                        "RunW8A8Invariant");
 }
 
 }  // namespace flashq::gemm

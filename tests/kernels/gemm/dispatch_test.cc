@@ -174,12 +174,12 @@ TEST(GemmDispatch, WarmupRowsReachEveryKernel) {
 namespace flashq::gemm {
 namespace {
 
-// The 16-bit invariant kernel's tile changes speed, never bits; it must be one the kernel is instantiated for, and it
+// The invariant GEMM's tile changes speed, never bits; it must be one the kernel is instantiated for, and it
 // must give every SM of an H200 a block where the shape has enough outputs.
-TEST(GemmDispatch, W16InvariantTiles) {
+TEST(GemmDispatch, InvariantTiles) {
   for (int N : {8, 200, 4096, 14336}) {
     for (int M = 1; M <= 5000; M += (M < 300 ? 1 : 97)) {
-      const W16Tile t = W16InvariantTileFor(M, N, kH200.sms);
+      const InvariantTile t = InvariantTileFor(M, N, kH200.sms);
       EXPECT_TRUE(t.tokens == 8 || t.tokens == 16 || t.tokens == 32 || t.tokens == 64 || t.tokens == 128 ||
                   t.tokens == 256) << M << " " << N;
       EXPECT_TRUE(t.groups == 1 || (t.groups == 2 && t.tokens >= 128)) << M << " " << N;
@@ -187,7 +187,7 @@ TEST(GemmDispatch, W16InvariantTiles) {
     }
   }
   auto tile = [](int M, int N) {
-    const W16Tile t = W16InvariantTileFor(M, N, kH200.sms);
+    const InvariantTile t = InvariantTileFor(M, N, kH200.sms);
     return std::make_pair(t.tokens, t.groups);
   };
   EXPECT_EQ(tile(1, 4096), std::make_pair(8, 1));

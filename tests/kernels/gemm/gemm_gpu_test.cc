@@ -538,6 +538,47 @@ TEST_P(GemmGpuW8A8, QuantizeAndGemmMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Scales, GemmGpuW8A8, ::testing::Combine(::testing::Bool(), ::testing::Bool()));
 
+// W8A8 on our invariant GEMM: per-row activation scales with per-channel and per-tensor weights, against the float64
+// reference, and every M from 1 to 300 bitwise equal to the first M rows of the M = 300 call (per-row quantization of
+// the first M rows is that of the whole batch, so the prefixes of one quantized batch serve every M).
+TEST(GemmGpu, W8A8InvariantMatchesAndIsInvariant) {
+  const int K = 512, N = 272, M = 300;
+  for (bool per_channel : {true, false}) {
+    auto wf = RandomVec(size_t(N) * K, 71);
+    Fp8Weights w = QuantizeFp8(wf.data(), N, K, per_channel);
+    std::unique_ptr<Fp8DeviceWeights> dw;
+    OK(Fp8DeviceWeights::Create(w, &dw));
+    for (ActType out : {ActType::kBF16, ActType::kF16}) {
+      const Acts x = MakeActs(M, K, ActType::kBF16, 72);
+      Dev xd(size_t(M) * K * 2), xq(size_t(M) * K), xs(size_t(M) * 4);
+      CK(cudaMemcpy(xd.p, x.bits.data(), size_t(M) * K * 2, cudaMemcpyHostToDevice));
+      OK(RunQuantizeActFp8(xd.p, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq.p), static_cast<float*>(xs.p),
+                           nullptr));
+      auto run = [&](int m) {
+        return RunPoisoned(m, N, out, [&](void* yp) {
+          W8A8Args a;
+          a.x_fp8 = static_cast<uint8_t*>(xq.p);
+          a.x_scale = static_cast<float*>(xs.p);
+          a.y = yp;
+          a.M = m;
+          a.out = out;
+          Status s = RunW8A8Invariant(*dw, a, nullptr);
+          EXPECT_TRUE(s.ok()) << s.message();
+        });
+      };
+      const std::vector<float> big = run(M);
+      std::vector<float> ref(size_t(M) * N);
+      LinearRefFp8W8A8<double>(x.f.data(), M, w, true, ref.data());
+      const std::string what = std::string("w8a8 ours w/") + (per_channel ? "channel" : "tensor") + " out " + Name(out);
+      ExpectClose(big, std::vector<double>(ref.begin(), ref.end()), out, 0, what);
+      for (int m = 1; m < M; ++m) {
+        const std::vector<float> y = run(m);
+        ASSERT_EQ(0, std::memcmp(y.data(), big.data(), y.size() * sizeof(float))) << what << ": M=" << m;
+      }
+    }
+  }
+}
+
 // FP8 weights made for one path (Fp8Paths) hold only that path's copy: fewer device bytes than kBoth, the same bits on
 // their own path (and on a clone), and a clear InvalidArgument from the other path's run_* call.
 TEST(GemmGpu, Fp8WeightsForOnePathHoldOneCopy) {
@@ -674,7 +715,7 @@ TEST(GemmGpu, W16InvariantMatchesF64AndIsInvariant) {
 TEST(GemmGpu, W16InvariantAt4096Rows) {
   const int K = 256, N = 1152, M = 4096;
   const ActType act = ActType::kBF16;
-  ASSERT_EQ(W16InvariantTileFor(M, N, 132).tokens, 256);
+  ASSERT_EQ(InvariantTileFor(M, N, 132).tokens, 256);
   const Act16Weights w = MakeAct16Weights(N, K, act, 63);
   const Acts x = MakeActs(M, K, act, 64);
   const std::vector<float> big = RunW16(w, N, K, x.bits.data(), M, act);

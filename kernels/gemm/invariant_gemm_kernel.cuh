@@ -1,11 +1,14 @@
-// 16-bit weights in the batch-invariant mode (sm_90a): Y[M][N] = X[M][K] · Wᵀ with W as the checkpoint stores it
-// ([N][K] row-major, no repacking), for every M.
+// The batch-invariant GEMM of our own (sm_90a) for weights that need no dequantization: Y[M][N] = X[M][K] · Wᵀ with W
+// as the checkpoint stores it ([N][K] row-major, no repacking), for every M.
+//   - 16-bit weights (In = __nv_bfloat16 or __half, Out = In): RunW16Invariant.
+//   - W8A8 (In = E4M3 bytes, Out 16-bit): RunW8A8Invariant; Y = (X · Wᵀ) * (x_scale[m] * w_scale[n]), one rounding.
 //
-// Bits: every output is ONE fp32 chain over the k16 chunks of K in increasing k order (wgmma m64nTk16 with A = 64
-// weight rows and B = T tokens, both K-major in shared memory; the chain's first chunk overwrites the accumulator).
-// The tile (T tokens, C warpgroups of 64 weight rows) only decides which outputs a block computes, never how: no
-// split-K, no partial sums, so a row's bits depend on K and its own inputs alone, whatever M and whatever tile the
-// dispatch picks for M (W16InvariantTileFor). The GPU tests compare every M with single-row calls.
+// Bits: every output is ONE fp32 chain over K's chunks (k16 for 16-bit inputs, k32 for E4M3) in increasing k order,
+// wgmma m64nTk16/k32 with A = 64 weight rows and B = T tokens, both K-major in shared memory; the chain's first chunk
+// overwrites the accumulator, and the scales (W8A8) multiply it once at the end. The tile (T tokens, C warpgroups of
+// 64 weight rows) only decides which outputs a block computes, never how: no split-K, no partial sums, so a row's
+// bits depend on K and its own inputs alone, whatever M and whatever tile the dispatch picks for M
+// (InvariantTileFor). The GPU tests compare every M with single-row calls.
 //
 // Why no split-K at small M (where the W4A16 kernels split K from a plan of K and N): a split plan fixes a sum of
 // chains for every M, and a large-M kernel must then either keep several accumulator sets or write partials; a single
@@ -13,19 +16,20 @@
 // weight rows through a deep TMA ring instead (the bytes in flight, not the warps, carry the bandwidth).
 //
 // Block: C consumer warpgroups (64 weight rows each) and one producer warpgroup whose first thread issues the copies.
-// A stage is 64 k: one TMA box of the block's 64 C weight rows and one of its T token rows, each in 128B-swizzled
-// 64-column panels, into an S-slot ring with full / empty mbarriers. Tails: boxes past K, N or M are zero-filled by
+// A stage is 128 bytes of K: one TMA box of the block's 64 C weight rows and one of its T token rows, each a
+// 128B-swizzled panel, into an S-slot ring with full / empty mbarriers. Tails: boxes past K, N or M are zero-filled by
 // TMA (the same zeros for every tile, so the bits stay tile-independent); outputs past N or M are not stored.
 // Epilogue: each warpgroup transposes its 64 x T tile through its own padded shared buffer and stores token rows of
 // 128 bytes (16 B per thread).
-// Limits (the launcher checks them): K % 8 == 0 and N % 8 == 0 (16-byte TMA strides and output rows), 16-byte aligned
-// x, w and y.
+// Limits (the launchers check them): K * sizeof(In) % 16 == 0 and N % 8 == 0 (TMA strides and 16-byte output
+// pieces), 16-byte aligned x, w and y.
 #pragma once
 
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
 #include <type_traits>
 
 #include "kernels/common/ptx/bulk_copy.cuh"
@@ -36,19 +40,19 @@
 namespace flashq::gemm::detail {
 
 template <int kT, int kC>
-struct W16Cfg {
+struct InvariantCfg {
   static_assert(kT == 8 || kT == 16 || kT == 32 || kT == 64 || kT == 128 || kT == 256, "wgmma n");
   static_assert(kC == 1 || kC == 2, "consumer warpgroups");
   static constexpr int kConsumers = kC * 128;
   static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
   static constexpr int kRows = kC * 64;              // weight rows per block
-  static constexpr int kWBytes = kRows * 128;        // one stage: 64 k of the block's weight rows
+  static constexpr int kWBytes = kRows * 128;        // one stage: 128 bytes of K of the block's weight rows
   static constexpr int kXBytes = kT * 128;           // ... and of its tokens
   static constexpr int kStageBytes = kWBytes + kXBytes;  // a multiple of 1024: panels stay swizzle-aligned
+  static constexpr int kLd = 64 + 8;  // epilogue row stride in 16-bit elements: conflict-free transposed writes
+  static constexpr int kOutBytes = kC * kT * kLd * 2;
   // Ring depth: as many stages as fit beside the epilogue buffers, at most 8 (a small-M block's bandwidth is its bytes
   // in flight).
-  static constexpr int kLd = 64 + 8;  // epilogue row stride in elements: conflict-free transposed writes
-  static constexpr int kOutBytes = kC * kT * kLd * 2;
   static constexpr int kSmemLimit = 227 * 1024 - 1024;  // less the barriers and the alignment slack
   static constexpr int kStagesFit = (kSmemLimit - kOutBytes) / kStageBytes;
   static constexpr int kStages = kStagesFit < 8 ? kStagesFit : 8;
@@ -62,15 +66,17 @@ struct W16Cfg {
   static constexpr int kConsumerRegs = kConsumerFit < 232 ? kConsumerFit : 232;
 };
 
-// wmap: W [N][K], boxes of 64 k x kRows rows; xmap: X [M][K], boxes of 64 k x kT rows; both 128B swizzle, zero fill.
-template <typename T, int kT, int kC>
-__global__ void __launch_bounds__(W16Cfg<kT, kC>::kThreads, 1)
-    W16InvariantKernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, T* y, int M,
-                       int N, int K) {
+// wmap: W [N][K], boxes of 128 bytes of K x kRows rows; xmap: X [M][K], boxes of 128 bytes of K x kT rows; both 128B
+// swizzle, zero fill. xs, ws: W8A8's per-row and per-column scales (null for 16-bit inputs).
+template <typename In, typename Out, int kT, int kC>
+__global__ void __launch_bounds__(InvariantCfg<kT, kC>::kThreads, 1)
+    InvariantGemmKernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, Out* y,
+                        const float* xs, const float* ws, int M, int N, int K) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = W16Cfg<kT, kC>;
+  using C = InvariantCfg<kT, kC>;
   constexpr int S = C::kStages;
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kFp8 = std::is_same_v<In, uint8_t>;
+  constexpr int kStageK = 128 / sizeof(In);  // K elements per stage
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t sbase = (raw + 1023) & ~1023u;  // swizzled panels need 1024-byte alignment
@@ -80,11 +86,11 @@ __global__ void __launch_bounds__(W16Cfg<kT, kC>::kThreads, 1)
   auto empty_bar = [&](int slot) { return bar0 + 8 * (S + slot); };
   const int tid = threadIdx.x;
   const int n0 = blockIdx.x * C::kRows, m0 = blockIdx.y * kT;
-  const int nk = (K + 63) / 64;
+  const int nk = (K + kStageK - 1) / kStageK;
 
   if (tid == 0) {
     for (int i = 0; i < S; ++i) {
-      ptx::MbarInit(full_bar(i), 1);                // the producer's expect_tx, then the copies' bytes
+      ptx::MbarInit(full_bar(i), 1);               // the producer's expect_tx, then the copies' bytes
       ptx::MbarInit(empty_bar(i), C::kConsumers);  // every consumer thread done with the stage
     }
     ptx::FenceMbarInitCluster();
@@ -101,8 +107,8 @@ __global__ void __launch_bounds__(W16Cfg<kT, kC>::kThreads, 1)
       if (kt >= S) ptx::MbarWaitAsmLoop(empty_bar(slot), ((kt / S) - 1) & 1);
       const uint32_t base = sbase + slot * C::kStageBytes;
       ptx::MbarArriveExpectTx(full_bar(slot), C::kStageBytes);
-      ptx::TmaLoad2d(base, &wmap, kt * 64, n0, full_bar(slot));
-      ptx::TmaLoad2d(base + C::kWBytes, &xmap, kt * 64, m0, full_bar(slot));
+      ptx::TmaLoad2d(base, &wmap, kt * kStageK, n0, full_bar(slot));
+      ptx::TmaLoad2d(base + C::kWBytes, &xmap, kt * kStageK, m0, full_bar(slot));
     }
     return;
   }
@@ -119,8 +125,11 @@ __global__ void __launch_bounds__(W16Cfg<kT, kC>::kThreads, 1)
     const uint32_t a = sbase + slot * C::kStageBytes + wg * 64 * 128, b = sbase + slot * C::kStageBytes + C::kWBytes;
     ptx::WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      ptx::Wgmma<kT, kBf16>::SS(acc, ptx::SwizzledDesc(a + kk * 32), ptx::SwizzledDesc(b + kk * 32), kt + kk > 0);
+    for (int kk = 0; kk < 4; ++kk) {  // 4 chunks of 32 bytes of K
+      const uint64_t da = ptx::SwizzledDesc(a + kk * 32), db = ptx::SwizzledDesc(b + kk * 32);
+      if constexpr (kFp8) ptx::WgmmaE4m3<kT>::SS(acc, da, db, kt + kk > 0);
+      else ptx::Wgmma<kT, std::is_same_v<In, __nv_bfloat16>>::SS(acc, da, db, kt + kk > 0);
+    }
     ptx::WgmmaCommit();
     ptx::WgmmaWait<1>();  // the previous stage's chunks are done: release its slot
     if (kt > 0) ptx::MbarArrive(empty_bar((kt - 1) % S));
@@ -129,19 +138,29 @@ __global__ void __launch_bounds__(W16Cfg<kT, kC>::kThreads, 1)
   ptx::LaunchDependents();
 
   // ---- epilogue: acc[4 j + e] is weight row 16 warp + lane / 4 + 8 (e >= 2), token 8 j + 2 (lane % 4) + (e & 1) ----
-  T* out = reinterpret_cast<T*>(smem + C::kOutOffset) + wg * kT * C::kLd;
+  Out* out = reinterpret_cast<Out*>(smem + C::kOutOffset) + wg * kT * C::kLd;
   const int r0 = warp * 16 + lane / 4, c0 = 2 * (lane % 4);
+  const int nw = n0 + wg * 64;
+  float wscale[2] = {1.0f, 1.0f};
+  if constexpr (kFp8) {
+    for (int h = 0; h < 2; ++h) wscale[h] = nw + r0 + 8 * h < N ? ws[nw + r0 + 8 * h] : 0.0f;
+  }
 #pragma unroll
   for (int j = 0; j < kT / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      T v;
-      if constexpr (kBf16) v = __float2bfloat16_rn(acc[4 * j + e]);
-      else v = __float2half_rn(acc[4 * j + e]);
-      out[(8 * j + c0 + (e & 1)) * C::kLd + r0 + (e >= 2 ? 8 : 0)] = v;
+      const int tok = 8 * j + c0 + (e & 1);
+      float v = acc[4 * j + e];
+      if constexpr (kFp8) {
+        const float xscale = m0 + tok < M ? xs[m0 + tok] : 0.0f;
+        v = __fmul_rn(v, __fmul_rn(xscale, wscale[e >= 2]));
+      }
+      Out o;
+      if constexpr (std::is_same_v<Out, __nv_bfloat16>) o = __float2bfloat16_rn(v);
+      else o = __float2half_rn(v);
+      out[tok * C::kLd + r0 + (e >= 2 ? 8 : 0)] = o;
     }
   ptx::NamedBarSync(1 + wg, 128);
-  const int nw = n0 + wg * 64;
   const int tw = tid % 128;
 #pragma unroll 4
   for (int q = tw; q < kT * 8; q += 128) {  // 8 pieces of 16 bytes per token row

@@ -1,0 +1,80 @@
+// LaunchInvariantGemm: one launch of the invariant GEMM (invariant_gemm_kernel.cuh) with the tile dispatch.h picks for
+// M; each instantiation file under inst/ calls it for one (input, output) type pair.
+#pragma once
+
+#include <cuda.h>
+
+#include "kernels/common/tensor_map.h"
+#include "kernels/gemm/device_info.cuh"
+#include "kernels/gemm/dispatch.h"
+#include "kernels/gemm/gemm_internal.h"
+#include "kernels/gemm/invariant_gemm_kernel.cuh"
+
+namespace flashq::gemm::detail {
+
+// A 2D tensor map over a [rows][K] row-major matrix of In: boxes of 128 bytes of K x box_rows rows, 128B swizzle,
+// zeros past the matrix. False where the driver has no encoder or rejects the layout.
+template <typename In>
+bool EncodeKMajorMap(CUtensorMap* map, const void* base, int rows, int K, int box_rows) {
+  const TensorMapEncodeTiledFn encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const CUtensorMapDataType type = std::is_same_v<In, uint8_t>         ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : std::is_same_v<In, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(K) * sizeof(In)};
+  const cuuint32_t box[2] = {cuuint32_t(128 / sizeof(In)), cuuint32_t(box_rows)};
+  const cuuint32_t estr[2] = {1, 1};
+  return encode(map, type, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename In, typename Out, int kT, int kC>
+cudaError_t LaunchInvariantTile(const InvariantGemmArgs& a, const GemmTuning& t, const DeviceInfo& d,
+                                cudaStream_t stream) {
+  using C = InvariantCfg<kT, kC>;
+  CUtensorMap wmap, xmap;
+  if (!EncodeKMajorMap<In>(&wmap, a.w, a.N, a.K, C::kRows) || !EncodeKMajorMap<In>(&xmap, a.x, a.M, a.K, kT))
+    return cudaErrorNotSupported;
+  auto kernel = InvariantGemmKernel<In, Out, kT, kC>;
+  static bool attr_set[kMaxDevices] = {};  // the shared-memory limit, once per device (a benign race: same value)
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev >= kMaxDevices || !attr_set[dev]) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+        e != cudaSuccess)
+      return e;
+    if (dev < kMaxDevices) attr_set[dev] = true;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attrs[1];
+  cfg.attrs = attrs;
+  cfg.numAttrs = 0;
+  cfg.gridDim = dim3((a.N + C::kRows - 1) / C::kRows, (a.M + kT - 1) / kT);
+  cfg.blockDim = dim3(C::kThreads);
+  cfg.dynamicSmemBytes = C::kSmemBytes;
+  cfg.stream = stream;
+  AddPdl(&cfg, t, d);
+  return cudaLaunchKernelEx(&cfg, kernel, wmap, xmap, static_cast<Out*>(a.y), a.x_scale, a.w_scale, a.M, a.N, a.K);
+}
+
+template <typename In, typename Out>
+cudaError_t LaunchInvariantGemm(const InvariantGemmArgs& a, const GemmTuning& t, cudaStream_t stream) {
+  const DeviceInfo d = CurrentDevice();
+  if (d.major != 9) return cudaErrorNotSupported;  // sm_90a only
+  const InvariantTile tile = InvariantTileFor(a.M, a.N, d.sms);
+  switch (tile.tokens * 4 + tile.groups) {
+    case 8 * 4 + 1: return LaunchInvariantTile<In, Out, 8, 1>(a, t, d, stream);
+    case 16 * 4 + 1: return LaunchInvariantTile<In, Out, 16, 1>(a, t, d, stream);
+    case 32 * 4 + 1: return LaunchInvariantTile<In, Out, 32, 1>(a, t, d, stream);
+    case 64 * 4 + 1: return LaunchInvariantTile<In, Out, 64, 1>(a, t, d, stream);
+    case 128 * 4 + 1: return LaunchInvariantTile<In, Out, 128, 1>(a, t, d, stream);
+    case 128 * 4 + 2: return LaunchInvariantTile<In, Out, 128, 2>(a, t, d, stream);
+    case 256 * 4 + 1: return LaunchInvariantTile<In, Out, 256, 1>(a, t, d, stream);
+    case 256 * 4 + 2: return LaunchInvariantTile<In, Out, 256, 2>(a, t, d, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace flashq::gemm::detail
