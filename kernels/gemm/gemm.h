@@ -111,7 +111,7 @@ Status RunW4A16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaSt
 
 // ---- 16-bit weights in the batch-invariant mode (our kernel, sm_90a) ----
 // y = x · wᵀ with w [N][K] of the activation type, row-major on the device (the checkpoint's layout, no repacking).
-// Each output is one fp32 chain over K's k16 chunks in order, whatever M (w16_invariant_kernel.cuh), so row i of y is
+// Each output is one fp32 chain over K's k16 chunks in order, whatever M (invariant_gemm_kernel.cuh), so row i of y is
 // bitwise the same for any M. Needs K % 8 == 0, N % 8 == 0 and 16-byte aligned x, w and y; no workspace (a.workspace
 // is not read). Unimplemented on GPUs other than sm_90 (callers keep cuBLASLt's pinned algorithm there).
 // RunW8A8Invariant is its W8A8 form (below).
