@@ -20,19 +20,26 @@ template <int N, bool kBf16>
 struct Wgmma;
 """
 
+def ss(n, shape_types, tail):
+    """The SS wrapper: A and B descriptors, both K-major; `tail` is what follows scale-d in the instruction."""
+    nreg = n // 2
+    dregs = ", ".join(f"%{i}" for i in range(nreg))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
+    return f"""
+  __device__ __forceinline__ static void SS(float (&d)[{nreg}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{
+    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nreg + 2}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.{shape_types} {{{dregs}}}, %{nreg}, %{nreg + 1}, p, {tail};\\n}}\\n"
+        : {outs}
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }}"""
+
+
 def gen(n, bf16):
     t = "bf16" if bf16 else "f16"
     nreg = n // 2
     dregs = ", ".join(f"%{i}" for i in range(nreg))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
-    ss = f"""
-  __device__ __forceinline__ static void SS(float (&d)[{nreg}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nreg + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{dregs}}}, %{nreg}, %{nreg + 1}, p, 1, 1, 0, 0;\\n}}\\n"
-        : {outs}
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }}"""
     rs = f"""
   __device__ __forceinline__ static void RS(float (&d)[{nreg}], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {{
     asm volatile(
@@ -43,24 +50,16 @@ def gen(n, bf16):
   }}"""
     return f"""
 template <>
-struct Wgmma<{n}, {'true' if bf16 else 'false'}> {{{ss}{rs}
+struct Wgmma<{n}, {'true' if bf16 else 'false'}> {{{ss(n, f"m64n{n}k16.f32.{t}.{t}", "1, 1, 0, 0")}{rs}
 }};
 """
 
+
 def gen_fp8(n):
-    nreg = n // 2
-    dregs = ", ".join(f"%{i}" for i in range(nreg))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
+    # 8-bit wgmma takes K-major operands only: no transpose immediates.
     return f"""
 template <>
-struct WgmmaE4m3<{n}> {{
-  __device__ __forceinline__ static void SS(float (&d)[{nreg}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nreg + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{dregs}}}, %{nreg}, %{nreg + 1}, p, 1, 1;\\n}}\\n"
-        : {outs}
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }}
+struct WgmmaE4m3<{n}> {{{ss(n, f"m64n{n}k32.f32.e4m3.e4m3", "1, 1")}
 }};
 """
 

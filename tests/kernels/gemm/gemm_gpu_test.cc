@@ -485,6 +485,20 @@ TEST(GemmGpu, W8A16InvariantWithSeveralSplitsPerBlock) {
 
 // (per-channel weights, per-row activations), BF16 output. Both modes match the reference;
 // with per-row activation scales the invariant mode is also bitwise batch-invariant.
+// W8A8 arguments over activations already quantized into xq (E4M3) and xs (scales).
+W8A8Args QuantizedArgs(const Dev& xq, const Dev& xs, void* y, int M, bool per_row, bool invariant,
+                       ActType out = ActType::kBF16) {
+  W8A8Args a;
+  a.x_fp8 = static_cast<const uint8_t*>(xq.p);
+  a.x_scale = static_cast<const float*>(xs.p);
+  a.per_row_act = per_row;
+  a.y = y;
+  a.M = M;
+  a.out = out;
+  a.batch_invariant = invariant;
+  return a;
+}
+
 class GemmGpuW8A8 : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(GemmGpuW8A8, QuantizeAndGemmMatchReference) {
@@ -517,14 +531,7 @@ TEST_P(GemmGpuW8A8, QuantizeAndGemmMatchReference) {
     std::vector<double> refd(ref.begin(), ref.end());
     for (bool inv : {true, false}) {
       auto y = RunPoisoned(M, N, ActType::kBF16, [&](void* yp) {
-        W8A8Args a;
-        a.x_fp8 = static_cast<uint8_t*>(xq.p);
-        a.x_scale = static_cast<float*>(xs.p);
-        a.per_row_act = per_row;
-        a.y = yp;
-        a.M = M;
-        a.batch_invariant = inv;
-        Status s = RunW8A8(ctx.blas.get(), *dw, a, nullptr);
+        Status s = RunW8A8(ctx.blas.get(), *dw, QuantizedArgs(xq, xs, yp, M, per_row, inv), nullptr);
         EXPECT_TRUE(s.ok()) << s.message();
       });
       const std::string what = name + (inv ? " invariant" : " fast") + " M=" + std::to_string(M);
@@ -556,13 +563,7 @@ TEST(GemmGpu, W8A8InvariantMatchesAndIsInvariant) {
                            nullptr));
       auto run = [&](int m) {
         return RunPoisoned(m, N, out, [&](void* yp) {
-          W8A8Args a;
-          a.x_fp8 = static_cast<uint8_t*>(xq.p);
-          a.x_scale = static_cast<float*>(xs.p);
-          a.y = yp;
-          a.M = m;
-          a.out = out;
-          Status s = RunW8A8Invariant(*dw, a, nullptr);
+          Status s = RunW8A8Invariant(*dw, QuantizedArgs(xq, xs, yp, m, true, true, out), nullptr);
           EXPECT_TRUE(s.ok()) << s.message();
         });
       };
