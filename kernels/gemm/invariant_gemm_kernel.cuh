@@ -51,11 +51,12 @@ struct InvariantCfg {
   static constexpr int kStageBytes = kWBytes + kXBytes;  // a multiple of 1024: panels stay swizzle-aligned
   static constexpr int kLd = 64 + 8;  // epilogue row stride in 16-bit elements: conflict-free transposed writes
   static constexpr int kOutBytes = kC * kT * kLd * 2;
-  // Ring depth: as many stages as fit beside the epilogue buffers, at most 8 (a small-M block's bandwidth is its bytes
-  // in flight).
+  // Ring depth: as many stages as fit beside the epilogue buffers, at most 16. At small M a block is one of only
+  // N / 64 on the GPU and must stream its weight rows at ~100 GB/s; its bytes in flight (up to 16 x 9 KB at 8 tokens)
+  // are what carries that over the memory latency.
   static constexpr int kSmemLimit = 227 * 1024 - 1024;  // less the barriers and the alignment slack
   static constexpr int kStagesFit = (kSmemLimit - kOutBytes) / kStageBytes;
-  static constexpr int kStages = kStagesFit < 8 ? kStagesFit : 8;
+  static constexpr int kStages = kStagesFit < 16 ? kStagesFit : 16;
   static_assert(kStages >= 2, "shared memory");
   static constexpr int kOutOffset = kStages * kStageBytes;
   static constexpr int kBarOffset = kOutOffset + kOutBytes;
