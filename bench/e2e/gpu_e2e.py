@@ -16,6 +16,7 @@ SCENARIOS = {
     "b_attention_ragged": ["--model=attention", "--seq-len=uniform:64:2048", "--seqs-per-request=fixed:1",
                            "--heads-q=32", "--heads-kv=8", "--head-dim=128", "--dtype=bf16"],
     "c_linear_w4a16": ["--model=up_proj_int4", "--m=fixed:1"],
+    "d_linear_bf16": ["--model=up_proj_bf16", "--m=fixed:1"],
 }
 
 

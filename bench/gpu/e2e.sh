@@ -87,7 +87,7 @@ serve_and_load() {
 }
 if part e2e; then
   echo "== end-to-end scenarios"
-  serve_and_load e2e 18001 2 "${E2E_SCENARIOS:-a_kv_decode,b_attention_ragged,c_linear_w4a16}" "${E2E_CONC:-1,16,64,256}"
+  serve_and_load e2e 18001 2 "${E2E_SCENARIOS:-a_kv_decode,b_attention_ragged,c_linear_w4a16,d_linear_bf16}" "${E2E_CONC:-1,16,64,256}"
 fi
 unset CUDA_VISIBLE_DEVICES
 if part multi && [ "$GPUS" -ge 2 ]; then

@@ -40,6 +40,13 @@ InvariantTile InvariantTileFor(int M, int N, int sms) {
   return t;
 }
 
+std::vector<int> InvariantWarmupRows(int max_rows) {
+  std::vector<int> rows;
+  for (int m = 1; m < 2 * max_rows && m <= 256; m *= 2) rows.push_back(std::min(m, max_rows));
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
 std::vector<int> WarmupRows(int max_rows) {
   return {1, std::min(kSmallMMaxRows, max_rows), std::min(kWgmmaMinRows - 1, max_rows),
           std::min(kWgmmaTileRows, max_rows), max_rows};

@@ -31,6 +31,8 @@ struct InvariantTile {
   int tokens = 8, groups = 1;
 };
 InvariantTile InvariantTileFor(int M, int N, int sms);
+// Row counts that together reach every tile InvariantTileFor gives for M <= max_rows (one per token width), ascending.
+std::vector<int> InvariantWarmupRows(int max_rows);
 
 namespace detail {
 

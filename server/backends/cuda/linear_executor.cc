@@ -19,6 +19,15 @@ class CudaLinear : public LinearExecutor {
                                                             bool invariant) {
     std::unique_ptr<CudaLinear> e(new CudaLinear(ctx, m, w, invariant));
     e->max_rows_ = invariant ? 256 : 4096;
+    // Batch-invariant BF16 and W8A8 layers run our invariant GEMM where every GPU can (sm_90) and the shape fits it,
+    // else cuBLASLt's pinned algorithm; the choice is per layer, made once, so a layer's bits never change path.
+    const bool bf16 = w.format == WeightFormat::kBf16, w8a8 = w.format == WeightFormat::kFp8 && w.fp8_activations;
+    e->own_gemm_ = invariant && (bf16 || w8a8) && w.K % (bf16 ? 8 : 16) == 0 && w.N % 8 == 0;
+    for (auto& d : ctx) {
+      int major = 0;
+      FQ_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d->device()));
+      e->own_gemm_ = e->own_gemm_ && major == 9;
+    }
     for (auto& d : ctx) {
       FQ_CUDA_OK(cudaSetDevice(d->device()));
       // Held by the executor from the start, so that a load failing half-way still frees
@@ -125,7 +134,10 @@ class CudaLinear : public LinearExecutor {
       KernelTimer timer(*slot, *hist_[dev]);
       Status s;
       switch (format_) {
-        case WeightFormat::kBf16: s = gemm::RunBf16(d.blas(), r.bf16, N, K_, a, *stream); break;
+        case WeightFormat::kBf16:
+          s = own_gemm_ ? gemm::RunW16Invariant(r.bf16, N, K_, a, *stream)
+                        : gemm::RunBf16(d.blas(), r.bf16, N, K_, a, *stream);
+          break;
         case WeightFormat::kInt4: s = gemm::RunW4A16(*r.w4, a, d.blas(), *stream); break;
         case WeightFormat::kFp8: s = fp8_act_ ? RunW8A8(d, r, a, *stream) : gemm::RunW8A16(*r.fp8, a, *stream); break;
       }
@@ -185,7 +197,7 @@ class CudaLinear : public LinearExecutor {
     w8.M = a.M;
     w8.out = gemm::ActType::kBF16;
     w8.batch_invariant = invariant_;
-    return gemm::RunW8A8(d.blas(), *r.fp8, w8, stream);
+    return own_gemm_ ? gemm::RunW8A8Invariant(*r.fp8, w8, stream) : gemm::RunW8A8(d.blas(), *r.fp8, w8, stream);
   }
 
   Contexts& ctx_;
@@ -194,6 +206,7 @@ class CudaLinear : public LinearExecutor {
   const bool fp8_act_;
   const float fp8_input_scale_;
   const bool invariant_;
+  bool own_gemm_ = false;  // our invariant GEMM instead of cuBLASLt (set by Create)
   std::vector<prometheus::Histogram*> hist_;  // per GPU
   int max_rows_ = 256;
   std::vector<Replica> replicas_;
@@ -207,12 +220,18 @@ absl::StatusOr<std::unique_ptr<LinearExecutor>> CreateCudaLinear(Contexts& ctx, 
   auto e = CudaLinear::Create(ctx, metrics, w, invariant);
   if (!e.ok()) return e.status();
   // Warm-up: every path once, on each GPU, at the row counts that reach every kernel
-  // (gemm::WarmupRows, up to the largest the server will use), in each activation type
-  // (FP32 runs as FP16).
+  // (gemm::WarmupRows, and InvariantWarmupRows for the invariant GEMM, up to the largest the
+  // server will use), in each activation type (FP32 runs as FP16).
   const int max_rows = invariant ? 256 : 4096;
+  std::vector<int> rows = gemm::WarmupRows(max_rows);
+  if (invariant) {
+    for (int m : gemm::InvariantWarmupRows(max_rows)) rows.push_back(m);
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  }
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
-  for (int m : gemm::WarmupRows(max_rows)) {
+  for (int m : rows) {
     std::vector<float> x(size_t(m) * w.K);
     for (float& f : x) f = nd(rng);
     for (DType t : {DType::kF16, DType::kBF16}) {

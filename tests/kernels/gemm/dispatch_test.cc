@@ -196,6 +196,14 @@ TEST(GemmDispatch, InvariantTiles) {
   EXPECT_EQ(tile(1024, 4096), std::make_pair(256, 1));
   EXPECT_EQ(tile(4096, 4096), std::make_pair(256, 2));
   EXPECT_EQ(tile(4096, 14336), std::make_pair(256, 2));
+  // The warm-up rows reach every tile up to the server's 256-row chunks.
+  for (int N : {8, 4096, 14336, 28672}) {
+    std::set<std::pair<int, int>> warmed;
+    for (int m : InvariantWarmupRows(256)) warmed.insert(tile(m, N));
+    for (int m = 1; m <= 256; ++m) EXPECT_TRUE(warmed.count(tile(m, N))) << m << " " << N;
+  }
+  EXPECT_EQ(InvariantWarmupRows(256), (std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 256}));
+  EXPECT_EQ(InvariantWarmupRows(100), (std::vector<int>{1, 2, 4, 8, 16, 32, 64, 100}));
 }
 
 }  // namespace
