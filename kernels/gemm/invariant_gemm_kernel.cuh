@@ -137,6 +137,9 @@ __global__ void __launch_bounds__(InvariantCfg<kT, kC>::kThreads, 1)
   }
   ptx::WgmmaWait<0>();
   ptx::LaunchDependents();
+  // The epilogue reads the scales and writes y: both after the previous kernel (the producer's wait covered only the
+  // copies). By now it has finished, so this returns at once.
+  ptx::GridDependencyWait();
 
   // ---- epilogue: acc[4 j + e] is weight row 16 warp + lane / 4 + 8 (e >= 2), token 8 j + 2 (lane % 4) + (e & 1) ----
   Out* out = reinterpret_cast<Out*>(smem + C::kOutOffset) + wg * kT * C::kLd;
