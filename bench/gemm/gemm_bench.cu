@@ -152,6 +152,20 @@ struct Rec {
 
 std::vector<Rec> g_recs;
 bool g_w8a8 = true;
+// --tiles: our invariant GEMM (BF16 and W8A8) also at every instantiated tile, methods "<name>@T.C.B" (tokens, weight
+// row groups, blocks per SM): the table InvariantTileFor is read from (docs/perf/gemm.md).
+bool g_tiles = false;
+// The tiles --tiles times at M: those that are neither twice as wide as the batch nor under a sixteenth of it.
+std::vector<InvariantTile> SweptTiles(int M) {
+  std::vector<InvariantTile> tiles;
+  if (!g_tiles) return tiles;
+  for (const InvariantTile& t : InvariantTiles())
+    if ((t.tokens == 8 || t.tokens < 2 * M) && t.tokens * 16 >= M) tiles.push_back(t);
+  return tiles;
+}
+std::string TileName(const InvariantTile& t) {
+  return "@" + std::to_string(t.tokens) + "." + std::to_string(t.groups) + "." + std::to_string(t.per_sm);
+}
 // Activation type of the timed W4A16 and W8A16 calls: bf16 (records), or fp16 with --f16 (A/B calls only: the same
 // 16-bit data read as fp16; the correctness check stays bf16).
 ActType g_act = ActType::kBF16;
@@ -347,6 +361,15 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
                              g_stream));
         };
         Record("bf16_ours", K, N, M, true, TimeUs(bo, EstimateUs(bo)), bf16_bytes);
+        for (const InvariantTile& tile : SweptTiles(M)) {
+          GemmTuning tt = g_tuning;
+          tt.invariant_tile = tile;
+          auto bt = [&](int i) {
+            OK(RunW16Invariant(wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, true, nullptr, 0, tt},
+                               g_stream));
+          };
+          Record("bf16_ours" + TileName(tile), K, N, M, true, TimeUs(bt, EstimateUs(bt)), bf16_bytes);
+        }
       }
       auto q4 = [&](int i) { OK(RunW4A16(*w4d[i % r4], LinearArgs{x, y, M, g_act, inv, ws, ws_bytes, g_tuning}, blas, g_stream)); };
       if (!inv && M >= kW4A16DequantMinM) OK(WarmBf16(blas, M, N, K, ActType::kBF16, false));
@@ -375,6 +398,11 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
       a.per_row_act = true;  // our invariant GEMM: row-wise activation scales, per-channel weights
       auto ro = [&](int i) { OK(RunW8A8Invariant(*w8d[i % r8], a, g_stream)); };
       Record("w8a8_rowwise_ours", K, N, M, true, TimeUs(ro, EstimateUs(ro)), w8_bytes);
+      for (const InvariantTile& tile : SweptTiles(M)) {
+        a.tuning.invariant_tile = tile;
+        auto rt = [&](int i) { OK(RunW8A8Invariant(*w8d[i % r8], a, g_stream)); };
+        Record("w8a8_rowwise_ours" + TileName(tile), K, N, M, true, TimeUs(rt, EstimateUs(rt)), w8_bytes);
+      }
     }
     auto aq = [&](int) { OK(RunQuantizeActFp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), g_stream)); };
     Record("act_quant_fp8_rowwise", K, N, M, true, TimeUs(aq, EstimateUs(aq)), 0);
@@ -434,7 +462,8 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--out" && i + 1 < argc) out = argv[++i];
     if (a == "--quick") quick = true;
-    if (a == "--no-w8a8") g_w8a8 = false;  // A/B calls on the int4 / fp8-weight kernels only
+    if (a == "--no-w8a8") g_w8a8 = false;
+    if (a == "--tiles") g_tiles = true;  // A/B calls on the int4 / fp8-weight kernels only
     if (a == "--f16") g_act = ActType::kF16;  // A/B calls: W4A16 and W8A16 timed with fp16 activations
     if (a == "--bars") bars = true;  // all four shapes at M = 1, 4, 16, 32, 64, 128 (the bars of docs/perf/gemm.md and the wgmma tiles)
     if (a == "--ms" && i + 1 < argc) ms_arg = argv[++i];  // comma-separated M values (A/B calls), e.g. --ms 64,128

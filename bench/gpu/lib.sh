@@ -89,11 +89,11 @@ SAN_ATTENTION='*bf16_hd128_causal_gqa4*:*bf16_hd64_full_gqa1*:*fp16_hd256_causal
 # Racecheck exits 9 on the multi-threaded launch test with no hazard reported; memcheck covers it, and
 # racecheck the same kernels in the single-thread cases (appended after -Long*, so it is excluded).
 SAN_ATTENTION_RACE="$SAN_ATTENTION:PagedGpu.Concurrent*"
-SAN_GEMM_MEMCHECK='Shapes/GemmGpuW4.*/1:Shapes/GemmGpuW4.*/4:Shapes/GemmGpuW4.*/6:Modes/GemmGpuFp8.*/0:Scales/*:GemmGpu.W4A16ShapeErrors*:GemmGpu.W4A16StagedKernelKeepsTheBits:GemmGpu.W8A16StagedKernelKeepsTheBits:GemmGpu.W4A16StripPairsKeepTheBits'
+SAN_GEMM_MEMCHECK='Shapes/GemmGpuW4.*/1:Shapes/GemmGpuW4.*/4:Shapes/GemmGpuW4.*/6:Modes/GemmGpuFp8.*/0:Scales/*:GemmGpu.W4A16ShapeErrors*:GemmGpu.W4A16StagedKernelKeepsTheBits:GemmGpu.W8A16StagedKernelKeepsTheBits:GemmGpu.W4A16StripPairsKeepTheBits:GemmGpu.InvariantTilesAllGiveTheSameBits:GemmGpu.W16InvariantShapeErrors*'
 # The steady-pass and resident-grid tests run wgmma blocks of more stages than the ring holds, so the
 # ring's refills (bulk copies into slots that warps have read) are checked; the staged test, the small-M
 # kernel whose weights and X arrive by bulk copies; the strip pairs, whose sums cross into the partner
-# block's shared memory.
-SAN_GEMM_RACECHECK='Shapes/GemmGpuW4.*/4:GemmGpu.W4A16SteadyPassesKeepTheBits:GemmGpu.W4A16ResidentGridFallbacksKeepTheBits:GemmGpu.W4A16StagedKernelKeepsTheBits:GemmGpu.W8A16StagedKernelKeepsTheBits:GemmGpu.W4A16StripPairsKeepTheBits'
+# block's shared memory; every tile of the invariant GEMM (its K runs past the ring, so its slots are refilled).
+SAN_GEMM_RACECHECK='Shapes/GemmGpuW4.*/4:GemmGpu.W4A16SteadyPassesKeepTheBits:GemmGpu.W4A16ResidentGridFallbacksKeepTheBits:GemmGpu.W4A16StagedKernelKeepsTheBits:GemmGpu.W8A16StagedKernelKeepsTheBits:GemmGpu.W4A16StripPairsKeepTheBits:GemmGpu.InvariantTilesAllGiveTheSameBits'
 # The server's executor tests; the plain-reference scenarios repeat them at sizes too slow under memcheck.
 SAN_SERVER='-Cuda/PlainReferenceTest.*'

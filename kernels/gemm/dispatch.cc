@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <set>
+#include <utility>
 
 namespace flashq::gemm {
 
@@ -27,23 +29,45 @@ SplitPlan PlanFor(int K, int N, int target_warps) {
   return p;
 }
 
+std::vector<InvariantTile> InvariantTiles() {
+#define FQ_TILE(t, g, b) InvariantTile{t, g, b},
+  return {FQ_INVARIANT_TILES(FQ_TILE)};
+#undef FQ_TILE
+}
+
+// From the per-tile sweep of gemm_bench --tiles on an H200 (docs/perf/gemm.md; within 3% of the sweep's best tile on
+// its four shapes at M = 1..4096): the tile of the highest per-SM throughput, in the order below, that still gives
+// 80% of the SMs a block. Tokens stop at the batch (rounded up to a power of two); 256 tokens only from M = 1024
+// and where they fill the last wave no worse than 128 do. A grid of one to two blocks per SM runs as one wave of
+// two per SM where the tile has that form.
 InvariantTile InvariantTileFor(int M, int N, int sms) {
+  sms = std::max(sms, 1);
+  int fit = 8;  // the batch's width, rounded up to a power of two
+  while (fit < std::min(M, 256)) fit *= 2;
+  auto blocks = [&](int tokens, int groups) {
+    return int64_t((M + tokens - 1) / tokens) * ((N + 64 * groups - 1) / (64 * groups));
+  };
+  auto last_wave_fill = [&](int64_t b) { return double(b) / (double((b + sms - 1) / sms) * sms); };
+  constexpr std::pair<int, int> kOrder[] = {{256, 2}, {128, 2}, {128, 1}, {64, 2}, {64, 1}, {32, 1}, {16, 1}, {8, 1}};
   InvariantTile t;
-  t.tokens = 8;
-  while (t.tokens < std::min(M, 256)) t.tokens *= 2;
-  t.groups = t.tokens >= 128 ? 2 : 1;
-  auto blocks = [&] { return int64_t((N + 64 * t.groups - 1) / (64 * t.groups)) * ((M + t.tokens - 1) / t.tokens); };
-  while (blocks() < sms && (t.groups > 1 || t.tokens > 64)) {
-    if (t.groups > 1) t.groups = 1;
-    else t.tokens /= 2;
+  for (auto [tokens, groups] : kOrder) {
+    if (tokens > fit) continue;
+    if (tokens == 256 && (M < 1024 || last_wave_fill(blocks(256, 2)) < last_wave_fill(blocks(128, 2)))) continue;
+    t = InvariantTile{tokens, groups, 1};
+    if (blocks(tokens, groups) * 10 >= int64_t(sms) * 8) break;
   }
+  const int64_t b = blocks(t.tokens, t.groups);
+  if (t.groups == 1 && t.tokens <= 64 && b > sms && b <= 2 * int64_t(sms)) t.per_sm = 2;
   return t;
 }
 
-std::vector<int> InvariantWarmupRows(int max_rows) {
+std::vector<int> InvariantWarmupRows(int max_rows, int N, int sms) {
   std::vector<int> rows;
-  for (int m = 1; m < 2 * max_rows && m <= 256; m *= 2) rows.push_back(std::min(m, max_rows));
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  std::set<std::pair<int, int>> seen;  // (tokens, groups * 2 + per_sm)
+  for (int m = 1; m <= max_rows; ++m) {
+    const InvariantTile t = InvariantTileFor(m, N, sms);
+    if (seen.insert({t.tokens, t.groups * 2 + t.per_sm}).second) rows.push_back(m);
+  }
   return rows;
 }
 

@@ -24,15 +24,17 @@ SplitPlan PlanFor(int K, int N, int target_warps = kTargetWarps);
 // order (a small max_rows repeats itself): a warm-up runs each once.
 std::vector<int> WarmupRows(int max_rows);
 
-// The tile of one launch of the invariant GEMM (invariant_gemm_kernel.cuh): `tokens` (the wgmma n, 8..256)
-// by 64 x `groups` weight rows. Any tile gives the same bits; the choice is speed alone: the largest tile that still
-// gives every SM a block, shrinking no further than 64 tokens.
-struct InvariantTile {
-  int tokens = 8, groups = 1;
-};
+// The invariant GEMM's tiles (tokens, weight-row groups, blocks per SM), each instantiated for every type pair
+// (invariant_gemm_launch.cuh): X(tokens, groups, per_sm) per tile.
+#define FQ_INVARIANT_TILES(X)                                                                                \
+  X(8, 1, 1) X(8, 1, 2) X(16, 1, 1) X(16, 1, 2) X(32, 1, 1) X(32, 1, 2) X(64, 1, 1) X(64, 1, 2) X(64, 2, 1) \
+      X(128, 1, 1) X(128, 2, 1) X(256, 2, 1)
+std::vector<InvariantTile> InvariantTiles();
+// The tile for an M x N launch on a GPU of `sms` SMs (see the definition for the rule and the measurements).
 InvariantTile InvariantTileFor(int M, int N, int sms);
-// Row counts that together reach every tile InvariantTileFor gives for M <= max_rows (one per token width), ascending.
-std::vector<int> InvariantWarmupRows(int max_rows);
+// The smallest row count of each tile InvariantTileFor gives an N-column layer for M <= max_rows, ascending: a
+// warm-up that runs each once has loaded every kernel the layer can reach.
+std::vector<int> InvariantWarmupRows(int max_rows, int N, int sms);
 
 namespace detail {
 

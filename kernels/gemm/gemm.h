@@ -163,6 +163,7 @@ struct W8A8Args {
   int M = 0;
   ActType out = ActType::kBF16;
   bool batch_invariant = true;
+  GemmTuning tuning;  // RunW8A8Invariant's tile override (sweeps)
 };
 Status RunW8A8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream);
 // W8A8 on our invariant GEMM (sm_90a): the same operands and result as RunW8A8 with outer-vector scales

@@ -17,6 +17,16 @@ struct LaunchCounts {
   std::atomic<long> strip_pairs{0};  // the small-M kernel's strip pairs
 };
 
+// The tile of one launch of the invariant GEMM (invariant_gemm_kernel.cuh): `tokens` (the wgmma n, 8..256) by
+// 64 x `groups` weight rows, `per_sm` blocks resident per SM (the ring is sized for them). Any tile gives the same
+// bits; the choice is speed alone (InvariantTileFor). tokens = 0: not set.
+struct InvariantTile {
+  int tokens = 0, groups = 1, per_sm = 1;
+  bool operator==(const InvariantTile& o) const {
+    return tokens == o.tokens && groups == o.groups && per_sm == o.per_sm;
+  }
+};
+
 struct GemmTuning {
   // Split-K plan: warps (strips x warp ranges) to aim for; one wave of the small-M kernel on 132 SMs. Read when
   // weights are created (PlanFor), never per call.
@@ -41,6 +51,8 @@ struct GemmTuning {
   // How long a block of a resident wgmma grid waits for the others (in-kernel X packing, spread split sum) before its
   // fallback; 0 runs the fallbacks.
   uint32_t grid_wait_ns = 1000000;
+  // The invariant GEMM's tile for every launch (sweeps; one of InvariantTiles()); tokens = 0: InvariantTileFor.
+  InvariantTile invariant_tile;
   LaunchCounts* counts = nullptr;
 };
 

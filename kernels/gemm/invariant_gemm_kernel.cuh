@@ -6,7 +6,7 @@
 // Bits: every output is ONE fp32 chain over K's chunks (k16 for 16-bit inputs, k32 for E4M3) in increasing k order,
 // wgmma m64nTk16/k32 with A = 64 weight rows and B = T tokens, both K-major in shared memory; the chain's first chunk
 // overwrites the accumulator, and the scales (W8A8) multiply it once at the end. The tile (T tokens, C warpgroups of
-// 64 weight rows) only decides which outputs a block computes, never how: no split-K, no partial sums, so a row's
+// 64 weight rows, B blocks per SM) only decides which outputs a block computes and how deep its ring is, never how: no split-K, no partial sums, so a row's
 // bits depend on K and its own inputs alone, whatever M and whatever tile the dispatch picks for M
 // (InvariantTileFor). The GPU tests compare every M with single-row calls.
 //
@@ -16,8 +16,8 @@
 // weight rows through a deep TMA ring instead (the bytes in flight, not the warps, carry the bandwidth).
 //
 // Block: C consumer warpgroups (64 weight rows each) and one producer warpgroup whose first thread issues the copies.
-// A stage is 128 bytes of K: one TMA box of the block's 64 C weight rows and one of its T token rows, each a
-// 128B-swizzled panel, into an S-slot ring with full / empty mbarriers. Tails: boxes past K, N or M are zero-filled by
+// A stage is 128 bytes of K (256 for T <= 32): per 128 bytes one TMA box of the block's 64 C weight rows and one of
+// its T token rows, each a 128B-swizzled panel, into an S-slot ring with full / empty mbarriers. Tails: boxes past K, N or M are zero-filled by
 // TMA (the same zeros for every tile, so the bits stay tile-independent); outputs past N or M are not stored.
 // Epilogue: each warpgroup transposes its 64 x T tile through its own padded shared buffer and stores token rows of
 // 128 bytes (16 B per thread).
@@ -39,45 +39,51 @@
 
 namespace flashq::gemm::detail {
 
-template <int kT, int kC>
+template <int kT, int kC, int kB>
 struct InvariantCfg {
   static_assert(kT == 8 || kT == 16 || kT == 32 || kT == 64 || kT == 128 || kT == 256, "wgmma n");
   static_assert(kC == 1 || kC == 2, "consumer warpgroups");
+  static_assert(kB == 1 || kB == 2, "blocks per SM");
   static constexpr int kConsumers = kC * 128;
   static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
   static constexpr int kRows = kC * 64;              // weight rows per block
-  static constexpr int kWBytes = kRows * 128;        // one stage: 128 bytes of K of the block's weight rows
-  static constexpr int kXBytes = kT * 128;           // ... and of its tokens
+  // A stage is kPanels 128-byte panels of K (one TMA box each per operand): two for narrow tiles, whose few wgmma per
+  // panel would otherwise leave the consumers' per-stage waits and arrivals setting the streaming rate.
+  static constexpr int kPanels = kT <= 32 ? 2 : 1;
+  static constexpr int kWBytes = kPanels * kRows * 128;  // one stage of the block's weight rows
+  static constexpr int kXBytes = kPanels * kT * 128;     // ... and of its tokens
   static constexpr int kStageBytes = kWBytes + kXBytes;  // a multiple of 1024: panels stay swizzle-aligned
   static constexpr int kLd = 64 + 8;  // epilogue row stride in 16-bit elements: conflict-free transposed writes
   static constexpr int kOutBytes = kC * kT * kLd * 2;
-  // Ring depth: as many stages as fit beside the epilogue buffers, at most 16. At small M a block is one of only
-  // N / 64 on the GPU and must stream its weight rows at ~100 GB/s; its bytes in flight (up to 16 x 9 KB at 8 tokens)
-  // are what carries that over the memory latency.
-  static constexpr int kSmemLimit = 227 * 1024 - 1024;  // less the barriers and the alignment slack
+  // Ring depth: as many stages as fit beside the epilogue buffers of kB blocks per SM, at most 16. At small M a lone
+  // block (one of only N / 64 on the GPU) must stream its weight rows at ~60 GB/s; its bytes in flight (up to
+  // 16 x 9 KB at 8 tokens) are what carries that over the memory latency. Two blocks per SM halve the ring and let
+  // one block's epilogue and waits overlap the other's math.
+  static constexpr int kSmemLimit = (kB == 1 ? 227 : 113) * 1024 - 1024;  // less the barriers and alignment slack
   static constexpr int kStagesFit = (kSmemLimit - kOutBytes) / kStageBytes;
   static constexpr int kStages = kStagesFit < 16 ? kStagesFit : 16;
   static_assert(kStages >= 2, "shared memory");
   static constexpr int kOutOffset = kStages * kStageBytes;
   static constexpr int kBarOffset = kOutOffset + kOutBytes;
   static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;  // + slack for 1024-byte alignment
-  // setmaxnreg: the producer keeps 40, the consumers share the rest of the block's 64K (at most 232).
+  // setmaxnreg: the producer keeps 40, the consumers share the rest of the block's share of 64K (at most 232).
   static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerFit = (65536 - 128 * kProducerRegs) / kConsumers / 8 * 8;
+  static constexpr int kConsumerFit = (65536 / kB - 128 * kProducerRegs) / kConsumers / 8 * 8;
   static constexpr int kConsumerRegs = kConsumerFit < 232 ? kConsumerFit : 232;
 };
 
 // wmap: W [N][K], boxes of 128 bytes of K x kRows rows; xmap: X [M][K], boxes of 128 bytes of K x kT rows; both 128B
 // swizzle, zero fill. xs, ws: W8A8's per-row and per-column scales (null for 16-bit inputs).
-template <typename In, typename Out, int kT, int kC>
-__global__ void __launch_bounds__(InvariantCfg<kT, kC>::kThreads, 1)
+template <typename In, typename Out, int kT, int kC, int kB>
+__global__ void __launch_bounds__(InvariantCfg<kT, kC, kB>::kThreads, kB)
     InvariantGemmKernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, Out* y,
                         const float* xs, const float* ws, int M, int N, int K) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = InvariantCfg<kT, kC>;
+  using C = InvariantCfg<kT, kC, kB>;
   constexpr int S = C::kStages;
   constexpr bool kFp8 = std::is_same_v<In, uint8_t>;
-  constexpr int kStageK = 128 / sizeof(In);  // K elements per stage
+  constexpr int kPanelK = 128 / sizeof(In);  // K elements per panel
+  constexpr int kStageK = C::kPanels * kPanelK;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t sbase = (raw + 1023) & ~1023u;  // swizzled panels need 1024-byte alignment
@@ -86,7 +92,9 @@ __global__ void __launch_bounds__(InvariantCfg<kT, kC>::kThreads, 1)
   auto full_bar = [&](int slot) { return bar0 + 8 * slot; };
   auto empty_bar = [&](int slot) { return bar0 + 8 * (S + slot); };
   const int tid = threadIdx.x;
-  const int n0 = blockIdx.x * C::kRows, m0 = blockIdx.y * kT;
+  // The token tiles of one weight tile are neighbours in the launch order, so that a wave reads each weight tile from
+  // memory once and its other token tiles find it in L2.
+  const int m0 = blockIdx.x * kT, n0 = blockIdx.y * C::kRows;
   const int nk = (K + kStageK - 1) / kStageK;
 
   if (tid == 0) {
@@ -108,8 +116,11 @@ __global__ void __launch_bounds__(InvariantCfg<kT, kC>::kThreads, 1)
       if (kt >= S) ptx::MbarWaitAsmLoop(empty_bar(slot), ((kt / S) - 1) & 1);
       const uint32_t base = sbase + slot * C::kStageBytes;
       ptx::MbarArriveExpectTx(full_bar(slot), C::kStageBytes);
-      ptx::TmaLoad2d(base, &wmap, kt * kStageK, n0, full_bar(slot));
-      ptx::TmaLoad2d(base + C::kWBytes, &xmap, kt * kStageK, m0, full_bar(slot));
+#pragma unroll
+      for (int p = 0; p < C::kPanels; ++p) {  // boxes wholly past K are zeros and still count their bytes
+        ptx::TmaLoad2d(base + p * C::kRows * 128, &wmap, kt * kStageK + p * kPanelK, n0, full_bar(slot));
+        ptx::TmaLoad2d(base + C::kWBytes + p * kT * 128, &xmap, kt * kStageK + p * kPanelK, m0, full_bar(slot));
+      }
     }
     return;
   }
@@ -123,13 +134,18 @@ __global__ void __launch_bounds__(InvariantCfg<kT, kC>::kThreads, 1)
   for (int kt = 0; kt < nk; ++kt) {
     const int slot = kt % S;
     ptx::MbarWaitAsmLoop(full_bar(slot), (kt / S) & 1);
-    const uint32_t a = sbase + slot * C::kStageBytes + wg * 64 * 128, b = sbase + slot * C::kStageBytes + C::kWBytes;
+    const uint32_t stage = sbase + slot * C::kStageBytes;
     ptx::WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {  // 4 chunks of 32 bytes of K
-      const uint64_t da = ptx::SwizzledDesc(a + kk * 32), db = ptx::SwizzledDesc(b + kk * 32);
-      if constexpr (kFp8) ptx::WgmmaE4m3<kT>::SS(acc, da, db, kt + kk > 0);
-      else ptx::Wgmma<kT, std::is_same_v<In, __nv_bfloat16>>::SS(acc, da, db, kt + kk > 0);
+    for (int p = 0; p < C::kPanels; ++p) {
+      const uint32_t a = stage + p * C::kRows * 128 + wg * 64 * 128, b = stage + C::kWBytes + p * kT * 128;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {  // 4 chunks of 32 bytes of K per panel
+        const uint64_t da = ptx::SwizzledDesc(a + kk * 32), db = ptx::SwizzledDesc(b + kk * 32);
+        const bool accumulate = kt + p + kk > 0;
+        if constexpr (kFp8) ptx::WgmmaE4m3<kT>::SS(acc, da, db, accumulate);
+        else ptx::Wgmma<kT, std::is_same_v<In, __nv_bfloat16>>::SS(acc, da, db, accumulate);
+      }
     }
     ptx::WgmmaCommit();
     ptx::WgmmaWait<1>();  // the previous stage's chunks are done: release its slot

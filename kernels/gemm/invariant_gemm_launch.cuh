@@ -30,14 +30,14 @@ bool EncodeKMajorMap(CUtensorMap* map, const void* base, int rows, int K, int bo
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename In, typename Out, int kT, int kC>
+template <typename In, typename Out, int kT, int kC, int kB>
 cudaError_t LaunchInvariantTile(const InvariantGemmArgs& a, const GemmTuning& t, const DeviceInfo& d,
                                 cudaStream_t stream) {
-  using C = InvariantCfg<kT, kC>;
+  using C = InvariantCfg<kT, kC, kB>;
   CUtensorMap wmap, xmap;
   if (!EncodeKMajorMap<In>(&wmap, a.w, a.N, a.K, C::kRows) || !EncodeKMajorMap<In>(&xmap, a.x, a.M, a.K, kT))
     return cudaErrorNotSupported;
-  auto kernel = InvariantGemmKernel<In, Out, kT, kC>;
+  auto kernel = InvariantGemmKernel<In, Out, kT, kC, kB>;
   static bool attr_set[kMaxDevices] = {};  // the shared-memory limit, once per device (a benign race: same value)
   int dev = 0;
   cudaGetDevice(&dev);
@@ -51,7 +51,7 @@ cudaError_t LaunchInvariantTile(const InvariantGemmArgs& a, const GemmTuning& t,
   cudaLaunchAttribute attrs[1];
   cfg.attrs = attrs;
   cfg.numAttrs = 0;
-  cfg.gridDim = dim3((a.N + C::kRows - 1) / C::kRows, (a.M + kT - 1) / kT);
+  cfg.gridDim = dim3((a.M + kT - 1) / kT, (a.N + C::kRows - 1) / C::kRows);
   cfg.blockDim = dim3(C::kThreads);
   cfg.dynamicSmemBytes = C::kSmemBytes;
   cfg.stream = stream;
@@ -63,18 +63,12 @@ template <typename In, typename Out>
 cudaError_t LaunchInvariantGemm(const InvariantGemmArgs& a, const GemmTuning& t, cudaStream_t stream) {
   const DeviceInfo d = CurrentDevice();
   if (d.major != 9) return cudaErrorNotSupported;  // sm_90a only
-  const InvariantTile tile = InvariantTileFor(a.M, a.N, d.sms);
-  switch (tile.tokens * 4 + tile.groups) {
-    case 8 * 4 + 1: return LaunchInvariantTile<In, Out, 8, 1>(a, t, d, stream);
-    case 16 * 4 + 1: return LaunchInvariantTile<In, Out, 16, 1>(a, t, d, stream);
-    case 32 * 4 + 1: return LaunchInvariantTile<In, Out, 32, 1>(a, t, d, stream);
-    case 64 * 4 + 1: return LaunchInvariantTile<In, Out, 64, 1>(a, t, d, stream);
-    case 128 * 4 + 1: return LaunchInvariantTile<In, Out, 128, 1>(a, t, d, stream);
-    case 128 * 4 + 2: return LaunchInvariantTile<In, Out, 128, 2>(a, t, d, stream);
-    case 256 * 4 + 1: return LaunchInvariantTile<In, Out, 256, 1>(a, t, d, stream);
-    case 256 * 4 + 2: return LaunchInvariantTile<In, Out, 256, 2>(a, t, d, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  const InvariantTile tile = t.invariant_tile.tokens > 0 ? t.invariant_tile : InvariantTileFor(a.M, a.N, d.sms);
+#define FQ_TILE(tt, g, b) \
+  if (tile == InvariantTile{tt, g, b}) return LaunchInvariantTile<In, Out, tt, g, b>(a, t, d, stream);
+  FQ_INVARIANT_TILES(FQ_TILE)
+#undef FQ_TILE
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace flashq::gemm::detail

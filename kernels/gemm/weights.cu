@@ -447,8 +447,8 @@ Status RunW8A8Invariant(const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream
   FQ_RETURN_IF_ERROR(CheckInvariantPointers({a.x_fp8, a.y}, "RunW8A8Invariant"));
   if (!a.x_scale) return InvalidArgument("RunW8A8Invariant: null x_scale");
   detail::InvariantGemmArgs g{v.w, a.x_fp8, a.y, a.x_scale, v.scale_vec, a.M, v.N, v.K};
-  return InvariantError(a.out == ActType::kBF16 ? detail::LaunchInvariantW8A8Bf16(g, {}, stream)
-                                                : detail::LaunchInvariantW8A8F16(g, {}, stream),
+  return InvariantError(a.out == ActType::kBF16 ? detail::LaunchInvariantW8A8Bf16(g, a.tuning, stream)
+                                                : detail::LaunchInvariantW8A8F16(g, a.tuning, stream),
                         "RunW8A8Invariant");
 }
 

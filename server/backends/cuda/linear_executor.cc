@@ -225,7 +225,11 @@ absl::StatusOr<std::unique_ptr<LinearExecutor>> CreateCudaLinear(Contexts& ctx, 
   const int max_rows = invariant ? 256 : 4096;
   std::vector<int> rows = gemm::WarmupRows(max_rows);
   if (invariant) {
-    for (int m : gemm::InvariantWarmupRows(max_rows)) rows.push_back(m);
+    for (auto& d : ctx) {
+      int sms = 0;
+      FQ_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d->device()));
+      for (int m : gemm::InvariantWarmupRows(max_rows, w.N, sms)) rows.push_back(m);
+    }
     std::sort(rows.begin(), rows.end());
     rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   }

@@ -683,11 +683,13 @@ TEST(GemmGpu, Bf16CublasLtMatchesAndPinnedAlgoIsInvariant) {
 // 16-bit weights in the batch-invariant mode on our kernel: against float64, every output written (NaN poison), and
 // every M from 1 to 300 bitwise equal to the first M rows of the M = 300 call (M picks the tile, so this crosses every
 // tile shape the dispatch uses at these sizes). Shapes with K and N tails of the 64-wide boxes.
-std::vector<float> RunW16(const Act16Weights& w, int N, int K, const uint16_t* bits, int M, ActType a) {
+std::vector<float> RunW16(const Act16Weights& w, int N, int K, const uint16_t* bits, int M, ActType a,
+                          InvariantTile tile = {}) {
   Dev xd(size_t(M) * K * 2);
   EXPECT_EQ(cudaMemcpy(xd.p, bits, size_t(M) * K * 2, cudaMemcpyHostToDevice), cudaSuccess);
   return RunPoisoned(M, N, a, [&](void* y) {
     LinearArgs args{xd.p, y, M, a, true, nullptr, 0};
+    args.tuning.invariant_tile = tile;
     Status s = RunW16Invariant(w.dev->p, N, K, args, nullptr);
     EXPECT_TRUE(s.ok()) << s.message();
   });
@@ -728,6 +730,44 @@ TEST(GemmGpu, W16InvariantAt4096Rows) {
       const std::vector<float> y = RunW16(w, N, K, x.bits.data() + size_t(r0) * K, m, act);
       ASSERT_EQ(0, std::memcmp(y.data(), big.data() + size_t(r0) * N, y.size() * sizeof(float)))
           << "rows " << r0 << ".." << r0 + m - 1 << " alone differ from the same rows at M=4096";
+    }
+  }
+}
+
+// Every instantiated tile, forced (GemmTuning::invariant_tile), gives the dispatch's bits: 16-bit and W8A8, M with
+// token tails, N with a weight-row tail, K with a tail of the 128-byte panel and longer than every ring (so that
+// slots are refilled).
+TEST(GemmGpu, InvariantTilesAllGiveTheSameBits) {
+  const int K = 4104, N = 200;
+  const Act16Weights w = MakeAct16Weights(N, K, ActType::kBF16, 66);
+  const int K8 = 4112;  // W8A8 needs K % 16 == 0 (and has a tail of its 128-element panel here)
+  const auto w8 = RandomVec(size_t(N) * K8, 67);
+  std::unique_ptr<Fp8DeviceWeights> dw8;
+  OK(Fp8DeviceWeights::Create(QuantizeFp8(w8.data(), N, K8, true), &dw8));
+  for (int M : {1, 37, 300}) {
+    const Acts x = MakeActs(M, K, ActType::kBF16, 68);
+    const Acts x8 = MakeActs(M, K8, ActType::kBF16, 69);
+    Dev xd(size_t(M) * K8 * 2), xq(size_t(M) * K8), xs(size_t(M) * 4);
+    CK(cudaMemcpy(xd.p, x8.bits.data(), size_t(M) * K8 * 2, cudaMemcpyHostToDevice));
+    OK(RunQuantizeActFp8(xd.p, ActType::kBF16, M, K8, true, static_cast<uint8_t*>(xq.p), static_cast<float*>(xs.p),
+                         nullptr));
+    auto w8a8 = [&](InvariantTile tile) {
+      return RunPoisoned(M, N, ActType::kBF16, [&](void* yp) {
+        W8A8Args a = QuantizedArgs(xq, xs, yp, M, true, true);
+        a.tuning.invariant_tile = tile;
+        Status s = RunW8A8Invariant(*dw8, a, nullptr);
+        EXPECT_TRUE(s.ok()) << s.message();
+      });
+    };
+    const std::vector<float> ref16 = RunW16(w, N, K, x.bits.data(), M, ActType::kBF16);
+    const std::vector<float> ref8 = w8a8({});
+    for (const InvariantTile& t : InvariantTiles()) {
+      const std::string what = "tile " + std::to_string(t.tokens) + "." + std::to_string(t.groups) + "." +
+                                std::to_string(t.per_sm) + " M=" + std::to_string(M);
+      const std::vector<float> y16 = RunW16(w, N, K, x.bits.data(), M, ActType::kBF16, t);
+      EXPECT_EQ(0, std::memcmp(y16.data(), ref16.data(), y16.size() * sizeof(float))) << "w16 " << what;
+      const std::vector<float> y8 = w8a8(t);
+      EXPECT_EQ(0, std::memcmp(y8.data(), ref8.data(), y8.size() * sizeof(float))) << "w8a8 " << what;
     }
   }
 }
