@@ -166,8 +166,9 @@ struct W8A8Args {
   GemmTuning tuning;  // RunW8A8Invariant's tile override (sweeps)
 };
 Status RunW8A8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream);
-// W8A8 on our invariant GEMM (sm_90a): the same operands and result as RunW8A8 with outer-vector scales
-// (y = (x · wᵀ) * (x_scale[m] * w_scale[n]), one 16-bit rounding; per-tensor weights use their expanded scale),
+// W8A8 on our invariant GEMM (sm_90a): the same operands and result as RunW8A8, y = (x · wᵀ) * (x_scale[m] *
+// w_scale[n]) with one 16-bit rounding (per_row_act false: x_scale[0] for every m; per-tensor weights use their
+// expanded scale),
 // one fp32 chain per output over K's k32 chunks whatever M. Needs weights with the W8A8 copy, K % 16 == 0,
 // N % 8 == 0; a.batch_invariant is ignored (always invariant). Unimplemented off sm_90.
 Status RunW8A8Invariant(const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream);

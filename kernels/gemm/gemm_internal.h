@@ -66,7 +66,8 @@ struct InvariantGemmArgs {
   const void* w = nullptr;  // [N][K]
   const void* x = nullptr;  // [M][K]
   void* y = nullptr;        // [M][N]
-  const float* x_scale = nullptr;  // [M]
+  const float* x_scale = nullptr;  // [M] (x_scale_stride 1) or one tensor-wise scale (stride 0)
+  int x_scale_stride = 1;
   const float* w_scale = nullptr;  // [N]
   int M = 0, N = 0, K = 0;
 };

@@ -1,7 +1,8 @@
 // The batch-invariant GEMM of our own (sm_90a) for weights that need no dequantization: Y[M][N] = X[M][K] · Wᵀ with W
 // as the checkpoint stores it ([N][K] row-major, no repacking), for every M.
 //   - 16-bit weights (In = __nv_bfloat16 or __half, Out = In): RunW16Invariant.
-//   - W8A8 (In = E4M3 bytes, Out 16-bit): RunW8A8Invariant; Y = (X · Wᵀ) * (x_scale[m] * w_scale[n]), one rounding.
+//   - W8A8 (In = E4M3 bytes, Out 16-bit): RunW8A8Invariant; Y = (X · Wᵀ) * (x_scale[m] * w_scale[n]), one rounding
+//     (row-wise or tensor-wise activation scales, per-channel or per-tensor weight scales).
 //
 // Bits: every output is ONE fp32 chain over K's chunks (k16 for 16-bit inputs, k32 for E4M3) in increasing k order,
 // wgmma m64nTk16/k32 with A = 64 weight rows and B = T tokens, both K-major in shared memory; the chain's first chunk
@@ -73,11 +74,12 @@ struct InvariantCfg {
 };
 
 // wmap: W [N][K], boxes of 128 bytes of K x kRows rows; xmap: X [M][K], boxes of 128 bytes of K x kT rows; both 128B
-// swizzle, zero fill. xs, ws: W8A8's per-row and per-column scales (null for 16-bit inputs).
+// swizzle, zero fill. xs, ws: W8A8's activation and per-column weight scales (null for 16-bit inputs); token m's
+// activation scale is xs[m * xs_stride] (stride 0: one tensor-wise scale).
 template <typename In, typename Out, int kT, int kC, int kB>
 __global__ void __launch_bounds__(InvariantCfg<kT, kC, kB>::kThreads, kB)
     InvariantGemmKernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, Out* y,
-                        const float* xs, const float* ws, int M, int N, int K) {
+                        const float* xs, int xs_stride, const float* ws, int M, int N, int K) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = InvariantCfg<kT, kC, kB>;
   constexpr int S = C::kStages;
@@ -172,7 +174,7 @@ __global__ void __launch_bounds__(InvariantCfg<kT, kC, kB>::kThreads, kB)
       const int tok = 8 * j + c0 + (e & 1);
       float v = acc[4 * j + e];
       if constexpr (kFp8) {
-        const float xscale = m0 + tok < M ? xs[m0 + tok] : 0.0f;
+        const float xscale = m0 + tok < M ? xs[(m0 + tok) * xs_stride] : 0.0f;
         v = __fmul_rn(v, __fmul_rn(xscale, wscale[e >= 2]));
       }
       Out o;

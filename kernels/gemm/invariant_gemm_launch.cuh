@@ -56,7 +56,8 @@ cudaError_t LaunchInvariantTile(const InvariantGemmArgs& a, const GemmTuning& t,
   cfg.dynamicSmemBytes = C::kSmemBytes;
   cfg.stream = stream;
   AddPdl(&cfg, t, d);
-  return cudaLaunchKernelEx(&cfg, kernel, wmap, xmap, static_cast<Out*>(a.y), a.x_scale, a.w_scale, a.M, a.N, a.K);
+  return cudaLaunchKernelEx(&cfg, kernel, wmap, xmap, static_cast<Out*>(a.y), a.x_scale, a.x_scale_stride, a.w_scale,
+                            a.M, a.N, a.K);
 }
 
 template <typename In, typename Out>

@@ -429,7 +429,7 @@ Status RunW16Invariant(const void* w, int N, int K, const LinearArgs& a, cudaStr
                            ", N = " + std::to_string(N) + ")");
   if (a.M == 0) return Status::Ok();
   FQ_RETURN_IF_ERROR(CheckInvariantPointers({w, a.x, a.y}, "RunW16Invariant"));
-  detail::InvariantGemmArgs g{w, a.x, a.y, nullptr, nullptr, a.M, N, K};
+  detail::InvariantGemmArgs g{w, a.x, a.y, nullptr, 0, nullptr, a.M, N, K};
   return InvariantError(a.act == ActType::kBF16 ? detail::LaunchInvariantW16Bf16(g, a.tuning, stream)
                                                 : detail::LaunchInvariantW16F16(g, a.tuning, stream),
                         "RunW16Invariant");
@@ -446,7 +446,7 @@ Status RunW8A8Invariant(const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream
   if (a.M == 0) return Status::Ok();
   FQ_RETURN_IF_ERROR(CheckInvariantPointers({a.x_fp8, a.y}, "RunW8A8Invariant"));
   if (!a.x_scale) return InvalidArgument("RunW8A8Invariant: null x_scale");
-  detail::InvariantGemmArgs g{v.w, a.x_fp8, a.y, a.x_scale, v.scale_vec, a.M, v.N, v.K};
+  detail::InvariantGemmArgs g{v.w, a.x_fp8, a.y, a.x_scale, a.per_row_act ? 1 : 0, v.scale_vec, a.M, v.N, v.K};
   return InvariantError(a.out == ActType::kBF16 ? detail::LaunchInvariantW8A8Bf16(g, a.tuning, stream)
                                                 : detail::LaunchInvariantW8A8F16(g, a.tuning, stream),
                         "RunW8A8Invariant");

@@ -545,12 +545,12 @@ TEST_P(GemmGpuW8A8, QuantizeAndGemmMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Scales, GemmGpuW8A8, ::testing::Combine(::testing::Bool(), ::testing::Bool()));
 
-// W8A8 on our invariant GEMM: per-row activation scales with per-channel and per-tensor weights, against the float64
-// reference, and every M from 1 to 300 bitwise equal to the first M rows of the M = 300 call (per-row quantization of
-// the first M rows is that of the whole batch, so the prefixes of one quantized batch serve every M).
+// W8A8 on our invariant GEMM: row-wise and tensor-wise activation scales with per-channel and per-tensor weights,
+// against the float64 reference, and every M from 1 to 300 bitwise equal to the first M rows of the M = 300 call on
+// the same quantized batch (row-wise, the first M rows' quantization is that of the whole batch).
 TEST(GemmGpu, W8A8InvariantMatchesAndIsInvariant) {
   const int K = 512, N = 272, M = 300;
-  for (bool per_channel : {true, false}) {
+  for (auto [per_channel, per_row] : {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
     auto wf = RandomVec(size_t(N) * K, 71);
     Fp8Weights w = QuantizeFp8(wf.data(), N, K, per_channel);
     std::unique_ptr<Fp8DeviceWeights> dw;
@@ -559,18 +559,19 @@ TEST(GemmGpu, W8A8InvariantMatchesAndIsInvariant) {
       const Acts x = MakeActs(M, K, ActType::kBF16, 72);
       Dev xd(size_t(M) * K * 2), xq(size_t(M) * K), xs(size_t(M) * 4);
       CK(cudaMemcpy(xd.p, x.bits.data(), size_t(M) * K * 2, cudaMemcpyHostToDevice));
-      OK(RunQuantizeActFp8(xd.p, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq.p), static_cast<float*>(xs.p),
-                           nullptr));
+      OK(RunQuantizeActFp8(xd.p, ActType::kBF16, M, K, per_row, static_cast<uint8_t*>(xq.p),
+                           static_cast<float*>(xs.p), nullptr));
       auto run = [&](int m) {
         return RunPoisoned(m, N, out, [&](void* yp) {
-          Status s = RunW8A8Invariant(*dw, QuantizedArgs(xq, xs, yp, m, true, true, out), nullptr);
+          Status s = RunW8A8Invariant(*dw, QuantizedArgs(xq, xs, yp, m, per_row, true, out), nullptr);
           EXPECT_TRUE(s.ok()) << s.message();
         });
       };
       const std::vector<float> big = run(M);
       std::vector<float> ref(size_t(M) * N);
-      LinearRefFp8W8A8<double>(x.f.data(), M, w, true, ref.data());
-      const std::string what = std::string("w8a8 ours w/") + (per_channel ? "channel" : "tensor") + " out " + Name(out);
+      LinearRefFp8W8A8<double>(x.f.data(), M, w, per_row, ref.data());
+      const std::string what = std::string("w8a8 ours w/") + (per_channel ? "channel" : "tensor") + " x/" +
+                               (per_row ? "row" : "tensor") + " out " + Name(out);
       ExpectClose(big, std::vector<double>(ref.begin(), ref.end()), out, 0, what);
       for (int m = 1; m < M; ++m) {
         const std::vector<float> y = run(m);
@@ -716,7 +717,7 @@ TEST(GemmGpu, W16InvariantMatchesF64AndIsInvariant) {
 // Large M (the 256-token, two-warpgroup tile): rows of a 4096-row call against single-row and 17-row calls of the
 // same rows, from anywhere in the batch.
 TEST(GemmGpu, W16InvariantAt4096Rows) {
-  const int K = 256, N = 1152, M = 4096;
+  const int K = 256, N = 2048, M = 4096;
   const ActType act = ActType::kBF16;
   ASSERT_EQ(InvariantTileFor(M, N, 132).tokens, 256);
   const Act16Weights w = MakeAct16Weights(N, K, act, 63);
