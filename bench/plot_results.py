@@ -48,16 +48,20 @@ def attention(src, dst):
 def gemm(src, dst):
     g = json.load(open(os.path.join(R, src)))
     shapes = sorted({(x["K"], x["N"]) for x in g["records"]})
-    fig, axes = plt.subplots(1, len(shapes), figsize=(4 * len(shapes), 3.8), sharey=True)
-    series = [("bf16_cublaslt", False, "cuBLASLt BF16"), ("w4a16_g128", True, "W4A16 g128 (invariant)"),
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4 * len(shapes), 4.2), sharey=True)
+    series = [("bf16_cublaslt", False, "cuBLASLt BF16 (fast)"), ("bf16_cublaslt", True, "cuBLASLt BF16 (pinned)"),
+              ("bf16_ours", True, "BF16, ours (invariant)"), ("w4a16_g128", True, "W4A16 g128 (invariant)"),
               ("w4a16_g128", False, "W4A16 g128 (fast)"), ("w8a16", True, "W8A16"),
+              ("w8a8_rowwise_ours", True, "W8A8 row-wise, ours (invariant)"),
+              ("torch_scaled_mm_rowwise", False, "torch._scaled_mm row-wise"),
               ("torch_int4pack_g128", False, "torch int4 g128")]
     for ax, (K, N) in zip(axes, shapes):
         for method, inv, label in series:
             pts = sorted((x["M"], x["us"]) for x in g["records"]
                          if x["method"] == method and x["K"] == K and x["N"] == N and x["batch_invariant"] == inv)
             if pts:
-                ax.loglog([m for m, _ in pts], [u for _, u in pts], marker="o", ms=3, label=label)
+                ax.loglog([m for m, _ in pts], [u for _, u in pts], marker="o", ms=3, label=label,
+                          ls="--" if method.startswith("torch") or "pinned" in label else "-")
         ax.set_title(f"K={K} N={N}", fontsize=9)
         ax.set_xlabel("M")
     axes[0].set_ylabel("µs")
