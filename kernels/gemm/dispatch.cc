@@ -35,12 +35,12 @@ std::vector<InvariantTile> InvariantTiles() {
 #undef FQ_TILE
 }
 
-// Narrow layers (at most 66 weight tiles of 64 rows: half an H200's SMs at M = 1) with at least 32 panels of K split
-// it in two at an even panel, so that small M gives every SM a block (docs/perf/gemm.md). Even: stages of two panels
-// never straddle the split.
+// Narrow layers (at most 66 weight tiles of 64 rows: half an H200's SMs at M = 1) with rows of at least 16 KB split K
+// in two at an even panel, so that small M gives every SM a block; shorter rows gain less at small M than the
+// cluster exchange costs at large M (docs/perf/gemm.md). Even: stages of two panels never straddle the split.
 int InvariantSplitPanel(int64_t k_bytes, int N) {
   const int64_t panels = (k_bytes + 127) / 128;
-  if (N > 66 * 64 || panels < 32) return 0;
+  if (N > 66 * 64 || panels < 128) return 0;
   return int((panels + 3) / 4 * 2);  // half, rounded up to an even panel
 }
 

@@ -210,23 +210,23 @@ TEST(GemmDispatch, InvariantTiles) {
   EXPECT_EQ(tile(4096, 14336), "256.2.1");
   EXPECT_EQ(InvariantTileFor(4096, 4096, 1, 0).tokens, 256);  // SM count unknown: the largest tile
 
-  // The split: narrow layers (N <= 66 x 64) of at least 32 panels of 128 bytes, at an even panel near the half.
-  EXPECT_EQ(InvariantSplitPanel(4096 * 2, 4096), 32);
+  // The split: narrow layers (N <= 66 x 64) of at least 128 panels of 128 bytes, at an even panel near the half.
   EXPECT_EQ(InvariantSplitPanel(14336 * 2, 4096), 112);
-  EXPECT_EQ(InvariantSplitPanel(4104 * 2, 200), 34);  // 65 panels (a tail): 34 + 31
-  EXPECT_EQ(InvariantSplitPanel(4112, 200), 18);      // E4M3: 33 panels
-  EXPECT_EQ(InvariantSplitPanel(4096 * 2, 4224), 32);
-  EXPECT_EQ(InvariantSplitPanel(4096 * 2, 4232), 0);  // wide
-  EXPECT_EQ(InvariantSplitPanel(4096 * 2, 14336), 0);
-  EXPECT_EQ(InvariantSplitPanel(31 * 128, 4096), 0);  // short
-  for (int64_t kb = 32 * 128; kb < 200 * 128; kb += 16) {
+  EXPECT_EQ(InvariantSplitPanel(8200 * 2, 200), 66);  // 129 panels (a tail): 66 + 63
+  EXPECT_EQ(InvariantSplitPanel(16400, 200), 66);     // E4M3
+  EXPECT_EQ(InvariantSplitPanel(8192 * 2, 4224), 64);
+  EXPECT_EQ(InvariantSplitPanel(8192 * 2, 4232), 0);  // wide
+  EXPECT_EQ(InvariantSplitPanel(14336 * 2, 14336), 0);
+  EXPECT_EQ(InvariantSplitPanel(4096 * 2, 4096), 0);  // short
+  EXPECT_EQ(InvariantSplitPanel(14336, 4096), 0);     // E4M3 rows of 14336: short
+  for (int64_t kb = 128 * 128; kb < 300 * 128; kb += 16) {
     const int p = InvariantSplitPanel(kb, 4096), panels = int((kb + 127) / 128);
     EXPECT_TRUE(p % 2 == 0 && p > 0 && p < panels && p >= panels - p) << kb;
   }
 
   // The warm-up rows reach every tile up to the server's 256-row chunks, one row count per tile.
   for (int N : {8, 4096, 14336, 28672}) {
-    for (int64_t k_bytes : {int64_t(2048), int64_t(8192)}) {
+    for (int64_t k_bytes : {int64_t(2048), int64_t(28672)}) {
       const int splits = InvariantSplitPanel(k_bytes, N) > 0 ? 2 : 1;
       const std::vector<int> rows = InvariantWarmupRows(256, k_bytes, N, kH200.sms);
       std::set<std::string> warmed;
