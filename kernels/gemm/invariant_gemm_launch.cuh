@@ -16,18 +16,11 @@ namespace flashq::gemm::detail {
 // zeros past the matrix. False where the driver has no encoder or rejects the layout.
 template <typename In>
 bool EncodeKMajorMap(CUtensorMap* map, const void* base, int rows, int K, int box_rows) {
-  const TensorMapEncodeTiledFn encode = TensorMapEncoder();
-  if (encode == nullptr) return false;
   const CUtensorMapDataType type = std::is_same_v<In, uint8_t>         ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                    : std::is_same_v<In, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(K) * sizeof(In)};
-  const cuuint32_t box[2] = {cuuint32_t(128 / sizeof(In)), cuuint32_t(box_rows)};
-  const cuuint32_t estr[2] = {1, 1};
-  return encode(map, type, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return EncodeMap2d(map, type, base, uint64_t(K), uint64_t(rows), uint64_t(K) * sizeof(In), 128 / sizeof(In),
+                     uint32_t(box_rows), CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 template <typename In, typename Out, int kT, int kC, int kB>
@@ -38,15 +31,10 @@ cudaError_t LaunchInvariantTile(const InvariantGemmArgs& a, int split_panel, con
   if (!EncodeKMajorMap<In>(&wmap, a.w, a.N, a.K, C::kRows) || !EncodeKMajorMap<In>(&xmap, a.x, a.M, a.K, kT))
     return cudaErrorNotSupported;
   auto kernel = InvariantGemmKernel<In, Out, kT, kC, kB>;
-  static bool attr_set[kMaxDevices] = {};  // the shared-memory limit, once per device (a benign race: same value)
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev >= kMaxDevices || !attr_set[dev]) {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
-        e != cudaSuccess)
-      return e;
-    if (dev < kMaxDevices) attr_set[dev] = true;
-  }
+  // On every launch, as the other launchers do: the attribute belongs to the current device.
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+      e != cudaSuccess)
+    return e;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attrs[2];
   cfg.attrs = attrs;

@@ -398,10 +398,6 @@ Status RunW8A16(const Fp8DeviceWeights& w, const LinearArgs& a, cudaStream_t str
   return RunChunks(true, p, a, a.x, static_cast<uint8_t*>(a.workspace), l, stream);
 }
 
-}  // namespace flashq::gemm
-
-namespace flashq::gemm {
-
 namespace {
 
 Status InvariantError(cudaError_t e, const char* fn) {
