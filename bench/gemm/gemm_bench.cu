@@ -155,15 +155,18 @@ bool g_w8a8 = true;
 // --tiles: our invariant GEMM (BF16 and W8A8) also at every instantiated tile, methods "<name>@T.C.B" (tokens, weight
 // row groups, blocks per SM): the table InvariantTileFor is read from (docs/perf/gemm.md).
 bool g_tiles = false;
-// The tiles --tiles times at M: those that are neither twice as wide as the batch nor under a sixteenth of it.
-std::vector<InvariantTile> SweptTiles(int M) {
-  std::vector<InvariantTile> tiles;
+// The tiles our invariant GEMM is timed at for M: the dispatch's (tokens 0), then with --tiles every instantiated tile
+// that is neither twice as wide as the batch nor under a sixteenth of it.
+std::vector<InvariantTile> OursTiles(int M) {
+  std::vector<InvariantTile> tiles{InvariantTile{}};
   if (!g_tiles) return tiles;
   for (const InvariantTile& t : InvariantTiles())
     if ((t.tokens == 8 || t.tokens < 2 * M) && t.tokens * 16 >= M) tiles.push_back(t);
   return tiles;
 }
+// The method-name suffix of a forced tile ("" for the dispatch's).
 std::string TileName(const InvariantTile& t) {
+  if (t.tokens == 0) return "";
   return "@" + std::to_string(t.tokens) + "." + std::to_string(t.groups) + "." + std::to_string(t.per_sm);
 }
 // Activation type of the timed W4A16 and W8A16 calls: bf16 (records), or fp16 with --f16 (A/B calls only: the same
@@ -355,21 +358,15 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
       auto bf = [&](int i) { OK(RunBf16(blas, wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, inv, nullptr, 0, g_tuning}, g_stream)); };
       OK(WarmBf16(blas, M, N, K, ActType::kBF16, inv));
       Record("bf16_cublaslt", K, N, M, inv, TimeUs(bf, EstimateUs(bf)), bf16_bytes);
-      if (inv) {  // our 16-bit kernel is invariant by construction: one row, beside cuBLASLt's two
+      // Our 16-bit kernel is invariant by construction: one row, beside cuBLASLt's two.
+      for (const InvariantTile& tile : inv ? OursTiles(M) : std::vector<InvariantTile>{}) {
+        GemmTuning tt = g_tuning;
+        tt.invariant_tile = tile;
         auto bo = [&](int i) {
-          OK(RunW16Invariant(wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, true, nullptr, 0, g_tuning},
+          OK(RunW16Invariant(wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, true, nullptr, 0, tt},
                              g_stream));
         };
-        Record("bf16_ours", K, N, M, true, TimeUs(bo, EstimateUs(bo)), bf16_bytes);
-        for (const InvariantTile& tile : SweptTiles(M)) {
-          GemmTuning tt = g_tuning;
-          tt.invariant_tile = tile;
-          auto bt = [&](int i) {
-            OK(RunW16Invariant(wbd[i % r_bf16], N, K, LinearArgs{x, y, M, ActType::kBF16, true, nullptr, 0, tt},
-                               g_stream));
-          };
-          Record("bf16_ours" + TileName(tile), K, N, M, true, TimeUs(bt, EstimateUs(bt)), bf16_bytes);
-        }
+        Record("bf16_ours" + TileName(tile), K, N, M, true, TimeUs(bo, EstimateUs(bo)), bf16_bytes);
       }
       auto q4 = [&](int i) { OK(RunW4A16(*w4d[i % r4], LinearArgs{x, y, M, g_act, inv, ws, ws_bytes, g_tuning}, blas, g_stream)); };
       if (!inv && M >= kW4A16DequantMinM) OK(WarmBf16(blas, M, N, K, ActType::kBF16, false));
@@ -398,12 +395,10 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
       auto to = [&](int i) { OK(RunW8A8Invariant(*w8td[i % r8], a, g_stream)); };  // ours, the same scales
       Record("w8a8_tensorwise_ours", K, N, M, true, TimeUs(to, EstimateUs(to)), w8_bytes);
       a.per_row_act = true;
-      auto ro = [&](int i) { OK(RunW8A8Invariant(*w8d[i % r8], a, g_stream)); };
-      Record("w8a8_rowwise_ours", K, N, M, true, TimeUs(ro, EstimateUs(ro)), w8_bytes);
-      for (const InvariantTile& tile : SweptTiles(M)) {
+      for (const InvariantTile& tile : OursTiles(M)) {
         a.tuning.invariant_tile = tile;
-        auto rt = [&](int i) { OK(RunW8A8Invariant(*w8d[i % r8], a, g_stream)); };
-        Record("w8a8_rowwise_ours" + TileName(tile), K, N, M, true, TimeUs(rt, EstimateUs(rt)), w8_bytes);
+        auto ro = [&](int i) { OK(RunW8A8Invariant(*w8d[i % r8], a, g_stream)); };
+        Record("w8a8_rowwise_ours" + TileName(tile), K, N, M, true, TimeUs(ro, EstimateUs(ro)), w8_bytes);
       }
     }
     auto aq = [&](int) { OK(RunQuantizeActFp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), g_stream)); };
@@ -464,8 +459,8 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--out" && i + 1 < argc) out = argv[++i];
     if (a == "--quick") quick = true;
-    if (a == "--no-w8a8") g_w8a8 = false;
-    if (a == "--tiles") g_tiles = true;  // A/B calls on the int4 / fp8-weight kernels only
+    if (a == "--no-w8a8") g_w8a8 = false;  // A/B calls on the int4 / fp8-weight kernels only
+    if (a == "--tiles") g_tiles = true;
     if (a == "--f16") g_act = ActType::kF16;  // A/B calls: W4A16 and W8A16 timed with fp16 activations
     if (a == "--bars") bars = true;  // all four shapes at M = 1, 4, 16, 32, 64, 128 (the bars of docs/perf/gemm.md and the wgmma tiles)
     if (a == "--ms" && i + 1 < argc) ms_arg = argv[++i];  // comma-separated M values (A/B calls), e.g. --ms 64,128
