@@ -54,17 +54,14 @@ InvariantTile InvariantTileFor(int M, int N, int splits, int sms) {
   int fit = 8;  // the batch's width, rounded up to a power of two
   while (fit < std::min(M, 256)) fit *= 2;
   auto blocks = [&](int tokens, int groups) {
-    // A split layer's parts are blocks of their own, except in 128-token tiles (both in one block's registers).
-    return int64_t((M + tokens - 1) / tokens) * ((N + 64 * groups - 1) / (64 * groups)) * (tokens == 128 ? 1 : splits);
+    return int64_t((M + tokens - 1) / tokens) * ((N + 64 * groups - 1) / (64 * groups)) * splits;
   };
   auto last_wave_fill = [&](int64_t b) { return double(b) / (double((b + sms - 1) / sms) * sms); };
   constexpr std::pair<int, int> kOrder[] = {{256, 2}, {128, 2}, {128, 1}, {64, 2}, {64, 1}, {32, 1}, {16, 1}, {8, 1}};
   InvariantTile t;
   for (auto [tokens, groups] : kOrder) {
     if (tokens > fit) continue;
-    if (tokens == 256 &&
-        (splits > 1 || M < 1024 || last_wave_fill(blocks(256, 2)) < last_wave_fill(blocks(128, 2))))
-      continue;  // a split layer's 256-token tiles would exchange a 128 KB tile per cluster
+    if (tokens == 256 && (M < 1024 || last_wave_fill(blocks(256, 2)) < last_wave_fill(blocks(128, 2)))) continue;
     t = InvariantTile{tokens, groups, 1};
     if (blocks(tokens, groups) * 10 >= int64_t(sms) * 8) break;
   }

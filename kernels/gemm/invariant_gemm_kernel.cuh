@@ -22,9 +22,8 @@
 // A stage is 128 bytes of K (256 for T <= 32): per 128 bytes one TMA box of the block's 64 C weight rows and one of
 // its T token rows, each a 128B-swizzled panel, into an S-slot ring with full / empty mbarriers. Tails: boxes past K,
 // N or M are zero-filled by TMA (the same zeros for every tile, so the bits stay tile-independent); outputs past N or M
-// are not stored. A split layer's 128-token tiles keep both chains in registers; its other tiles run clusters of two
-// blocks, one per part: the second leaves its fp32 tile in its ring after the main loop, the first reads it over
-// distributed shared memory and adds it to its own.
+// are not stored. A split layer runs clusters of two blocks, one per part: the second leaves its fp32 tile in its ring
+// after the main loop, the first reads it over distributed shared memory and adds it to its own.
 // Epilogue: each warpgroup transposes its 64 x T tile through its own padded shared buffer and stores token rows of
 // 128 bytes (16 B per thread).
 // Limits (the launchers check them): K * sizeof(In) % 16 == 0 and N % 8 == 0 (TMA strides and 16-byte output
@@ -107,15 +106,12 @@ __global__ void __launch_bounds__(InvariantCfg<kT, kC, kB>::kThreads, kB)
   const int tid = threadIdx.x;
   // The token tiles of one weight tile are neighbours in the launch order, so that a wave reads each weight tile from
   // memory once and its other token tiles find it in L2.
-  // A split layer's two chains: in this block's registers for 128-token tiles (2 x 64 floats per thread), else in
-  // the two blocks of a cluster, one part each.
-  constexpr bool kBothParts = kT == 128;
-  const bool split = split_panel > 0, clustered = split && !kBothParts;
-  const int part = clustered ? int(blockIdx.y & 1) : 0;  // the cluster rank
-  const int m0 = blockIdx.x * kT, n0 = (clustered ? blockIdx.y >> 1 : blockIdx.y) * C::kRows;
+  const bool split = split_panel > 0;
+  const int part = split ? int(blockIdx.y & 1) : 0;  // the cluster rank
+  const int m0 = blockIdx.x * kT, n0 = (split ? blockIdx.y >> 1 : blockIdx.y) * C::kRows;
   // This block's stages: its part's K range (split_panel is even, so two-panel stages never straddle it).
   const int nk_all = (K + kStageK - 1) / kStageK, split_stage = split_panel / C::kPanels;
-  const int kt0 = part == 1 ? split_stage : 0, nk = (clustered && part == 0 ? split_stage : nk_all) - kt0;
+  const int kt0 = part == 1 ? split_stage : 0, nk = (split && part == 0 ? split_stage : nk_all) - kt0;
 
   if (tid == 0) {
     for (int i = 0; i < S; ++i) {
@@ -143,7 +139,7 @@ __global__ void __launch_bounds__(InvariantCfg<kT, kC, kB>::kThreads, kB)
         }
       }
     }
-    if (clustered) {  // the consumers' two cluster barriers (below)
+    if (split) {  // the consumers' two cluster barriers (below)
       ptx::ClusterSync();
       ptx::ClusterSyncExit();
     }
@@ -153,47 +149,32 @@ __global__ void __launch_bounds__(InvariantCfg<kT, kC, kB>::kThreads, kB)
   // ---- consumers: warpgroup wg owns weight rows n0 + 64 wg .. + 63 ----
   ptx::SetMaxNRegInc<C::kConsumerRegs>();
   const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
-  float acc[kT / 2], acc2[kBothParts ? kT / 2 : 1];  // acc2: the second part's chain, in-block splits only
+  float acc[kT / 2];
 #pragma unroll
   for (int i = 0; i < kT / 2; ++i) acc[i] = 0.0f;
+  for (int kt = 0; kt < nk; ++kt) {
+    const int slot = kt % S;
+    ptx::MbarWaitAsmLoop(full_bar(slot), (kt / S) & 1);
+    const uint32_t stage = sbase + slot * C::kStageBytes;
+    ptx::WgmmaFence();
 #pragma unroll
-  for (int i = 0; i < (kBothParts ? kT / 2 : 1); ++i) acc2[i] = 0.0f;
-  const int second = split && kBothParts ? split_stage : nk;  // the stage where acc2's chain starts
-  // Stages [begin, end) into chain c; its first chunk overwrites the accumulator. One loop per chain: no branch between
-  // the wgmma of two accumulator sets, which would make the compiler fence them.
-  auto chain = [&](float (&c)[kT / 2], int begin, int end) {
-    for (int kt = begin; kt < end; ++kt) {
-      const int slot = kt % S;
-      ptx::MbarWaitAsmLoop(full_bar(slot), (kt / S) & 1);
-      const uint32_t stage = sbase + slot * C::kStageBytes;
-      ptx::WgmmaFence();
+    for (int p = 0; p < C::kPanels; ++p) {
+      const uint32_t a = stage + p * C::kRows * 128 + wg * 64 * 128, b = stage + C::kWBytes + p * kT * 128;
 #pragma unroll
-      for (int p = 0; p < C::kPanels; ++p) {
-        const uint32_t a = stage + p * C::kRows * 128 + wg * 64 * 128, b = stage + C::kWBytes + p * kT * 128;
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {  // 4 chunks of 32 bytes of K per panel
-          const uint64_t da = ptx::SwizzledDesc(a + kk * 32), db = ptx::SwizzledDesc(b + kk * 32);
-          const bool accumulate = kt > begin || p + kk > 0;
-          if constexpr (kFp8) ptx::WgmmaE4m3<kT>::SS(c, da, db, accumulate);
-          else ptx::Wgmma<kT, std::is_same_v<In, __nv_bfloat16>>::SS(c, da, db, accumulate);
-        }
+      for (int kk = 0; kk < 4; ++kk) {  // 4 chunks of 32 bytes of K per panel
+        const uint64_t da = ptx::SwizzledDesc(a + kk * 32), db = ptx::SwizzledDesc(b + kk * 32);
+        const bool accumulate = kt + p + kk > 0;  // a part's chain starts at its first chunk
+        if constexpr (kFp8) ptx::WgmmaE4m3<kT>::SS(acc, da, db, accumulate);
+        else ptx::Wgmma<kT, std::is_same_v<In, __nv_bfloat16>>::SS(acc, da, db, accumulate);
       }
-      ptx::WgmmaCommit();
-      ptx::WgmmaWait<1>();  // the previous stage's chunks are done: release its slot
-      if (kt > 0) ptx::MbarArrive(empty_bar((kt - 1) % S));
     }
-  };
-  chain(acc, 0, second);
-  if constexpr (kBothParts) chain(acc2, second, nk);
+    ptx::WgmmaCommit();
+    ptx::WgmmaWait<1>();  // the previous stage's chunks are done: release its slot
+    if (kt > 0) ptx::MbarArrive(empty_bar((kt - 1) % S));
+  }
   ptx::WgmmaWait<0>();
   ptx::LaunchDependents();
-  if constexpr (kBothParts) {
-    if (split) {
-#pragma unroll
-      for (int i = 0; i < kT / 2; ++i) acc[i] = __fadd_rn(acc[i], acc2[i]);  // p0 + p1
-    }
-  }
-  if (clustered) {
+  if (split) {
     // Part 1 leaves its chain's tile in its ring (once both warpgroups' wgmma have read it), part 0 adds it to its
     // own: p0 + p1, the same sum for every tile and every M.
     const uint32_t xch = sbase + tid * 16;  // this thread's float4 q at xch + q * kConsumers * 16

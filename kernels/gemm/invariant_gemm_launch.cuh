@@ -39,9 +39,8 @@ cudaError_t LaunchInvariantTile(const InvariantGemmArgs& a, int split_panel, con
   cudaLaunchAttribute attrs[2];
   cfg.attrs = attrs;
   cfg.numAttrs = 0;
-  const bool clustered = split_panel > 0 && kT != 128;  // the kernel's kBothParts
-  cfg.gridDim = dim3((a.M + kT - 1) / kT, (a.N + C::kRows - 1) / C::kRows * (clustered ? 2 : 1));
-  if (clustered) {  // the two parts of a weight tile's K: one cluster
+  cfg.gridDim = dim3((a.M + kT - 1) / kT, (a.N + C::kRows - 1) / C::kRows * (split_panel > 0 ? 2 : 1));
+  if (split_panel > 0) {  // the two parts of a weight tile's K: one cluster
     attrs[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
     attrs[cfg.numAttrs].val.clusterDim.x = 1;
     attrs[cfg.numAttrs].val.clusterDim.y = 2;

@@ -201,11 +201,11 @@ TEST(GemmDispatch, InvariantTiles) {
   EXPECT_EQ(tile(64, 4096, 2), "64.1.1");
   EXPECT_EQ(tile(64, 14336), "64.2.1");
   EXPECT_EQ(tile(256, 4096), "128.1.1");
-  EXPECT_EQ(tile(256, 4096, 2), "128.1.1");  // both parts in one block: 128 blocks
+  EXPECT_EQ(tile(256, 4096, 2), "128.2.1");
   EXPECT_EQ(tile(256, 14336), "128.2.1");
   EXPECT_EQ(tile(512, 8192), "128.2.1");  // 256 tokens only from M = 1024
   EXPECT_EQ(tile(1024, 4096), "256.2.1");
-  EXPECT_EQ(tile(1024, 4096, 2), "128.2.1");  // no 256-token tiles in split layers
+  EXPECT_EQ(tile(1024, 4096, 2), "256.2.1");
   EXPECT_EQ(tile(1024, 14336), "128.2.1");  // 448 blocks leave the fourth wave 40% empty; 896 fill 7 waves
   EXPECT_EQ(tile(4096, 14336), "256.2.1");
   EXPECT_EQ(InvariantTileFor(4096, 4096, 1, 0).tokens, 256);  // SM count unknown: the largest tile
