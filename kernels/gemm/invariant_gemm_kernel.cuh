@@ -152,81 +152,25 @@ __global__ void __launch_bounds__(InvariantCfg<kT, kC, kB>::kThreads, kB)
   float acc[kT / 2];
 #pragma unroll
   for (int i = 0; i < kT / 2; ++i) acc[i] = 0.0f;
-  if constexpr (kFp8) {
-    // Hopper's E4M3 wgmma keeps only part of the fp32 mantissa between its k32 chunks (DeepSeek-V3 measured about 14
-    // bits), which costs accuracy as K grows. So each 128-byte panel's four chunks go into a fresh partial that is then
-    // added to the fp32 chain, as cuBLASLt and torch._scaled_mm do by default. The panel, not the stage, is the unit,
-    // so every tile adds the same partials. Units are (panel, half of the tokens for 256-token tiles); two partial
-    // buffers let one unit's chunks run while the previous unit is added, except at 256 tokens (registers).
-    constexpr int kSub = kT > 128 ? 128 : kT, kHalves = kT / kSub, kUnits = C::kPanels * kHalves;
-    constexpr int kBufs = kT > 128 ? 1 : 2;
-    float part_sum[kBufs][kSub / 2];
+  for (int kt = 0; kt < nk; ++kt) {
+    const int slot = kt % S;
+    ptx::MbarWaitAsmLoop(full_bar(slot), (kt / S) & 1);
+    const uint32_t stage = sbase + slot * C::kStageBytes;
+    ptx::WgmmaFence();
 #pragma unroll
-    for (int b = 0; b < kBufs; ++b)
+    for (int p = 0; p < C::kPanels; ++p) {
+      const uint32_t a = stage + p * C::kRows * 128 + wg * 64 * 128, b = stage + C::kWBytes + p * kT * 128;
 #pragma unroll
-      for (int i = 0; i < kSub / 2; ++i) part_sum[b][i] = 0.0f;
-    auto add = [&](const float (&d)[kSub / 2], int h) {
-#pragma unroll
-      for (int i = 0; i < kSub / 2; ++i) acc[h * kSub / 2 + i] = __fadd_rn(acc[h * kSub / 2 + i], d[i]);
-    };
-    // Stage kt, whose units have global parity (parity * kUnits + u) % 2: compile-time buffer indices.
-    auto stage_fp8 = [&](int kt, auto parity) {
-      const int slot = kt % S;
-      ptx::MbarWaitAsmLoop(full_bar(slot), (kt / S) & 1);
-      const uint32_t stage = sbase + slot * C::kStageBytes;
-#pragma unroll
-      for (int u = 0; u < kUnits; ++u) {
-        const int p = u / kHalves, h = u % kHalves, buf = (decltype(parity)::value * kUnits + u) % kBufs;
-        const uint32_t a = stage + p * C::kRows * 128 + wg * 64 * 128;
-        const uint32_t b = stage + C::kWBytes + p * kT * 128 + h * kSub * 128;
-        ptx::WgmmaFence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          ptx::WgmmaE4m3<kSub>::SS(part_sum[buf], ptx::SwizzledDesc(a + kk * 32), ptx::SwizzledDesc(b + kk * 32), kk > 0);
-        ptx::WgmmaCommit();
-        if constexpr (kBufs == 1) {
-          ptx::WgmmaWait<0>();
-          add(part_sum[buf], h);
-          if (u == kUnits - 1) ptx::MbarArrive(empty_bar(slot));
-        } else {  // the previous unit (this stage's or the last stage's) is done: add it
-          ptx::WgmmaWait<1>();
-          if (u > 0 || kt > 0) add(part_sum[buf ^ 1], (u + kUnits - 1) % kHalves);
-          if (u == 0 && kt > 0) ptx::MbarArrive(empty_bar((kt - 1) % S));
-        }
-      }
-    };
-    if constexpr (kUnits % 2 == 0) {
-      for (int kt = 0; kt < nk; ++kt) stage_fp8(kt, std::integral_constant<int, 0>{});
-    } else {
-      for (int kt = 0; kt < nk; kt += 2) {
-        stage_fp8(kt, std::integral_constant<int, 0>{});
-        if (kt + 1 < nk) stage_fp8(kt + 1, std::integral_constant<int, 1>{});
+      for (int kk = 0; kk < 4; ++kk) {  // 4 chunks of 32 bytes of K per panel
+        const uint64_t da = ptx::SwizzledDesc(a + kk * 32), db = ptx::SwizzledDesc(b + kk * 32);
+        const bool accumulate = kt + p + kk > 0;  // a part's chain starts at its first chunk
+        if constexpr (kFp8) ptx::WgmmaE4m3<kT>::SS(acc, da, db, accumulate);
+        else ptx::Wgmma<kT, std::is_same_v<In, __nv_bfloat16>>::SS(acc, da, db, accumulate);
       }
     }
-    if constexpr (kBufs == 2) {  // the last unit
-      ptx::WgmmaWait<0>();
-      if ((nk * kUnits - 1) % 2 == 0) add(part_sum[0], kHalves - 1);
-      else add(part_sum[1], kHalves - 1);
-    }
-  } else {
-    for (int kt = 0; kt < nk; ++kt) {
-      const int slot = kt % S;
-      ptx::MbarWaitAsmLoop(full_bar(slot), (kt / S) & 1);
-      const uint32_t stage = sbase + slot * C::kStageBytes;
-      ptx::WgmmaFence();
-#pragma unroll
-      for (int p = 0; p < C::kPanels; ++p) {
-        const uint32_t a = stage + p * C::kRows * 128 + wg * 64 * 128, b = stage + C::kWBytes + p * kT * 128;
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {  // 4 chunks of 32 bytes of K per panel
-          const uint64_t da = ptx::SwizzledDesc(a + kk * 32), db = ptx::SwizzledDesc(b + kk * 32);
-          ptx::Wgmma<kT, std::is_same_v<In, __nv_bfloat16>>::SS(acc, da, db, kt + p + kk > 0);
-        }
-      }
-      ptx::WgmmaCommit();
-      ptx::WgmmaWait<1>();  // the previous stage's chunks are done: release its slot
-      if (kt > 0) ptx::MbarArrive(empty_bar((kt - 1) % S));
-    }
+    ptx::WgmmaCommit();
+    ptx::WgmmaWait<1>();  // the previous stage's chunks are done: release its slot
+    if (kt > 0) ptx::MbarArrive(empty_bar((kt - 1) % S));
   }
   ptx::WgmmaWait<0>();
   ptx::LaunchDependents();
