@@ -773,7 +773,10 @@ TEST(GemmGpu, InvariantTilesAllGiveTheSameBits) {
         ExpectClose(ref16, GemmF64(x.f, M, K, w.f, N), ActType::kBF16, 0, "w16 " + shape);
         std::vector<float> r8(size_t(M) * N);
         LinearRefFp8W8A8<double>(x8.f.data(), M, w8, true, r8.data());
-        ExpectClose(ref8, std::vector<double>(r8.begin(), r8.end()), ActType::kBF16, 0, "w8a8 " + shape);
+        // Hopper's E4M3 wgmma keeps a shortened mantissa between its k32 chunks (fast accumulation, as in vLLM's
+        // CUTLASS W8A8 kernels); at K = 16400 its error has an RMS of about 2e-3 of the outputs' (docs/perf/gemm.md).
+        ExpectClose(ref8, std::vector<double>(r8.begin(), r8.end()), ActType::kBF16, 0, "w8a8 " + shape,
+                    split ? 3e-3 : 1e-3);
       }
       for (const InvariantTile& t : InvariantTiles()) {
         const std::string what = "tile " + std::to_string(t.tokens) + "." + std::to_string(t.groups) + "." +
