@@ -35,17 +35,26 @@ std::vector<InvariantTile> InvariantTiles() {
 #undef FQ_TILE
 }
 
+// Narrow layers (at most 66 weight tiles of 64 rows: half an H200's SMs at M = 1) with rows of at least 16 KB split K
+// in two at an even panel, so that small M gives every SM a block; shorter rows gain less at small M than the
+// cluster exchange costs at large M (docs/perf/gemm.md). Even: stages of two panels never straddle the split.
+int InvariantSplitPanel(int64_t k_bytes, int N) {
+  const int64_t panels = (k_bytes + 127) / 128;
+  if (N > 66 * 64 || panels < 128) return 0;
+  return int((panels + 3) / 4 * 2);  // half, rounded up to an even panel
+}
+
 // From the per-tile sweep of gemm_bench --tiles on an H200 (docs/perf/gemm.md; within 3% of the sweep's best tile on
 // its four shapes at M = 1..4096): the tile of the highest per-SM throughput, in the order below, that still gives
 // 80% of the SMs a block. Tokens stop at the batch (rounded up to a power of two); 256 tokens only from M = 1024
 // and where they fill the last wave no worse than 128 do. A grid of one to two blocks per SM runs as one wave of
 // two per SM where the tile has that form.
-InvariantTile InvariantTileFor(int M, int N, int sms) {
+InvariantTile InvariantTileFor(int M, int N, int splits, int sms) {
   sms = std::max(sms, 1);
   int fit = 8;  // the batch's width, rounded up to a power of two
   while (fit < std::min(M, 256)) fit *= 2;
   auto blocks = [&](int tokens, int groups) {
-    return int64_t((M + tokens - 1) / tokens) * ((N + 64 * groups - 1) / (64 * groups));
+    return int64_t((M + tokens - 1) / tokens) * ((N + 64 * groups - 1) / (64 * groups)) * splits;
   };
   auto last_wave_fill = [&](int64_t b) { return double(b) / (double((b + sms - 1) / sms) * sms); };
   constexpr std::pair<int, int> kOrder[] = {{256, 2}, {128, 2}, {128, 1}, {64, 2}, {64, 1}, {32, 1}, {16, 1}, {8, 1}};
@@ -61,11 +70,12 @@ InvariantTile InvariantTileFor(int M, int N, int sms) {
   return t;
 }
 
-std::vector<int> InvariantWarmupRows(int max_rows, int N, int sms) {
+std::vector<int> InvariantWarmupRows(int max_rows, int64_t k_bytes, int N, int sms) {
+  const int splits = InvariantSplitPanel(k_bytes, N) > 0 ? 2 : 1;
   std::vector<int> rows;
   std::set<std::pair<int, int>> seen;  // (tokens, groups * 2 + per_sm)
   for (int m = 1; m <= max_rows; ++m) {
-    const InvariantTile t = InvariantTileFor(m, N, sms);
+    const InvariantTile t = InvariantTileFor(m, N, splits, sms);
     if (seen.insert({t.tokens, t.groups * 2 + t.per_sm}).second) rows.push_back(m);
   }
   return rows;

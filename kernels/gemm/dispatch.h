@@ -4,6 +4,7 @@
 // launch time (shared memory, tensor map, residency), and the launcher then takes the next path.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "kernels/gemm/gemm_tiles.h"
@@ -30,11 +31,15 @@ std::vector<int> WarmupRows(int max_rows);
   X(8, 1, 1) X(8, 1, 2) X(16, 1, 1) X(16, 1, 2) X(32, 1, 1) X(32, 1, 2) X(64, 1, 1) X(64, 1, 2) X(64, 2, 1) \
       X(128, 1, 1) X(128, 2, 1) X(256, 2, 1)
 std::vector<InvariantTile> InvariantTiles();
-// The tile for an M x N launch on a GPU of `sms` SMs (see the definition for the rule and the measurements).
-InvariantTile InvariantTileFor(int M, int N, int sms);
-// The smallest row count of each tile InvariantTileFor gives an N-column layer for M <= max_rows, ascending: a
-// warm-up that runs each once has loaded every kernel the layer can reach.
-std::vector<int> InvariantWarmupRows(int max_rows, int N, int sms);
+// Where the invariant GEMM splits K for an N-column layer of k_bytes bytes per row: the 128-byte panel at which the
+// second of two chains starts, or 0 (one chain). A function of the layer alone, so part of its bits.
+int InvariantSplitPanel(int64_t k_bytes, int N);
+// The tile for an M x N launch in `splits` parts of K (1 or 2) on a GPU of `sms` SMs (see the definition for the rule
+// and the measurements).
+InvariantTile InvariantTileFor(int M, int N, int splits, int sms);
+// The smallest row count of each tile InvariantTileFor gives a layer (k_bytes bytes per weight row, N columns) for
+// M <= max_rows, ascending: a warm-up that runs each once has loaded every kernel the layer can reach.
+std::vector<int> InvariantWarmupRows(int max_rows, int64_t k_bytes, int N, int sms);
 
 namespace detail {
 

@@ -4,22 +4,26 @@
 //   - W8A8 (In = E4M3 bytes, Out 16-bit): RunW8A8Invariant; Y = (X · Wᵀ) * (x_scale[m] * w_scale[n]), one rounding
 //     (row-wise or tensor-wise activation scales, per-channel or per-tensor weight scales).
 //
-// Bits: every output is ONE fp32 chain over K's chunks (k16 for 16-bit inputs, k32 for E4M3) in increasing k order,
+// Bits: every output is one fp32 chain over K's chunks (k16 for 16-bit inputs, k32 for E4M3) in increasing k order,
 // wgmma m64nTk16/k32 with A = 64 weight rows and B = T tokens, both K-major in shared memory; the chain's first chunk
-// overwrites the accumulator, and the scales (W8A8) multiply it once at the end. The tile (T tokens, C warpgroups of
-// 64 weight rows, B blocks per SM) only decides which outputs a block computes and how deep its ring is, never how: no split-K, no partial sums, so a row's
-// bits depend on K and its own inputs alone, whatever M and whatever tile the dispatch picks for M
-// (InvariantTileFor). The GPU tests compare every M with single-row calls.
+// overwrites the accumulator, and the scales (W8A8) multiply it once at the end. Narrow layers with long rows split K
+// once, at a point fixed by K and N (InvariantSplitPanel), into two such chains added in order (p0 + p1). The tile
+// (T tokens, C warpgroups of 64 weight rows, B blocks per SM) only decides which outputs a block computes and how deep
+// its ring is, never how, so a row's bits depend on K, N and its own inputs alone, whatever M and whatever tile the
+// dispatch picks for M (InvariantTileFor). The GPU tests compare every M with single-row calls, and every tile.
 //
-// Why no split-K at small M (where the W4A16 kernels split K from a plan of K and N): a split plan fixes a sum of
-// chains for every M, and a large-M kernel must then either keep several accumulator sets or write partials; a single
-// chain lets the large-M path be a plain Hopper GEMM. Small M loses the split's parallelism, so each block streams its
-// weight rows through a deep TMA ring instead (the bytes in flight, not the warps, carry the bandwidth).
+// Why not the W4A16 kernels' split plans: a plan of many splits fixes a sum of partials for every M, and a large-M
+// kernel must then keep several accumulator sets or write partials; one chain (or two, handed over on chip) lets the
+// large-M path be a plain Hopper GEMM. Small M loses the splits' parallelism, so each block streams its weight rows
+// through a deep TMA ring instead (the bytes in flight, not the warps, carry the bandwidth), and the one split gives
+// narrow layers, whose N / 64 weight tiles would leave half the SMs idle, a block per SM.
 //
 // Block: C consumer warpgroups (64 weight rows each) and one producer warpgroup whose first thread issues the copies.
 // A stage is 128 bytes of K (256 for T <= 32): per 128 bytes one TMA box of the block's 64 C weight rows and one of
-// its T token rows, each a 128B-swizzled panel, into an S-slot ring with full / empty mbarriers. Tails: boxes past K, N or M are zero-filled by
-// TMA (the same zeros for every tile, so the bits stay tile-independent); outputs past N or M are not stored.
+// its T token rows, each a 128B-swizzled panel, into an S-slot ring with full / empty mbarriers. Tails: boxes past K,
+// N or M are zero-filled by TMA (the same zeros for every tile, so the bits stay tile-independent); outputs past N or M
+// are not stored. A split layer runs clusters of two blocks, one per part: the second leaves its fp32 tile in its ring
+// after the main loop, the first reads it over distributed shared memory and adds it to its own.
 // Epilogue: each warpgroup transposes its 64 x T tile through its own padded shared buffer and stores token rows of
 // 128 bytes (16 B per thread).
 // Limits (the launchers check them): K * sizeof(In) % 16 == 0 and N % 8 == 0 (TMA strides and 16-byte output
@@ -34,6 +38,7 @@
 #include <type_traits>
 
 #include "kernels/common/ptx/bulk_copy.cuh"
+#include "kernels/common/ptx/cluster.cuh"
 #include "kernels/common/ptx/mbarrier.cuh"
 #include "kernels/common/ptx/sync.cuh"
 #include "kernels/common/ptx/wgmma.cuh"
@@ -65,6 +70,8 @@ struct InvariantCfg {
   static constexpr int kStages = kStagesFit < 16 ? kStagesFit : 16;
   static_assert(kStages >= 2, "shared memory");
   static constexpr int kOutOffset = kStages * kStageBytes;
+  // A split block hands its fp32 tile to its partner through the ring, which is free after the main loop.
+  static_assert(kT / 2 * kConsumers * 4 <= kOutOffset, "split exchange");
   static constexpr int kBarOffset = kOutOffset + kOutBytes;
   static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;  // + slack for 1024-byte alignment
   // setmaxnreg: the producer keeps 40, the consumers share the rest of the block's share of 64K (at most 232).
@@ -75,11 +82,14 @@ struct InvariantCfg {
 
 // wmap: W [N][K], boxes of 128 bytes of K x kRows rows; xmap: X [M][K], boxes of 128 bytes of K x kT rows; both 128B
 // swizzle, zero fill. xs, ws: W8A8's activation and per-column weight scales (null for 16-bit inputs); token m's
-// activation scale is xs[m * xs_stride] (stride 0: one tensor-wise scale).
+// activation scale is xs[m * xs_stride] (stride 0: one tensor-wise scale). split_panel > 0: K is split there (in
+// 128-byte panels, an even number) into two chains, computed by the two blocks of a cluster (blockIdx.y = 2 weight
+// tile + part) and added in part order by the first.
 template <typename In, typename Out, int kT, int kC, int kB>
 __global__ void __launch_bounds__(InvariantCfg<kT, kC, kB>::kThreads, kB)
     InvariantGemmKernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, Out* y,
-                        const float* xs, int xs_stride, const float* ws, int M, int N, int K) {
+                        const float* xs, int xs_stride, const float* ws, int M, int N, int K,
+                        int split_panel) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = InvariantCfg<kT, kC, kB>;
   constexpr int S = C::kStages;
@@ -96,8 +106,12 @@ __global__ void __launch_bounds__(InvariantCfg<kT, kC, kB>::kThreads, kB)
   const int tid = threadIdx.x;
   // The token tiles of one weight tile are neighbours in the launch order, so that a wave reads each weight tile from
   // memory once and its other token tiles find it in L2.
-  const int m0 = blockIdx.x * kT, n0 = blockIdx.y * C::kRows;
-  const int nk = (K + kStageK - 1) / kStageK;
+  const bool split = split_panel > 0;
+  const int part = split ? int(blockIdx.y & 1) : 0;  // the cluster rank
+  const int m0 = blockIdx.x * kT, n0 = (split ? blockIdx.y >> 1 : blockIdx.y) * C::kRows;
+  // This block's stages: its part's K range (split_panel is even, so two-panel stages never straddle it).
+  const int nk_all = (K + kStageK - 1) / kStageK, split_stage = split_panel / C::kPanels;
+  const int kt0 = part == 1 ? split_stage : 0, nk = (split && part == 0 ? split_stage : nk_all) - kt0;
 
   if (tid == 0) {
     for (int i = 0; i < S; ++i) {
@@ -111,18 +125,23 @@ __global__ void __launch_bounds__(InvariantCfg<kT, kC, kB>::kThreads, kB)
   if (tid >= C::kConsumers) {
     // ---- producer: one thread issues both boxes of every stage, each slot refilled once the consumers release it ----
     ptx::SetMaxNRegDec<C::kProducerRegs>();
-    if (tid != C::kConsumers) return;
-    ptx::GridDependencyWait();  // X may be the previous kernel's output
-    for (int kt = 0; kt < nk; ++kt) {
-      const int slot = kt % S;
-      if (kt >= S) ptx::MbarWaitAsmLoop(empty_bar(slot), ((kt / S) - 1) & 1);
-      const uint32_t base = sbase + slot * C::kStageBytes;
-      ptx::MbarArriveExpectTx(full_bar(slot), C::kStageBytes);
+    if (tid == C::kConsumers) {
+      ptx::GridDependencyWait();  // X may be the previous kernel's output
+      for (int kt = 0; kt < nk; ++kt) {
+        const int slot = kt % S, k = (kt0 + kt) * kStageK;
+        if (kt >= S) ptx::MbarWaitAsmLoop(empty_bar(slot), ((kt / S) - 1) & 1);
+        const uint32_t base = sbase + slot * C::kStageBytes;
+        ptx::MbarArriveExpectTx(full_bar(slot), C::kStageBytes);
 #pragma unroll
-      for (int p = 0; p < C::kPanels; ++p) {  // boxes wholly past K are zeros and still count their bytes
-        ptx::TmaLoad2d(base + p * C::kRows * 128, &wmap, kt * kStageK + p * kPanelK, n0, full_bar(slot));
-        ptx::TmaLoad2d(base + C::kWBytes + p * kT * 128, &xmap, kt * kStageK + p * kPanelK, m0, full_bar(slot));
+        for (int p = 0; p < C::kPanels; ++p) {  // boxes wholly past K are zeros and still count their bytes
+          ptx::TmaLoad2d(base + p * C::kRows * 128, &wmap, k + p * kPanelK, n0, full_bar(slot));
+          ptx::TmaLoad2d(base + C::kWBytes + p * kT * 128, &xmap, k + p * kPanelK, m0, full_bar(slot));
+        }
       }
+    }
+    if (split) {  // the consumers' two cluster barriers (below)
+      ptx::ClusterSync();
+      ptx::ClusterSyncExit();
     }
     return;
   }
@@ -144,7 +163,7 @@ __global__ void __launch_bounds__(InvariantCfg<kT, kC, kB>::kThreads, kB)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {  // 4 chunks of 32 bytes of K per panel
         const uint64_t da = ptx::SwizzledDesc(a + kk * 32), db = ptx::SwizzledDesc(b + kk * 32);
-        const bool accumulate = kt + p + kk > 0;
+        const bool accumulate = kt + p + kk > 0;  // a part's chain starts at its first chunk
         if constexpr (kFp8) ptx::WgmmaE4m3<kT>::SS(acc, da, db, accumulate);
         else ptx::Wgmma<kT, std::is_same_v<In, __nv_bfloat16>>::SS(acc, da, db, accumulate);
       }
@@ -155,6 +174,31 @@ __global__ void __launch_bounds__(InvariantCfg<kT, kC, kB>::kThreads, kB)
   }
   ptx::WgmmaWait<0>();
   ptx::LaunchDependents();
+  if (split) {
+    // Part 1 leaves its chain's tile in its ring (once both warpgroups' wgmma have read it), part 0 adds it to its
+    // own: p0 + p1, the same sum for every tile and every M.
+    const uint32_t xch = sbase + tid * 16;  // this thread's float4 q at xch + q * kConsumers * 16
+    if (part == 1) {
+      ptx::NamedBarSync(3, C::kConsumers);
+      float4* mine = reinterpret_cast<float4*>(smem) + tid;
+#pragma unroll
+      for (int q = 0; q < kT / 8; ++q)
+        mine[q * C::kConsumers] = make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+    }
+    ptx::ClusterSync();
+    if (part == 0) {
+#pragma unroll
+      for (int q = 0; q < kT / 8; ++q) {
+        const float4 r = ptx::LdClusterF4(xch + q * C::kConsumers * 16, 1);
+        acc[4 * q] = __fadd_rn(acc[4 * q], r.x);
+        acc[4 * q + 1] = __fadd_rn(acc[4 * q + 1], r.y);
+        acc[4 * q + 2] = __fadd_rn(acc[4 * q + 2], r.z);
+        acc[4 * q + 3] = __fadd_rn(acc[4 * q + 3], r.w);
+      }
+    }
+    ptx::ClusterSyncExit();  // part 1 stays until part 0 has read its tile
+    if (part == 1) return;
+  }
   // The epilogue reads the scales and writes y: both after the previous kernel (the producer's wait covered only the
   // copies). By now it has finished, so this returns at once.
   ptx::GridDependencyWait();

@@ -24,7 +24,7 @@ bool EncodeKMajorMap(CUtensorMap* map, const void* base, int rows, int K, int bo
 }
 
 template <typename In, typename Out, int kT, int kC, int kB>
-cudaError_t LaunchInvariantTile(const InvariantGemmArgs& a, const GemmTuning& t, const DeviceInfo& d,
+cudaError_t LaunchInvariantTile(const InvariantGemmArgs& a, int split_panel, const GemmTuning& t, const DeviceInfo& d,
                                 cudaStream_t stream) {
   using C = InvariantCfg<kT, kC, kB>;
   CUtensorMap wmap, xmap;
@@ -36,25 +36,34 @@ cudaError_t LaunchInvariantTile(const InvariantGemmArgs& a, const GemmTuning& t,
       e != cudaSuccess)
     return e;
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attrs[1];
+  cudaLaunchAttribute attrs[2];
   cfg.attrs = attrs;
   cfg.numAttrs = 0;
-  cfg.gridDim = dim3((a.M + kT - 1) / kT, (a.N + C::kRows - 1) / C::kRows);
+  cfg.gridDim = dim3((a.M + kT - 1) / kT, (a.N + C::kRows - 1) / C::kRows * (split_panel > 0 ? 2 : 1));
+  if (split_panel > 0) {  // the two parts of a weight tile's K: one cluster
+    attrs[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attrs[cfg.numAttrs].val.clusterDim.x = 1;
+    attrs[cfg.numAttrs].val.clusterDim.y = 2;
+    attrs[cfg.numAttrs].val.clusterDim.z = 1;
+    ++cfg.numAttrs;
+  }
   cfg.blockDim = dim3(C::kThreads);
   cfg.dynamicSmemBytes = C::kSmemBytes;
   cfg.stream = stream;
   AddPdl(&cfg, t, d);
   return cudaLaunchKernelEx(&cfg, kernel, wmap, xmap, static_cast<Out*>(a.y), a.x_scale, a.x_scale_stride, a.w_scale,
-                            a.M, a.N, a.K);
+                            a.M, a.N, a.K, split_panel);
 }
 
 template <typename In, typename Out>
 cudaError_t LaunchInvariantGemm(const InvariantGemmArgs& a, const GemmTuning& t, cudaStream_t stream) {
   const DeviceInfo d = CurrentDevice();
   if (d.major != 9) return cudaErrorNotSupported;  // sm_90a only
-  const InvariantTile tile = t.invariant_tile.tokens > 0 ? t.invariant_tile : InvariantTileFor(a.M, a.N, d.sms);
+  const int split_panel = InvariantSplitPanel(int64_t(a.K) * sizeof(In), a.N);
+  const InvariantTile tile =
+      t.invariant_tile.tokens > 0 ? t.invariant_tile : InvariantTileFor(a.M, a.N, split_panel > 0 ? 2 : 1, d.sms);
 #define FQ_TILE(tt, g, b) \
-  if (tile == InvariantTile{tt, g, b}) return LaunchInvariantTile<In, Out, tt, g, b>(a, t, d, stream);
+  if (tile == InvariantTile{tt, g, b}) return LaunchInvariantTile<In, Out, tt, g, b>(a, split_panel, t, d, stream);
   FQ_INVARIANT_TILES(FQ_TILE)
 #undef FQ_TILE
   return cudaErrorInvalidValue;

@@ -228,7 +228,8 @@ absl::StatusOr<std::unique_ptr<LinearExecutor>> CreateCudaLinear(Contexts& ctx, 
     for (auto& d : ctx) {
       int sms = 0;
       FQ_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d->device()));
-      for (int m : gemm::InvariantWarmupRows(max_rows, w.N, sms)) rows.push_back(m);
+      const int64_t k_bytes = int64_t(w.K) * (w.format == WeightFormat::kBf16 ? 2 : 1);
+      for (int m : gemm::InvariantWarmupRows(max_rows, k_bytes, w.N, sms)) rows.push_back(m);
     }
     std::sort(rows.begin(), rows.end());
     rows.erase(std::unique(rows.begin(), rows.end()), rows.end());

@@ -177,41 +177,65 @@ namespace {
 
 // The invariant GEMM's tile changes speed, never bits. It must be one the kernel is instantiated for, no wider than
 // the batch (rounded up to a power of two), and the one the per-tile sweep measured fastest on its shapes
-// (docs/perf/gemm.md).
+// (docs/perf/gemm.md). The split of K is a function of the layer alone.
 TEST(GemmDispatch, InvariantTiles) {
   const std::vector<InvariantTile> all = InvariantTiles();
   for (int N : {8, 200, 4096, 14336}) {
-    for (int M = 1; M <= 5000; M += (M < 300 ? 1 : 97)) {
-      const InvariantTile t = InvariantTileFor(M, N, kH200.sms);
-      EXPECT_NE(std::find(all.begin(), all.end(), t), all.end()) << M << " " << N;
-      EXPECT_LE(t.tokens, std::max(8, 2 * M - 1)) << "a tile twice as wide as the batch, M = " << M;
+    for (int splits : {1, 2}) {
+      for (int M = 1; M <= 5000; M += (M < 300 ? 1 : 97)) {
+        const InvariantTile t = InvariantTileFor(M, N, splits, kH200.sms);
+        EXPECT_NE(std::find(all.begin(), all.end(), t), all.end()) << M << " " << N;
+        EXPECT_LE(t.tokens, std::max(8, 2 * M - 1)) << "a tile twice as wide as the batch, M = " << M;
+      }
     }
   }
-  auto tile = [](int M, int N) {
-    const InvariantTile t = InvariantTileFor(M, N, kH200.sms);
+  auto tile = [](int M, int N, int splits = 1) {
+    const InvariantTile t = InvariantTileFor(M, N, splits, kH200.sms);
     return std::to_string(t.tokens) + "." + std::to_string(t.groups) + "." + std::to_string(t.per_sm);
   };
   EXPECT_EQ(tile(1, 4096), "8.1.1");      // 64 blocks: no smaller tile
+  EXPECT_EQ(tile(1, 4096, 2), "8.1.1");   // 128 blocks
   EXPECT_EQ(tile(1, 14336), "8.1.2");     // 224 blocks: one wave of two per SM
   EXPECT_EQ(tile(16, 8192), "16.1.1");
   EXPECT_EQ(tile(64, 4096), "32.1.1");    // 128 blocks rather than 64
+  EXPECT_EQ(tile(64, 4096, 2), "64.1.1");
   EXPECT_EQ(tile(64, 14336), "64.2.1");
   EXPECT_EQ(tile(256, 4096), "128.1.1");
+  EXPECT_EQ(tile(256, 4096, 2), "128.2.1");
   EXPECT_EQ(tile(256, 14336), "128.2.1");
   EXPECT_EQ(tile(512, 8192), "128.2.1");  // 256 tokens only from M = 1024
   EXPECT_EQ(tile(1024, 4096), "256.2.1");
+  EXPECT_EQ(tile(1024, 4096, 2), "256.2.1");
   EXPECT_EQ(tile(1024, 14336), "128.2.1");  // 448 blocks leave the fourth wave 40% empty; 896 fill 7 waves
   EXPECT_EQ(tile(4096, 14336), "256.2.1");
-  EXPECT_EQ(InvariantTileFor(4096, 4096, 0).tokens, 256);  // SM count unknown: the largest tile
+  EXPECT_EQ(InvariantTileFor(4096, 4096, 1, 0).tokens, 256);  // SM count unknown: the largest tile
+
+  // The split: narrow layers (N <= 66 x 64) of at least 128 panels of 128 bytes, at an even panel near the half.
+  EXPECT_EQ(InvariantSplitPanel(14336 * 2, 4096), 112);
+  EXPECT_EQ(InvariantSplitPanel(8200 * 2, 200), 66);  // 129 panels (a tail): 66 + 63
+  EXPECT_EQ(InvariantSplitPanel(16400, 200), 66);     // E4M3
+  EXPECT_EQ(InvariantSplitPanel(8192 * 2, 4224), 64);
+  EXPECT_EQ(InvariantSplitPanel(8192 * 2, 4232), 0);  // wide
+  EXPECT_EQ(InvariantSplitPanel(14336 * 2, 14336), 0);
+  EXPECT_EQ(InvariantSplitPanel(4096 * 2, 4096), 0);  // short
+  EXPECT_EQ(InvariantSplitPanel(14336, 4096), 0);     // E4M3 rows of 14336: short
+  for (int64_t kb = 128 * 128; kb < 300 * 128; kb += 16) {
+    const int p = InvariantSplitPanel(kb, 4096), panels = int((kb + 127) / 128);
+    EXPECT_TRUE(p % 2 == 0 && p > 0 && p < panels && p >= panels - p) << kb;
+  }
+
   // The warm-up rows reach every tile up to the server's 256-row chunks, one row count per tile.
   for (int N : {8, 4096, 14336, 28672}) {
-    const std::vector<int> rows = InvariantWarmupRows(256, N, kH200.sms);
-    std::set<std::string> warmed;
-    for (int m : rows) warmed.insert(tile(m, N));
-    EXPECT_EQ(warmed.size(), rows.size()) << N;
-    for (int m = 1; m <= 256; ++m) EXPECT_TRUE(warmed.count(tile(m, N))) << m << " " << N;
+    for (int64_t k_bytes : {int64_t(2048), int64_t(28672)}) {
+      const int splits = InvariantSplitPanel(k_bytes, N) > 0 ? 2 : 1;
+      const std::vector<int> rows = InvariantWarmupRows(256, k_bytes, N, kH200.sms);
+      std::set<std::string> warmed;
+      for (int m : rows) warmed.insert(tile(m, N, splits));
+      EXPECT_EQ(warmed.size(), rows.size()) << N;
+      for (int m = 1; m <= 256; ++m) EXPECT_TRUE(warmed.count(tile(m, N, splits))) << m << " " << N;
+    }
   }
-  EXPECT_EQ(InvariantWarmupRows(256, 4096, kH200.sms), (std::vector<int>{1, 17, 33, 65, 129}));
+  EXPECT_EQ(InvariantWarmupRows(256, 2048, 4096, kH200.sms), (std::vector<int>{1, 17, 33, 65, 129}));
 }
 
 }  // namespace
