@@ -111,10 +111,10 @@ Status RunW4A16(const W4A16Weights& w, const LinearArgs& a, BlasLt* blas, cudaSt
 
 // ---- 16-bit weights in the batch-invariant mode (our kernel, sm_90a) ----
 // y = x · wᵀ with w [N][K] of the activation type, row-major on the device (the checkpoint's layout, no repacking).
-// Each output is one fp32 chain over K's k16 chunks in order, whatever M (invariant_gemm_kernel.cuh), so row i of y is
-// bitwise the same for any M. Needs K % 8 == 0, N % 8 == 0 and 16-byte aligned x, w and y; no workspace (a.workspace
-// is not read). Unimplemented on GPUs other than sm_90 (callers keep cuBLASLt's pinned algorithm there).
-// RunW8A8Invariant is its W8A8 form (below).
+// Each output is one fp32 chain over K's k16 chunks in order (two, added in order, on narrow layers of long rows),
+// whatever M (invariant_gemm_kernel.cuh), so row i of y is bitwise the same for any M. Needs K % 8 == 0, N % 8 == 0 and
+// 16-byte aligned x, w and y; no workspace (a.workspace is not read). Unimplemented on GPUs other than sm_90 (callers
+// keep cuBLASLt's pinned algorithm there). RunW8A8Invariant is its W8A8 form (below).
 Status RunW16Invariant(const void* w, int N, int K, const LinearArgs& a, cudaStream_t stream);
 
 // ---- FP8 E4M3 weights: W8A16 (our kernel) and W8A8 (cuBLASLt) ----
@@ -168,9 +168,9 @@ struct W8A8Args {
 Status RunW8A8(BlasLt* blas, const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream);
 // W8A8 on our invariant GEMM (sm_90a): the same operands and result as RunW8A8, y = (x · wᵀ) * (x_scale[m] *
 // w_scale[n]) with one 16-bit rounding (per_row_act false: x_scale[0] for every m; per-tensor weights use their
-// expanded scale),
-// one fp32 chain per output over K's k32 chunks whatever M. Needs weights with the W8A8 copy, K % 16 == 0,
-// N % 8 == 0; a.batch_invariant is ignored (always invariant). Unimplemented off sm_90.
+// expanded scale), the same chains over K's k32 chunks whatever M, in Hopper's fast FP8 accumulation
+// (docs/perf/gemm.md). Needs weights with the W8A8 copy, K % 16 == 0, N % 8 == 0; a.batch_invariant is ignored (always
+// invariant). Unimplemented off sm_90.
 Status RunW8A8Invariant(const Fp8DeviceWeights& w, const W8A8Args& a, cudaStream_t stream);
 // A W8A8 caller's workspace for quantizing M <= max_m rows of K activations: xq [M][K] E4M3 at offset 0, then the M
 // row scales (256-byte aligned). A static input scale sits after the largest call's xq (max_m rows), so that no

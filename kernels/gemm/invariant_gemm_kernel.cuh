@@ -6,11 +6,13 @@
 //
 // Bits: every output is one fp32 chain over K's chunks (k16 for 16-bit inputs, k32 for E4M3) in increasing k order,
 // wgmma m64nTk16/k32 with A = 64 weight rows and B = T tokens, both K-major in shared memory; the chain's first chunk
-// overwrites the accumulator, and the scales (W8A8) multiply it once at the end. Narrow layers with long rows split K
-// once, at a point fixed by K and N (InvariantSplitPanel), into two such chains added in order (p0 + p1). The tile
-// (T tokens, C warpgroups of 64 weight rows, B blocks per SM) only decides which outputs a block computes and how deep
-// its ring is, never how, so a row's bits depend on K, N and its own inputs alone, whatever M and whatever tile the
-// dispatch picks for M (InvariantTileFor). The GPU tests compare every M with single-row calls, and every tile.
+// overwrites the accumulator, and the scales (W8A8) multiply it once at the end. E4M3 chains are not promoted to a
+// separate fp32 sum every few chunks (Hopper's fast FP8 accumulation; the promotion's cost is in docs/perf/gemm.md).
+// Narrow layers with long rows split K once, at a point fixed by K and N (InvariantSplitPanel), into two such chains
+// added in order (p0 + p1). The tile (T tokens, C warpgroups of 64 weight rows, B blocks per SM) only decides which
+// outputs a block computes and how deep its ring is, never how, so a row's bits depend on K, N and its own inputs
+// alone, whatever M and whatever tile the dispatch picks for M (InvariantTileFor). The GPU tests compare every M with
+// single-row calls, and every tile.
 //
 // Why not the W4A16 kernels' split plans: a plan of many splits fixes a sum of partials for every M, and a large-M
 // kernel must then keep several accumulator sets or write partials; one chain (or two, handed over on chip) lets the
