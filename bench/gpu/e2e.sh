@@ -6,9 +6,12 @@
 # Results land in $OUT (JSON + markdown); a short table is printed last. Exits non-zero if a test,
 # the sanitizer, a cold start, a load run or a server's clean exit on SIGTERM failed.
 # (bench/gpu/tests.sh is the verdict over every GPU test; this script is for the measurements.)
-# PARTS picks sections (default all: tests,cold,e2e,multi); E2E_SCENARIOS, E2E_CONC, E2E_SERVER_ARGS
+# PARTS picks sections (default all: tests,cold,e2e,multi,scale); E2E_SCENARIOS, E2E_CONC, E2E_SERVER_ARGS
 # (extra server flags) and E2E_BENCH_ARGS (extra flashq-bench flags, e.g. --shared-memory=system)
-# shape the end-to-end part.
+# shape the end-to-end part. SCALE_SCENARIOS and SCALE_CONC shape the scaling part (the same load on
+# GPU 0 alone, then on every GPU, and their ratio). E2E_SERVER_CPUS and E2E_CLIENT_CPUS (taskset CPU
+# lists, e.g. 0-23 and 24-31) pin the server and the load generator to disjoint cores in every part,
+# so that a host shared by both measures the server's side of it.
 set -uo pipefail
 FAILS=()
 check() { [ "$2" = 0 ] || FAILS+=("$1 (exit $2)"); }
@@ -29,7 +32,7 @@ echo "== fatbin contents (cuobjdump)"
   echo "ptx entries: $(cuobjdump --list-ptx "$B/libexec/flashq-server" 2>/dev/null | wc -l)"; } | tee "$OUT/cuobjdump.txt"
 
 GPUS=$(nvidia-smi -L | wc -l)
-PARTS=${PARTS:-tests,cold,e2e,multi}
+PARTS=${PARTS:-tests,cold,e2e,multi,scale}
 part() { [[ ",$PARTS," == *",$1,"* ]]; }
 if part tests; then
 echo "== GPU tests through the server's executors ($GPUS GPUs visible), then under compute-sanitizer memcheck"
@@ -71,11 +74,11 @@ fi
 # then SIGTERM (the exit status shows a clean drain); tables land in $OUT/NAME.{json,md}.
 serve_and_load() {
   local name=$1 port=$2
-  "$B/libexec/flashq-server" --backend=cuda --demo-cache-dir=$CACHE --grpc-port=$port --metrics-port=$((port + 1)) --http-port=0 \
+  ${E2E_SERVER_CPUS:+taskset -c "$E2E_SERVER_CPUS"} "$B/libexec/flashq-server" --backend=cuda --demo-cache-dir=$CACHE --grpc-port=$port --metrics-port=$((port + 1)) --http-port=0 \
     --kv-cache-blocks=40000 --gpu-arena-mb=12288 --workers-per-model=$3 ${E2E_SERVER_ARGS:-} > "$OUT/server-$name.log" 2>&1 &
   local spid=$!
   for _ in $(seq 1 240); do grep -q "flashq-server ready" "$OUT/server-$name.log" && break; sleep 0.5; done
-  timeout 420 python3 "$ROOT"/bench/e2e/gpu_e2e.py --bench="$B/libexec/flashq-bench" --endpoint=localhost:$port \
+  timeout 420 ${E2E_CLIENT_CPUS:+taskset -c "$E2E_CLIENT_CPUS"} python3 "$ROOT"/bench/e2e/gpu_e2e.py --bench="$B/libexec/flashq-bench" --endpoint=localhost:$port \
     --metrics=http://localhost:$((port + 1))/metrics --out-dir="$OUT/$name" --max-time=5 --scenarios="$4" \
     --concurrency="$5" --bench-args="${E2E_BENCH_ARGS:-}" | tail -n 20
   check "load run $name" "${PIPESTATUS[0]}"
@@ -94,13 +97,22 @@ if part multi && [ "$GPUS" -ge 2 ]; then
   echo "== several GPUs: one worker per GPU, sessions pinned by sequence id, stateless work round-robin"
   serve_and_load e2e-multi 18011 4 a_kv_decode,c_linear_w4a16 64,256
 fi
+if part scale && [ "$GPUS" -ge 2 ]; then
+  echo "== scaling: the same load and server flags on GPU 0 alone, then on all $GPUS GPUs"
+  SCALE=(4 "${SCALE_SCENARIOS:-a_kv_decode,c_linear_w4a16}" "${SCALE_CONC:-256}")
+  CUDA_VISIBLE_DEVICES=0 serve_and_load scale-one 18021 "${SCALE[@]}"
+  serve_and_load scale-all 18031 "${SCALE[@]}"
+  python3 "$ROOT"/bench/e2e/scaling.py "$OUT/scale-one.json" "$OUT/scale-all.json" "$GPUS" | tee "$OUT/scale.md"
+  check "scaling report" "${PIPESTATUS[0]}"
+fi
 echo "== summary"
 cat "$OUT/device.txt" "$OUT/server_gpu_tests.txt" | tail -n 8
 cat "$OUT"/coldstart*.json 2>/dev/null
 cat "$OUT"/e2e.md 2>/dev/null
 [ -f "$OUT"/e2e-multi.md ] && cat "$OUT"/e2e-multi.md
+[ -f "$OUT"/scale.md ] && cat "$OUT"/scale.md
 # Keep the summaries at the top of $OUT and pack the rest into one archive.
-(cd "$OUT" && tar czf logs.tgz --remove-files e2e e2e-multi server-*.log coldstart*.json cuobjdump.txt 2>/dev/null)
+(cd "$OUT" && tar czf logs.tgz --remove-files e2e e2e-multi scale-one scale-all server-*.log coldstart*.json cuobjdump.txt 2>/dev/null)
 ls "$OUT"
 if [ ${#FAILS[@]} -gt 0 ]; then
   printf 'FAILED: %s\n' "${FAILS[@]}"
