@@ -19,7 +19,7 @@ Payload::Payload(DType dtype, int64_t max_elements, uint64_t seed) : dtype_(dtyp
   bytes_ = client::EncodeFloats(v, dtype);
 }
 
-std::string Payload::Slice(int64_t elements, std::mt19937_64& rng) const {
+std::string Payload::Slice(int64_t elements, RequestRng& rng) const {
   const int es = DTypeSize(dtype_);
   const int64_t total = int64_t(bytes_.size()) / es;
   if (elements >= total) {  // larger than the pool: repeat it
@@ -34,7 +34,7 @@ std::string Payload::Slice(int64_t elements, std::mt19937_64& rng) const {
 }
 
 void Payload::AddInput(inference::ModelInferRequest& req, Work& w, bool resident, std::string_view name,
-                       std::span<const int64_t> shape, std::mt19937_64& rng) const {
+                       std::span<const int64_t> shape, RequestRng& rng) const {
   const int64_t elements = client::NumElements(shape);
   if (resident) {
     w.resident_bytes.resize(size_t(req.inputs_size()), 0);
@@ -68,7 +68,7 @@ class AttentionWorkload : public Workload {
   }
   Work Next() override {
     std::vector<int32_t> cu_q{0}, cu_k{0};
-    std::mt19937_64 local;
+    RequestRng local;
     {
       std::lock_guard<std::mutex> l(mu_);
       const int64_t n = o_.send_cu_seqlens ? std::max<int64_t>(1, o_.seqs_per_request.Sample(rng_)) : 1;
@@ -78,7 +78,7 @@ class AttentionWorkload : public Workload {
         cu_q.push_back(cu_q.back() + int32_t(lq));
         cu_k.push_back(cu_k.back() + int32_t(lk));
       }
-      local.seed(rng_());
+      local.seed(RequestRng::result_type(rng_()));
     }
     const int64_t tq = cu_q.back(), tk = cu_k.back(), n = int64_t(cu_q.size()) - 1;
     auto req = std::make_shared<inference::ModelInferRequest>();
@@ -128,11 +128,11 @@ class LinearWorkload : public Workload {
   }
   Work Next() override {
     int64_t m;
-    std::mt19937_64 local;
+    RequestRng local;
     {
       std::lock_guard<std::mutex> l(mu_);
       m = std::max<int64_t>(1, o_.m.Sample(rng_));
-      local.seed(rng_());
+      local.seed(RequestRng::result_type(rng_()));
     }
     auto req = std::make_shared<inference::ModelInferRequest>();
     req->set_model_name(o_.model);
@@ -198,13 +198,13 @@ class KvWorkload : public Workload {
 
   Work Next() override {
     auto s = std::make_shared<Session>();
-    std::mt19937_64 local;
+    RequestRng local;
     {
       std::lock_guard<std::mutex> l(mu_);
       s->id = ++next_id_;
       s->prefill = std::max<int64_t>(1, o_.prefill_len.Sample(rng_));
       s->decodes = std::max<int64_t>(0, o_.decode_steps.Sample(rng_));
-      local.seed(rng_());
+      local.seed(RequestRng::result_type(rng_()));
     }
     return Step(s, local, false);
   }
@@ -234,10 +234,10 @@ class KvWorkload : public Workload {
       open_.push_back(w.session);
       return std::nullopt;
     }
-    std::mt19937_64 local;
+    RequestRng local;
     {
       std::lock_guard<std::mutex> l(mu_);
-      local.seed(rng_());
+      local.seed(RequestRng::result_type(rng_()));
     }
     return Step(w.session, local, false);
   }
@@ -249,13 +249,13 @@ class KvWorkload : public Workload {
       open.swap(open_);
     }
     std::vector<Work> out;
-    std::mt19937_64 local(o_.seed);
+    RequestRng local(o_.seed);
     for (auto& s : open) out.push_back(Step(s, local, true));
     return out;
   }
 
  private:
-  Work Step(const std::shared_ptr<Session>& s, std::mt19937_64& rng, bool force_end) {
+  Work Step(const std::shared_ptr<Session>& s, RequestRng& rng, bool force_end) {
     const bool start = s->step == 0;
     const int64_t n = start ? s->prefill : 1;
     const bool end = force_end || s->step >= s->decodes;

@@ -70,14 +70,18 @@ class Workload {
 };
 
 // Random values in [-1, 1) encoded once as FP16/BF16; requests copy slices of it.
+// The per-request generator of a payload's slice offsets, seeded from the workload's mt19937_64. A mt19937_64 per
+// request (two seedings of 312 words, then a twist) made Next() take 2.3 µs for a linear request; with this, 0.27.
+using RequestRng = std::minstd_rand;
+
 class Payload {
  public:
   Payload(DType dtype, int64_t max_elements, uint64_t seed);
-  std::string Slice(int64_t elements, std::mt19937_64& rng) const;
+  std::string Slice(int64_t elements, RequestRng& rng) const;
   // Adds input `name` of `shape` to `req`: a slice; or with `resident`, an empty entry,
   // its size going to w.resident_bytes (see Work).
   void AddInput(inference::ModelInferRequest& req, Work& w, bool resident, std::string_view name,
-                std::span<const int64_t> shape, std::mt19937_64& rng) const;
+                std::span<const int64_t> shape, RequestRng& rng) const;
   std::string_view bytes() const { return bytes_; }
   DType dtype() const { return dtype_; }
 
