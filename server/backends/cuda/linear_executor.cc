@@ -98,6 +98,22 @@ class CudaLinear : public LinearExecutor {
     }
   }
 
+  // The row counts that reach every kernel this layer can run, up to the largest the server uses: one per tile of
+  // the invariant GEMM on any of the GPUs, else gemm::WarmupRows.
+  absl::StatusOr<std::vector<int>> WarmupRows() const {
+    if (!own_gemm_) return gemm::WarmupRows(max_rows_);
+    std::vector<int> rows;
+    const int64_t k_bytes = int64_t(K_) * (format_ == WeightFormat::kBf16 ? 2 : 1);
+    for (auto& d : ctx_) {
+      int sms = 0;
+      FQ_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d->device()));
+      for (int m : gemm::InvariantWarmupRows(max_rows_, k_bytes, N(), sms)) rows.push_back(m);
+    }
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    return rows;
+  }
+
   using LinearExecutor::Run;
   absl::Status Run(DType dtype, int M, const Gather& x, const Scatter& y, StageTimes* times) override {
     return RunOn(next_++ % replicas_.size(), dtype, M, x, y, times);
@@ -219,24 +235,13 @@ absl::StatusOr<std::unique_ptr<LinearExecutor>> CreateCudaLinear(Contexts& ctx, 
                                                                  LinearWeights w, bool invariant) {
   auto e = CudaLinear::Create(ctx, metrics, w, invariant);
   if (!e.ok()) return e.status();
-  // Warm-up: every path once, on each GPU, at the row counts that reach every kernel
-  // (gemm::WarmupRows, and InvariantWarmupRows for the invariant GEMM, up to the largest the
-  // server will use), in each activation type (FP32 runs as FP16).
-  const int max_rows = invariant ? 256 : 4096;
-  std::vector<int> rows = gemm::WarmupRows(max_rows);
-  if (invariant) {
-    for (auto& d : ctx) {
-      int sms = 0;
-      FQ_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d->device()));
-      const int64_t k_bytes = int64_t(w.K) * (w.format == WeightFormat::kBf16 ? 2 : 1);
-      for (int m : gemm::InvariantWarmupRows(max_rows, k_bytes, w.N, sms)) rows.push_back(m);
-    }
-    std::sort(rows.begin(), rows.end());
-    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-  }
+  // Warm-up: every path once, on each GPU, at the row counts that reach every kernel, in each
+  // activation type (FP32 runs as FP16).
+  auto rows = (*e)->WarmupRows();
+  if (!rows.ok()) return rows.status();
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
-  for (int m : rows) {
+  for (int m : *rows) {
     std::vector<float> x(size_t(m) * w.K);
     for (float& f : x) f = nd(rng);
     for (DType t : {DType::kF16, DType::kBF16}) {
