@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <set>
 #include <string>
-#include <utility>
 #include <tuple>
+#include <utility>
 
 namespace flashq::gemm {
 namespace {
@@ -168,12 +168,6 @@ TEST(GemmDispatch, WarmupRowsReachEveryKernel) {
   EXPECT_EQ(seen, (std::set<QLinearPath>{QLinearPath::kStaged, QLinearPath::kDirect, QLinearPath::kWgmma,
                                          QLinearPath::kTiled}));
 }
-
-}  // namespace
-}  // namespace flashq::gemm
-
-namespace flashq::gemm {
-namespace {
 
 // The invariant GEMM's tile changes speed, never bits. It must be one the kernel is instantiated for, no wider than
 // the batch (rounded up to a power of two), and the one the per-tile sweep measured fastest on its shapes
