@@ -485,6 +485,15 @@ TEST(GemmGpu, W8A16InvariantWithSeveralSplitsPerBlock) {
 
 // (per-channel weights, per-row activations), BF16 output. Both modes match the reference;
 // with per-row activation scales the invariant mode is also bitwise batch-invariant.
+// The first M rows of x (K channels of bf16) quantized to E4M3 on the device, as the server does: into xq [M][K] and
+// its scales xs.
+void QuantizeOnDevice(const Acts& x, int M, int K, bool per_row, const Dev& xq, const Dev& xs) {
+  Dev xd(size_t(M) * K * 2);
+  CK(cudaMemcpy(xd.p, x.bits.data(), size_t(M) * K * 2, cudaMemcpyHostToDevice));
+  OK(RunQuantizeActFp8(xd.p, ActType::kBF16, M, K, per_row, static_cast<uint8_t*>(xq.p), static_cast<float*>(xs.p),
+                       nullptr));
+}
+
 // W8A8 arguments over activations already quantized into xq (E4M3) and xs (scales).
 W8A8Args QuantizedArgs(const Dev& xq, const Dev& xs, void* y, int M, bool per_row, bool invariant,
                        ActType out = ActType::kBF16) {
@@ -557,10 +566,8 @@ TEST(GemmGpu, W8A8InvariantMatchesAndIsInvariant) {
     OK(Fp8DeviceWeights::Create(w, &dw));
     for (ActType out : {ActType::kBF16, ActType::kF16}) {
       const Acts x = MakeActs(M, K, ActType::kBF16, 72);
-      Dev xd(size_t(M) * K * 2), xq(size_t(M) * K), xs(size_t(M) * 4);
-      CK(cudaMemcpy(xd.p, x.bits.data(), size_t(M) * K * 2, cudaMemcpyHostToDevice));
-      OK(RunQuantizeActFp8(xd.p, ActType::kBF16, M, K, per_row, static_cast<uint8_t*>(xq.p),
-                           static_cast<float*>(xs.p), nullptr));
+      Dev xq(size_t(M) * K), xs(size_t(M) * 4);
+      ASSERT_NO_FATAL_FAILURE(QuantizeOnDevice(x, M, K, per_row, xq, xs));
       auto run = [&](int m) {
         return RunPoisoned(m, N, out, [&](void* yp) {
           Status s = RunW8A8Invariant(*dw, QuantizedArgs(xq, xs, yp, m, per_row, true, out), nullptr);
@@ -754,10 +761,8 @@ TEST(GemmGpu, InvariantTilesAllGiveTheSameBits) {
     for (int M : {1, 37, 300}) {
       const Acts x = MakeActs(M, K, ActType::kBF16, 68);
       const Acts x8 = MakeActs(M, K8, ActType::kBF16, 69);
-      Dev xd(size_t(M) * K8 * 2), xq(size_t(M) * K8), xs(size_t(M) * 4);
-      CK(cudaMemcpy(xd.p, x8.bits.data(), size_t(M) * K8 * 2, cudaMemcpyHostToDevice));
-      OK(RunQuantizeActFp8(xd.p, ActType::kBF16, M, K8, true, static_cast<uint8_t*>(xq.p),
-                           static_cast<float*>(xs.p), nullptr));
+      Dev xq(size_t(M) * K8), xs(size_t(M) * 4);
+      ASSERT_NO_FATAL_FAILURE(QuantizeOnDevice(x8, M, K8, true, xq, xs));
       auto w8a8 = [&](InvariantTile tile) {
         return RunPoisoned(M, N, ActType::kBF16, [&](void* yp) {
           W8A8Args a = QuantizedArgs(xq, xs, yp, M, true, true);
