@@ -167,7 +167,8 @@ std::vector<InvariantTile> OursTiles(int M) {
 // The method-name suffix of a forced tile ("" for the dispatch's).
 std::string TileName(const InvariantTile& t) {
   if (t.tokens == 0) return "";
-  return "@" + std::to_string(t.tokens) + "." + std::to_string(t.groups) + "." + std::to_string(t.per_sm);
+  return "@" + std::to_string(t.tokens) + "." + std::to_string(t.groups) + "." + std::to_string(t.per_sm) +
+         (t.weights > 0 ? ".w" + std::to_string(t.weights) : "");
 }
 // Activation type of the timed W4A16 and W8A16 calls: bf16 (records), or fp16 with --f16 (A/B calls only: the same
 // 16-bit data read as fp16; the correctness check stays bf16).
@@ -438,6 +439,32 @@ void ProfileLaunches(int K, int N) {
   std::printf("profile launches done\n");
 }
 
+// --profile-w8a8 K N M: two launches of our tensor-wise W8A8 at M rows, for ncu (the peer: torch_peers.py --profile).
+void ProfileW8A8(int K, int N, int M) {
+  const auto wf = Random(size_t(N) * K, 5);
+  std::unique_ptr<Fp8DeviceWeights> d8;
+  OK(Fp8DeviceWeights::Create(QuantizeFp8(wf.data(), N, K, false), &d8, Fp8Paths::kW8A8, g_tuning));
+  const auto xf = Random(size_t(M) * K, 6);
+  std::vector<uint16_t> xb(xf.size());
+  for (size_t i = 0; i < xf.size(); ++i) xb[i] = FloatToBf16(xf[i]);
+  void *x, *y, *xq, *xs;
+  CK(cudaMalloc(&x, xb.size() * 2));
+  CK(cudaMemcpy(x, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&y, size_t(M) * N * 2));
+  CK(cudaMalloc(&xq, size_t(M) * K));
+  CK(cudaMalloc(&xs, size_t(M) * 4));
+  OK(RunQuantizeActFp8(x, ActType::kBF16, M, K, false, static_cast<uint8_t*>(xq), static_cast<float*>(xs), nullptr));
+  W8A8Args a;
+  a.x_fp8 = static_cast<uint8_t*>(xq);
+  a.x_scale = static_cast<float*>(xs);
+  a.y = y;
+  a.M = M;
+  a.per_row_act = false;
+  for (int i = 0; i < 2; ++i) OK(RunW8A8Invariant(*d8, a, nullptr));
+  CK(cudaDeviceSynchronize());
+  std::printf("profile launches done\n");
+}
+
 // The non-empty comma-separated items of s ("64,128" -> "64", "128").
 std::vector<std::string> CommaItems(const std::string& s) {
   std::vector<std::string> items;
@@ -465,6 +492,10 @@ int main(int argc, char** argv) {
     if (a == "--bars") bars = true;  // all four shapes at M = 1, 4, 16, 32, 64, 128 (the bars of docs/perf/gemm.md and the wgmma tiles)
     if (a == "--ms" && i + 1 < argc) ms_arg = argv[++i];  // comma-separated M values (A/B calls), e.g. --ms 64,128
     if (a == "--shapes" && i + 1 < argc) shapes_arg = argv[++i];  // comma-separated KxN (A/B calls), e.g. 4096x4096
+    if (a == "--profile-w8a8" && i + 3 < argc) {
+      ProfileW8A8(std::atoi(argv[i + 1]), std::atoi(argv[i + 2]), std::atoi(argv[i + 3]));
+      return 0;
+    }
     if (a == "--profile") {
       const bool kn = i + 2 < argc;
       ProfileLaunches(kn ? std::atoi(argv[i + 1]) : 8192, kn ? std::atoi(argv[i + 2]) : 8192);

@@ -8,12 +8,18 @@
 //  4. --fp8-candidates K N M [--ncu] [fill]: every heuristic candidate of the tensor-wise FP8 TN GEMM (bf16 out,
 //     64 MB workspace), each timed over 20 back-to-back calls on one weight copy (with --ncu: one call per
 //     candidate, to read the kernel names); fill 0/1/2: operands all 1.0 / uniform / normal (see Fp8Candidates).
-// Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a mma_probe.cu -lcublasLt -o mma_probe
+//  5. --swap: bitwise, does wgmma SS give the same fp32 chain when A and B trade places (D[p][q] of A = P, B = Q
+//     against D[q][p] of A = Q, B = P), for E4M3 (k32) and BF16 (k16) over a long K? The invariant GEMM's tiles
+//     with tokens as A rest on it.
+// Build (from the repository root): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I. \
+//   bench/gemm/mma_probe.cu -lcublasLt -o mma_probe
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
+
+#include "kernels/common/ptx/wgmma.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -581,6 +587,88 @@ void Fp8Candidates(int K, int N, int M, bool ncu, int fill) {
   cublasLtDestroy(h);
 }
 
+
+// ---- operand swap ----
+// One warpgroup; P and Q [64][K bytes] K-major. Per 128-byte panel both go to shared memory (128B swizzle), then
+// chunks of 32 bytes of K run twice: d_pq with A = P, B = Q and d_qp with A = Q, B = P, each one chain over all K.
+template <bool kFp8>
+__global__ void __launch_bounds__(128) SwapKernel(const uint8_t* P, const uint8_t* Q, int kbytes, float* out_pq,
+                                                  float* out_qp) {
+  __shared__ __align__(1024) uint8_t sp[64 * 128], sq[64 * 128];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  float dpq[32], dqp[32];
+  for (int i = 0; i < 32; ++i) dpq[i] = dqp[i] = 0.0f;
+  const uint32_t ap = uint32_t(__cvta_generic_to_shared(sp)), aq = uint32_t(__cvta_generic_to_shared(sq));
+  for (int k0 = 0; k0 < kbytes; k0 += 128) {
+    for (int i = threadIdx.x; i < 64 * 8; i += 128) {
+      const int r = i / 8, c = i % 8;
+      const size_t from = size_t(r) * kbytes + k0 + 16 * c;
+      const int to = r * 128 + ((c ^ (r & 7)) * 16);
+      *reinterpret_cast<uint4*>(sp + to) = *reinterpret_cast<const uint4*>(P + from);
+      *reinterpret_cast<uint4*>(sq + to) = *reinterpret_cast<const uint4*>(Q + from);
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    flashq::ptx::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t dp = flashq::ptx::SwizzledDesc(ap + 32 * kk), dq = flashq::ptx::SwizzledDesc(aq + 32 * kk);
+      const int acc = k0 + kk > 0;
+      if constexpr (kFp8) {
+        flashq::ptx::WgmmaE4m3<64>::SS(dpq, dp, dq, acc);
+        flashq::ptx::WgmmaE4m3<64>::SS(dqp, dq, dp, acc);
+      } else {
+        flashq::ptx::Wgmma<64, true>::SS(dpq, dp, dq, acc);
+        flashq::ptx::Wgmma<64, true>::SS(dqp, dq, dp, acc);
+      }
+    }
+    flashq::ptx::WgmmaCommit();
+    flashq::ptx::WgmmaWait<0>();
+    __syncthreads();
+  }
+  for (int j = 0; j < 8; ++j)
+    for (int e = 0; e < 4; ++e) {
+      const int r = 16 * warp + g + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
+      out_pq[r * 64 + c] = dpq[4 * j + e];
+      out_qp[r * 64 + c] = dqp[4 * j + e];
+    }
+}
+
+void Swap(bool fp8, int kbytes) {
+  std::vector<uint8_t> h(size_t(2) * 64 * kbytes);
+  for (size_t i = 0; i < h.size(); i += (fp8 ? 1 : 2)) {
+    const float v = float((Next() & 1 ? -1.0 : 1.0) * std::ldexp(1.0 + Uni(), int(Next() % 8) - 4));
+    if (fp8) {
+      h[i] = __nv_fp8_e4m3(v).__x;
+    } else {
+      const uint16_t b = Bf16Bits(v);
+      std::memcpy(&h[i], &b, 2);
+    }
+  }
+  uint8_t* d;
+  float* o;
+  CK(cudaMalloc(&d, h.size()));
+  CK(cudaMalloc(&o, 2 * 64 * 64 * 4));
+  CK(cudaMemcpy(d, h.data(), h.size(), cudaMemcpyHostToDevice));
+  const uint8_t *P = d, *Q = d + size_t(64) * kbytes;
+  if (fp8) SwapKernel<true><<<1, 128>>>(P, Q, kbytes, o, o + 64 * 64);
+  else SwapKernel<false><<<1, 128>>>(P, Q, kbytes, o, o + 64 * 64);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> r(2 * 64 * 64);
+  CK(cudaMemcpy(r.data(), o, r.size() * 4, cudaMemcpyDeviceToHost));
+  int diff = 0, nonzero = 0;
+  for (int p = 0; p < 64; ++p)
+    for (int q = 0; q < 64; ++q) {
+      const float a = r[p * 64 + q], b = r[64 * 64 + q * 64 + p];
+      diff += std::memcmp(&a, &b, 4) != 0;
+      nonzero += a != 0.0f;
+    }
+  std::printf("swap %s K=%d bytes: %d of 4096 outputs differ in bits (%d nonzero)\n", fp8 ? "e4m3" : "bf16", kbytes,
+              diff, nonzero);
+  cudaFree(d);
+  cudaFree(o);
+}
+
 int main(int argc, char** argv) {
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, 0));
@@ -588,6 +676,11 @@ int main(int argc, char** argv) {
   if (argc > 4 && std::strcmp(argv[1], "--fp8-candidates") == 0) {
     const bool ncu = argc > 5 && std::strcmp(argv[5], "--ncu") == 0;
     Fp8Candidates(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), ncu, argc > 5 + ncu ? std::atoi(argv[5 + ncu]) : 0);
+    return 0;
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--swap") == 0) {
+    for (bool fp8 : {true, false})
+      for (int kbytes : {128, 4096, 16384}) Swap(fp8, kbytes);
     return 0;
   }
   if (argc > 1 && std::strcmp(argv[1], "--throughput") == 0) {

@@ -25,11 +25,12 @@ SplitPlan PlanFor(int K, int N, int target_warps = kTargetWarps);
 // order (a small max_rows repeats itself): a warm-up runs each once.
 std::vector<int> WarmupRows(int max_rows);
 
-// The invariant GEMM's tiles (tokens, weight-row groups, blocks per SM), each instantiated for every type pair
-// (invariant_gemm_launch.cuh): X(tokens, groups, per_sm) per tile.
-#define FQ_INVARIANT_TILES(X)                                                                                \
-  X(8, 1, 1) X(8, 1, 2) X(16, 1, 1) X(16, 1, 2) X(32, 1, 1) X(32, 1, 2) X(64, 1, 1) X(64, 1, 2) X(64, 2, 1) \
-      X(128, 1, 1) X(128, 2, 1) X(256, 2, 1)
+// The invariant GEMM's tiles (tokens, weight-row groups, blocks per SM, weight rows with tokens as A or 0), each
+// instantiated for every type pair (invariant_gemm_launch.cuh): X(tokens, groups, per_sm, weights) per tile.
+#define FQ_INVARIANT_TILES(X)                                                                                 \
+  X(8, 1, 1, 0) X(8, 1, 2, 0) X(16, 1, 1, 0) X(16, 1, 2, 0) X(32, 1, 1, 0) X(32, 1, 2, 0) X(64, 1, 1, 0)      \
+      X(64, 1, 2, 0) X(64, 2, 1, 0) X(128, 1, 1, 0) X(128, 2, 1, 0) X(256, 2, 1, 0) X(128, 2, 1, 112)          \
+      X(128, 2, 1, 224)
 std::vector<InvariantTile> InvariantTiles();
 // Where the invariant GEMM splits K for an N-column layer of k_bytes bytes per row: the 128-byte panel at which the
 // second of two chains starts, or 0 (one chain). A function of the layer alone, so part of its bits.

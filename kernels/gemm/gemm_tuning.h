@@ -18,12 +18,14 @@ struct LaunchCounts {
 };
 
 // The tile of one launch of the invariant GEMM (invariant_gemm_kernel.cuh): `tokens` (the wgmma n, 8..256) by
-// 64 x `groups` weight rows, `per_sm` blocks resident per SM (the ring is sized for them). Any tile gives the same
-// bits; the choice is speed alone (InvariantTileFor). tokens = 0: not set.
+// 64 x `groups` weight rows, `per_sm` blocks resident per SM (the ring is sized for them); or, with `weights` > 0,
+// tokens = 64 x groups (wgmma's A) by `weights` rows (its n). Any tile gives the same bits; the choice is speed alone
+// (InvariantTileFor). tokens = 0: not set.
 struct InvariantTile {
-  int tokens = 0, groups = 1, per_sm = 1;
+  int tokens = 0, groups = 1, per_sm = 1, weights = 0;
+  int WeightRows() const { return weights > 0 ? weights : 64 * groups; }
   bool operator==(const InvariantTile& o) const {
-    return tokens == o.tokens && groups == o.groups && per_sm == o.per_sm;
+    return tokens == o.tokens && groups == o.groups && per_sm == o.per_sm && weights == o.weights;
   }
 };
 

@@ -23,14 +23,14 @@ bool EncodeKMajorMap(CUtensorMap* map, const void* base, int rows, int K, int bo
                      uint32_t(box_rows), CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-template <typename In, typename Out, int kT, int kC, int kB>
+template <typename In, typename Out, int kT, int kC, int kB, int kWn>
 cudaError_t LaunchInvariantTile(const InvariantGemmArgs& a, int split_panel, const GemmTuning& t, const DeviceInfo& d,
                                 cudaStream_t stream) {
-  using C = InvariantCfg<kT, kC, kB>;
+  using C = InvariantCfg<kT, kC, kB, kWn>;
   CUtensorMap wmap, xmap;
   if (!EncodeKMajorMap<In>(&wmap, a.w, a.N, a.K, C::kRows) || !EncodeKMajorMap<In>(&xmap, a.x, a.M, a.K, kT))
     return cudaErrorNotSupported;
-  auto kernel = InvariantGemmKernel<In, Out, kT, kC, kB>;
+  auto kernel = InvariantGemmKernel<In, Out, kT, kC, kB, kWn>;
   // On every launch, as the other launchers do: the attribute belongs to the current device.
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
       e != cudaSuccess)
@@ -62,8 +62,8 @@ cudaError_t LaunchInvariantGemm(const InvariantGemmArgs& a, const GemmTuning& t,
   const int split_panel = InvariantSplitPanel(int64_t(a.K) * sizeof(In), a.N);
   const InvariantTile tile =
       t.invariant_tile.tokens > 0 ? t.invariant_tile : InvariantTileFor(a.M, a.N, split_panel > 0 ? 2 : 1, d.sms);
-#define FQ_TILE(tt, g, b) \
-  if (tile == InvariantTile{tt, g, b}) return LaunchInvariantTile<In, Out, tt, g, b>(a, split_panel, t, d, stream);
+#define FQ_TILE(tt, g, b, wn) \
+  if (tile == InvariantTile{tt, g, b, wn}) return LaunchInvariantTile<In, Out, tt, g, b, wn>(a, split_panel, t, d, stream);
   FQ_INVARIANT_TILES(FQ_TILE)
 #undef FQ_TILE
   return cudaErrorInvalidValue;

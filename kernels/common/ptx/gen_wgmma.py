@@ -78,7 +78,7 @@ __device__ __forceinline__ void RegFence(uint32_t& x) { asm volatile("" : "+r"(x
 """
 
 out = HEADER
-for n in (8, 16, 32, 64, 128, 256):
+for n in (8, 16, 32, 64, 112, 128, 224, 256):
     for bf16 in (True, False):
         out += gen(n, bf16)
 out += """
@@ -86,7 +86,7 @@ out += """
 template <int N>
 struct WgmmaE4m3;
 """
-for n in (8, 16, 32, 64, 128, 256):
+for n in (8, 16, 32, 64, 112, 128, 224, 256):
     out += gen_fp8(n)
 out += FOOTER
 open("kernels/common/ptx/wgmma_ops.cuh", "w").write(out)

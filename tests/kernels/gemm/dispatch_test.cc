@@ -185,7 +185,8 @@ TEST(GemmDispatch, InvariantTiles) {
   }
   auto tile = [](int M, int N, int splits = 1) {
     const InvariantTile t = InvariantTileFor(M, N, splits, kH200.sms);
-    return std::to_string(t.tokens) + "." + std::to_string(t.groups) + "." + std::to_string(t.per_sm);
+    return std::to_string(t.tokens) + "." + std::to_string(t.groups) + "." + std::to_string(t.per_sm) +
+           (t.weights > 0 ? ".w" + std::to_string(t.weights) : "");
   };
   EXPECT_EQ(tile(1, 4096), "8.1.1");      // 64 blocks: no smaller tile
   EXPECT_EQ(tile(1, 4096, 2), "8.1.1");   // 128 blocks
@@ -196,11 +197,16 @@ TEST(GemmDispatch, InvariantTiles) {
   EXPECT_EQ(tile(64, 14336), "64.2.1");
   EXPECT_EQ(tile(256, 4096), "128.1.1");
   EXPECT_EQ(tile(256, 4096, 2), "128.2.1");
-  EXPECT_EQ(tile(256, 14336), "128.2.1");
   EXPECT_EQ(tile(512, 8192), "128.2.1");  // 256 tokens only from M = 1024
   EXPECT_EQ(tile(1024, 4096), "256.2.1");
   EXPECT_EQ(tile(1024, 4096, 2), "256.2.1");
-  EXPECT_EQ(tile(1024, 14336), "128.2.1");  // 448 blocks leave the fourth wave 40% empty; 896 fill 7 waves
+  EXPECT_EQ(tile(1024, 8192), "256.2.1");
+  // N = 14336: weight tiles of 64-row multiples leave the last wave 85% full; 112 or 224 rows, tokens as A, fill 97%.
+  EXPECT_EQ(tile(128, 14336), "128.2.1.w112");  // 128 blocks in one wave, not 112
+  EXPECT_EQ(tile(256, 14336), "128.2.1.w224");  // 128 blocks, not 224 in two waves
+  EXPECT_EQ(tile(384, 14336), "128.2.1.w112");  // 3 waves of 112 x 128 outputs; 224 rows would take 2 of twice that
+  EXPECT_EQ(tile(1024, 14336), "128.2.1.w224");
+  EXPECT_EQ(tile(2048, 14336), "256.2.1");  // the same work per SM as 224 rows: the larger tile
   EXPECT_EQ(tile(4096, 14336), "256.2.1");
   EXPECT_EQ(InvariantTileFor(4096, 4096, 1, 0).tokens, 256);  // SM count unknown: the largest tile
 

@@ -785,7 +785,7 @@ TEST(GemmGpu, InvariantTilesAllGiveTheSameBits) {
       }
       for (const InvariantTile& t : InvariantTiles()) {
         const std::string what = "tile " + std::to_string(t.tokens) + "." + std::to_string(t.groups) + "." +
-                                  std::to_string(t.per_sm) + " " + shape;
+                                  std::to_string(t.per_sm) + ".w" + std::to_string(t.weights) + " " + shape;
         const std::vector<float> y16 = RunW16(w, N, K, x.bits.data(), M, ActType::kBF16, t);
         EXPECT_EQ(0, std::memcmp(y16.data(), ref16.data(), y16.size() * sizeof(float))) << "w16 " << what;
         const std::vector<float> y8 = w8a8(t);
