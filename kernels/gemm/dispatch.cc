@@ -49,9 +49,13 @@ int InvariantSplitPanel(int64_t k_bytes, int N) {
 // 80% of the SMs a block. Tokens stop at the batch (rounded up to a power of two); 256 tokens only from M = 1024
 // and where they fill the last wave no worse than 128 do. A grid of one to two blocks per SM runs as one wave of
 // two per SM where the tile has that form. Where that gives 128 or 256 tokens, a tile of 128 tokens as wgmma's A by
-// 112 or 224 weight rows takes over if it leaves the busiest SM less work (waves x tile area; the larger tile on a
-// tie): weight tiles of 7 x 16 rows fill the last wave of layers such as N = 14336, which 64-row multiples leave
-// 85% full at every M (the sweep: 4096 x 14336 W8A8 M = 256 from 28.2 to 25.5 µs, M = 1024 from 96.9 to 89.5).
+// 112 or 224 weight rows takes over if it leaves the busiest SM less work: waves x (tile area + kTileOverhead), the
+// larger tile on a tie. Weight tiles of 7 x 16 rows fill the last wave of layers such as N = 14336, which 64-row
+// multiples leave 85% full at every M (the sweep: 4096 x 14336 W8A8 M = 256 from 28.2 to 25.5 µs, M = 1024 from 96.9
+// to 89.5). The overhead stands for a tile's ring fill and epilogue, about a quarter of a 128 x 128 tile's main loop
+// at K = 4096 (ncu: 21.8k cycles per tile against 16.4k of tensor work); without it, 128 x 112 tiles replaced
+// 128 x 256 ones at 4096² M = 4096 for a 1.5% smaller area and ran 1.24x slower.
+constexpr int64_t kTileOverhead = 4096;
 InvariantTile InvariantTileFor(int M, int N, int splits, int sms) {
   sms = std::max(sms, 1);
   int fit = 8;  // the batch's width, rounded up to a power of two
@@ -71,8 +75,8 @@ InvariantTile InvariantTileFor(int M, int N, int splits, int sms) {
   const int64_t b = blocks(t.tokens, t.WeightRows());
   if (t.groups == 1 && t.tokens <= 64 && b > sms && b <= 2 * int64_t(sms)) t.per_sm = 2;
   if (t.tokens < 128) return t;
-  auto work = [&](const InvariantTile& c) {  // the busiest SM's outputs
-    return (blocks(c.tokens, c.WeightRows()) + sms - 1) / sms * c.tokens * c.WeightRows();
+  auto work = [&](const InvariantTile& c) {  // the busiest SM's outputs, plus each tile's overhead
+    return (blocks(c.tokens, c.WeightRows()) + sms - 1) / sms * (c.tokens * c.WeightRows() + kTileOverhead);
   };
   for (int rows : {112, 224}) {
     const InvariantTile c{128, 2, 1, rows};

@@ -208,6 +208,8 @@ TEST(GemmDispatch, InvariantTiles) {
   EXPECT_EQ(tile(1024, 14336), "128.2.1.w224");
   EXPECT_EQ(tile(2048, 14336), "256.2.1");  // the same work per SM as 224 rows: the larger tile
   EXPECT_EQ(tile(4096, 14336), "256.2.1");
+  EXPECT_EQ(tile(4096, 4096), "256.2.1");  // 9 waves of 128 x 112 tiles: more tiles' overhead than 4 of 128 x 256
+  EXPECT_EQ(tile(4096, 4096, 2), "256.2.1");
   EXPECT_EQ(InvariantTileFor(4096, 4096, 1, 0).tokens, 256);  // SM count unknown: the largest tile
 
   // The split: narrow layers (N <= 66 x 64) of at least 128 panels of 128 bytes, at an even panel near the half.
