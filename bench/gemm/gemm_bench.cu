@@ -225,6 +225,16 @@ void* ZeroedWorkspace(size_t bytes) {
   return p;
 }
 
+// A device copy of v rounded to BF16.
+void* DeviceBf16(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = FloatToBf16(v[i]);
+  void* d = nullptr;
+  CK(cudaMalloc(&d, b.size() * 2));
+  CK(cudaMemcpy(d, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+  return d;
+}
+
 void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   constexpr int kCheckM = 4;  // the rows of the correctness check below
   // Buffers hold the largest M timed and the check's rows (a call with --ms 1 alone once overran them).
@@ -268,11 +278,8 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
   }
   // Activations and outputs.
   auto xf = Random(size_t(Mmax) * K, 99);
-  std::vector<uint16_t> xb(xf.size());
-  for (size_t i = 0; i < xf.size(); ++i) xb[i] = FloatToBf16(xf[i]);
-  void *x, *y, *xq, *xs;
-  CK(cudaMalloc(&x, xb.size() * 2));
-  CK(cudaMemcpy(x, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+  void* x = DeviceBf16(xf);
+  void *y, *xq, *xs;
   CK(cudaMalloc(&y, size_t(Mmax) * N * 2));
   CK(cudaMalloc(&xq, size_t(Mmax) * K));
   CK(cudaMalloc(&xs, size_t(Mmax) * 4));
@@ -423,12 +430,8 @@ void ProfileLaunches(int K, int N) {
   OK(W4A16Weights::Create(w4, &d4, g_tuning));
   std::unique_ptr<Fp8DeviceWeights> d8;
   OK(Fp8DeviceWeights::Create(QuantizeFp8(wf.data(), N, K, true), &d8, Fp8Paths::kBoth, g_tuning));
-  auto xf = Random(size_t(M) * K, 6);
-  std::vector<uint16_t> xb(xf.size());
-  for (size_t i = 0; i < xf.size(); ++i) xb[i] = FloatToBf16(xf[i]);
-  void *x, *y;
-  CK(cudaMalloc(&x, xb.size() * 2));
-  CK(cudaMemcpy(x, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+  void* x = DeviceBf16(Random(size_t(M) * K, 6));
+  void* y;
   CK(cudaMalloc(&y, size_t(M) * N * 2));
   const size_t wsb = W4A16WorkspaceBytes(*d4, M, true), wsb8 = W8A16WorkspaceBytes(*d8, M);  // one per weight
   void* ws = ZeroedWorkspace(wsb);
@@ -444,12 +447,8 @@ void ProfileW8A8(int K, int N, int M) {
   const auto wf = Random(size_t(N) * K, 5);
   std::unique_ptr<Fp8DeviceWeights> d8;
   OK(Fp8DeviceWeights::Create(QuantizeFp8(wf.data(), N, K, false), &d8, Fp8Paths::kW8A8, g_tuning));
-  const auto xf = Random(size_t(M) * K, 6);
-  std::vector<uint16_t> xb(xf.size());
-  for (size_t i = 0; i < xf.size(); ++i) xb[i] = FloatToBf16(xf[i]);
-  void *x, *y, *xq, *xs;
-  CK(cudaMalloc(&x, xb.size() * 2));
-  CK(cudaMemcpy(x, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+  void* x = DeviceBf16(Random(size_t(M) * K, 6));
+  void *y, *xq, *xs;
   CK(cudaMalloc(&y, size_t(M) * N * 2));
   CK(cudaMalloc(&xq, size_t(M) * K));
   CK(cudaMalloc(&xs, size_t(M) * 4));
