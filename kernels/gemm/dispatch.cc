@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <set>
 #include <utility>
 
 namespace flashq::gemm {
@@ -89,10 +88,12 @@ InvariantTile InvariantTileFor(int M, int N, int splits, int sms) {
 std::vector<int> InvariantWarmupRows(int max_rows, int64_t k_bytes, int N, int sms) {
   const int splits = InvariantSplitPanel(k_bytes, N) > 0 ? 2 : 1;
   std::vector<int> rows;
-  std::set<std::pair<int, int>> seen;  // (tokens, (weights * 4 + groups) * 2 + per_sm)
+  std::vector<InvariantTile> seen;
   for (int m = 1; m <= max_rows; ++m) {
     const InvariantTile t = InvariantTileFor(m, N, splits, sms);
-    if (seen.insert({t.tokens, (t.weights * 4 + t.groups) * 2 + t.per_sm}).second) rows.push_back(m);
+    if (std::find(seen.begin(), seen.end(), t) != seen.end()) continue;
+    seen.push_back(t);
+    rows.push_back(m);
   }
   return rows;
 }
