@@ -464,6 +464,43 @@ void ProfileW8A8(int K, int N, int M) {
   std::printf("profile launches done\n");
 }
 
+// --first-calls K N: what cuBLASLt's timed choices (fast mode, BF16) cost a server's requests. The first call of each
+// M = 1..256 on a fresh BlasLt, once without a warm-up (a bucket's first M times its candidates on the request path)
+// and once after one at BlasLtWarmupRows (as the server's load does): wall time of the warm-up, the sum and the
+// largest of the 256 first calls, each call waited for as a request's would be.
+void FirstCalls(int K, int N) {
+  void* w = DeviceBf16(Random(size_t(N) * K, 5));
+  void* x = DeviceBf16(Random(size_t(256) * K, 6));
+  void* y;
+  CK(cudaMalloc(&y, size_t(256) * N * 2));
+  auto call = [&](BlasLt* blas, int m) {
+    OK(RunBf16(blas, w, N, K, LinearArgs{x, y, m, ActType::kBF16, false, nullptr, 0, g_tuning}, g_stream));
+    CK(cudaStreamSynchronize(g_stream));
+  };
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  for (bool warm : {false, true}) {
+    std::unique_ptr<BlasLt> blas;
+    OK(BlasLt::Create(64ull << 20, &blas));
+    const auto t0 = Clock::now();
+    if (warm)
+      for (int m : BlasLtWarmupRows(256)) call(blas.get(), m);
+    const auto t1 = Clock::now();
+    double worst = 0;
+    for (int m = 1; m <= 256; ++m) {
+      const auto a = Clock::now();
+      call(blas.get(), m);
+      worst = std::max(worst, ms(a, Clock::now()));
+    }
+    std::printf("first calls K=%d N=%d %s: warm-up %.1f ms, M = 1..256 first calls %.1f ms in all, the slowest %.2f ms\n",
+                K, N, warm ? "after a warm-up at BlasLtWarmupRows" : "without a warm-up", ms(t0, t1), ms(t1, Clock::now()),
+                worst);
+  }
+  cudaFree(w);
+  cudaFree(x);
+  cudaFree(y);
+}
+
 // The non-empty comma-separated items of s ("64,128" -> "64", "128").
 std::vector<std::string> CommaItems(const std::string& s) {
   std::vector<std::string> items;
@@ -491,6 +528,11 @@ int main(int argc, char** argv) {
     if (a == "--bars") bars = true;  // all four shapes at M = 1, 4, 16, 32, 64, 128 (the bars of docs/perf/gemm.md and the wgmma tiles)
     if (a == "--ms" && i + 1 < argc) ms_arg = argv[++i];  // comma-separated M values (A/B calls), e.g. --ms 64,128
     if (a == "--shapes" && i + 1 < argc) shapes_arg = argv[++i];  // comma-separated KxN (A/B calls), e.g. 4096x4096
+    if (a == "--first-calls" && i + 2 < argc) {
+      CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+      FirstCalls(std::atoi(argv[i + 1]), std::atoi(argv[i + 2]));
+      return 0;
+    }
     if (a == "--profile-w8a8" && i + 3 < argc) {
       ProfileW8A8(std::atoi(argv[i + 1]), std::atoi(argv[i + 2]), std::atoi(argv[i + 3]));
       return 0;

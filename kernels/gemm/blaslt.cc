@@ -10,10 +10,13 @@
 // Batch-invariant mode pins one algorithm per (N, K, types, scale mode): the first
 // heuristic candidate (asked for at a reference M) that, with split-K forced to 1,
 // passes cublasLtMatmulAlgoCheck at M = 1, 16, 128 and 4096; every M then runs it.
-// Otherwise each (M, N, K) with M <= kTimeMaxM times the heuristic's candidates once (up to
-// kCandidates allowed a workspace and kNoWsCandidates without one), on the first call whose stream
-// is not being captured, with that call's own operands (interleaved cold-L2 rounds, best of each);
-// the faster of the heuristic's two first picks stays unless another candidate beats it by kMinGain.
+// Otherwise each (N, K) times the heuristic's candidates once per bucket of M (the powers of two up
+// to kTimeMaxM; M = 5-8 share the choice timed at the first of them), up to kCandidates allowed a
+// workspace and kNoWsCandidates without one, on the first call of the bucket whose stream is not
+// being captured, with that call's own operands (interleaved cold-L2 rounds, best of each); the
+// faster of the heuristic's two first picks stays unless another candidate beats it by kMinGain.
+// The other M of the bucket take that choice where cublasLtMatmulAlgoCheck accepts it at their M.
+// A warm-up at BlasLtWarmupRows times every bucket at load, so that the request path never times.
 // Larger M (and, until then, or if timing fails, every M) runs the heuristic's first. For W8A8
 // row/column scales with BF16 output the candidates also include the unscaled GEMM
 // followed by our scaling epilogue (LaunchScaleRowsCols), faster than the outer-vector
@@ -21,6 +24,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -56,6 +60,12 @@ constexpr float kMinGain = 0.10f;
 // Only GEMMs of at most this many rows are timed: at larger M (compute-bound, long kernels) the ranking of a
 // short timing burst did not hold in sustained runs on the H200 (power-limited clocks), the heuristic's did.
 constexpr int kTimeMaxM = 256;
+// The bucket whose timed choice M shares: M rounded up to a power of two (M <= kTimeMaxM).
+int Bucket(int M) {
+  int b = 1;
+  while (b < M) b *= 2;
+  return b;
+}
 
 struct Key {
   int M, N, K, in, out, mode;
@@ -96,6 +106,13 @@ struct Candidate {
   bool first = false;
 };
 
+// A timed choice, shared by the M of its bucket: the algorithm, and for a kOuterVec key whether it is the unscaled
+// GEMM's (followed by the scaling epilogue).
+struct Choice {
+  cublasLtMatmulAlgo_t algo;
+  bool unscaled = false;
+};
+
 cudaDataType_t ActCuda(ActType t) { return t == ActType::kF16 ? CUDA_R_16F : CUDA_R_16BF; }
 
 bool Capturing(cudaStream_t s) {
@@ -113,6 +130,7 @@ struct BlasLt::Impl {
   std::mutex mu;
   std::map<Key, std::unique_ptr<Plan>> plans;
   std::map<Key, cublasLtMatmulAlgo_t> pinned;  // invariant mode: key with M = 0
+  std::map<Key, Choice> choices;               // non-invariant mode: key with M = Bucket(M), under mu
 
   ~Impl() {
     plans.clear();
@@ -163,9 +181,9 @@ struct BlasLt::Impl {
     return Status::Ok();
   }
 
-  bool Fits(const Key& k, int M, cublasLtMatmulAlgo_t algo) {
+  bool Fits(const Key& k, int M, cublasLtMatmulAlgo_t algo, bool unscaled = false) {
     Plan p;
-    if (!MakeDesc(&p, ScaleMode(k.mode)).ok() || !MakeLayouts(&p, M, k.N, k.K, cudaDataType_t(k.in), cudaDataType_t(k.out)).ok())
+    if (!MakeDesc(&p, unscaled ? ScaleMode::kNone : ScaleMode(k.mode)).ok() || !MakeLayouts(&p, M, k.N, k.K, cudaDataType_t(k.in), cudaDataType_t(k.out)).ok())
       return false;
     cublasLtMatmulHeuristicResult_t r{};
     if (cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.d, p.d, &algo, &r) != CUBLAS_STATUS_SUCCESS) return false;
@@ -309,6 +327,27 @@ struct BlasLt::Impl {
   // ws: the stream's workspace. Caller holds p->mu.
   Status Choose(const Key& k, Plan* p, const Operands* o, void* ws, cudaStream_t stream) {
     if (p->timed) return Status::Ok();
+    Key bucket = k;
+    bucket.M = Bucket(k.M);
+    if (k.M <= kTimeMaxM) {  // another M of the bucket was timed: its choice, where it runs at this M
+      Choice c;
+      bool found = false;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = choices.find(bucket);
+        if (it != choices.end()) c = it->second, found = true;
+      }
+      if (found && Fits(k, k.M, c.algo, c.unscaled)) {
+        if (c.unscaled && p->mode != ScaleMode::kNone) {
+          cublasLtMatmulDescDestroy(p->desc);
+          p->desc = nullptr;
+          FQ_RETURN_IF_ERROR(MakeDesc(p, ScaleMode::kNone));
+        }
+        p->algo = c.algo;
+        p->chosen = p->timed = true;
+        return Status::Ok();
+      }
+    }
     const bool can_time = o && k.M <= kTimeMaxM && !Capturing(stream);
     if (p->chosen && !can_time) return Status::Ok();
     cublasLtMatmulHeuristicResult_t res[kCandidates];
@@ -348,6 +387,10 @@ struct BlasLt::Impl {
     p->algo = cands[best].algo;
     p->chosen = true;
     p->timed = can_time;
+    if (can_time) {
+      std::lock_guard<std::mutex> lock(mu);
+      choices.emplace(bucket, Choice{p->algo, p->mode != ScaleMode(k.mode)});
+    }
     return Status::Ok();
   }
 
@@ -387,6 +430,12 @@ Status RunBf16(BlasLt* blas, const void* w, int N, int K, const LinearArgs& a, c
   if (!w || !a.x || !a.y) return InvalidArgument("RunBf16: null pointer");
   Key k{a.M, N, K, int(ActCuda(a.act)), int(ActCuda(a.act)), int(ScaleMode::kNone), a.batch_invariant};
   return blas->impl()->Run(k, {w, a.x, a.y, nullptr, nullptr}, stream);
+}
+
+std::vector<int> BlasLtWarmupRows(int max_rows) {
+  std::vector<int> rows;
+  for (int m = 1; m <= std::min(max_rows, kTimeMaxM); m *= 2) rows.push_back(m);
+  return rows;
 }
 
 Status WarmBf16(BlasLt* blas, int M, int N, int K, ActType act, bool batch_invariant) {

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "common/status.h"
 #include "kernels/gemm/dispatch.h"
@@ -35,15 +36,16 @@ enum class ActType { kF16, kBF16 };  // 16-bit activation / output type
 // cuBLASLt handle, a cuBLASLt workspace of workspace_bytes per stream and a plan cache keyed
 // by shape. Thread-safe: calls on different streams may run at the same time (cuBLASLt forbids
 // them one workspace). A stream's workspace is allocated on its first call; ReserveStream
-// allocates it up front (at start-up, or before capturing the stream into a graph). Plans are made on first use of a shape; call WarmBf16() at load for the
-// shapes you serve so that no heuristic query happens on the request path.
+// allocates it up front (at start-up, or before capturing the stream into a graph). Plans are made on first use of a
+// shape; call WarmBf16() at load for the shapes you serve so that no heuristic query happens on the request path.
 // Batch-invariant plans run the pinned algorithm. Non-invariant plans with M <= 256 are
-// timed once: the first call of a shape whose stream is not being captured runs up to 12
-// heuristic candidates, with and without workspace (for W8A8 row/column scales, in both
+// timed once per bucket of M (M rounded up to a power of two): the first call of the bucket whose stream is not being
+// captured runs up to 12 heuristic candidates, with and without workspace (for W8A8 row/column scales, in both
 // forms: see RunW8A8), 5 times each on its stream with its own operands and a cold L2,
 // waits for them, and keeps the fastest if it clearly beats the heuristic's first picks;
-// y is then written by the real call. Larger M, and every plan until it is timed (warm-up,
-// capture) or if timing fails, run the heuristic's first candidate.
+// y is then written by the real call. The bucket's other M take that choice where it runs at their M. Calls at
+// BlasLtWarmupRows at load time every bucket, so that the request path never does. Larger M, and every plan until it
+// is timed (warm-up, capture) or if timing fails, run the heuristic's first candidate.
 class BlasLt {
  public:
   static Status Create(size_t workspace_bytes, std::unique_ptr<BlasLt>* out);
@@ -197,5 +199,8 @@ Status RunBf16(BlasLt* blas, const void* w, int N, int K, const LinearArgs& a, c
 // Resolves (and caches) the plan for a shape ahead of time: cold start, not request path.
 // Non-invariant plans get the heuristic's first algorithm here (M <= 256: timed by the first call).
 Status WarmBf16(BlasLt* blas, int M, int N, int K, ActType act, bool batch_invariant);
+// One row count per bucket of BlasLt's timed choices up to max_rows, ascending: calls at each (with operands) time
+// every bucket a non-invariant layer can reach.
+std::vector<int> BlasLtWarmupRows(int max_rows);
 
 }  // namespace flashq::gemm

@@ -35,5 +35,6 @@ Status RunQuantizeActFp8(const void*, ActType, int, int, bool, uint8_t*, float*,
 Status RunQuantizeActFp8Static(const void*, ActType, int, int, const float*, uint8_t*, cudaStream_t) { return NoCuda(); }
 Status RunBf16(BlasLt*, const void*, int, int, const LinearArgs&, cudaStream_t) { return NoCuda(); }
 Status WarmBf16(BlasLt*, int, int, int, ActType, bool) { return NoCuda(); }
+std::vector<int> BlasLtWarmupRows(int) { return {}; }
 
 }  // namespace flashq::gemm

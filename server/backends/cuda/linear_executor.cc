@@ -99,15 +99,19 @@ class CudaLinear : public LinearExecutor {
   }
 
   // The row counts that reach every kernel this layer can run, up to the largest the server uses: one per tile of
-  // the invariant GEMM on any of the GPUs, else gemm::WarmupRows.
+  // the invariant GEMM on any of the GPUs, else gemm::WarmupRows; and outside the invariant mode one per bucket of
+  // cuBLASLt's timed choices, so that no request waits for a timing.
   absl::StatusOr<std::vector<int>> WarmupRows() const {
-    if (!own_gemm_) return gemm::WarmupRows(max_rows_);
-    std::vector<int> rows;
-    const int64_t k_bytes = int64_t(K_) * (format_ == WeightFormat::kBf16 ? 2 : 1);
-    for (auto& d : ctx_) {
-      int sms = 0;
-      FQ_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d->device()));
-      for (int m : gemm::InvariantWarmupRows(max_rows_, k_bytes, N(), sms)) rows.push_back(m);
+    std::vector<int> rows = invariant_ ? std::vector<int>{} : gemm::BlasLtWarmupRows(max_rows_);
+    if (!own_gemm_) {
+      for (int m : gemm::WarmupRows(max_rows_)) rows.push_back(m);
+    } else {
+      const int64_t k_bytes = int64_t(K_) * (format_ == WeightFormat::kBf16 ? 2 : 1);
+      for (auto& d : ctx_) {
+        int sms = 0;
+        FQ_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d->device()));
+        for (int m : gemm::InvariantWarmupRows(max_rows_, k_bytes, N(), sms)) rows.push_back(m);
+      }
     }
     std::sort(rows.begin(), rows.end());
     rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
