@@ -183,7 +183,8 @@ struct BlasLt::Impl {
 
   bool Fits(const Key& k, int M, cublasLtMatmulAlgo_t algo, bool unscaled = false) {
     Plan p;
-    if (!MakeDesc(&p, unscaled ? ScaleMode::kNone : ScaleMode(k.mode)).ok() || !MakeLayouts(&p, M, k.N, k.K, cudaDataType_t(k.in), cudaDataType_t(k.out)).ok())
+    if (!MakeDesc(&p, unscaled ? ScaleMode::kNone : ScaleMode(k.mode)).ok() ||
+        !MakeLayouts(&p, M, k.N, k.K, cudaDataType_t(k.in), cudaDataType_t(k.out)).ok())
       return false;
     cublasLtMatmulHeuristicResult_t r{};
     if (cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.d, p.d, &algo, &r) != CUBLAS_STATUS_SUCCESS) return false;
@@ -330,7 +331,7 @@ struct BlasLt::Impl {
     Key bucket = k;
     bucket.M = Bucket(k.M);
     if (k.M <= kTimeMaxM) {  // another M of the bucket was timed: its choice, where it runs at this M
-      Choice c;
+      Choice c{};
       bool found = false;
       {
         std::lock_guard<std::mutex> lock(mu);
