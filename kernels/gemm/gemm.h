@@ -194,10 +194,11 @@ Status RunQuantizeActFp8Static(const void* x, ActType act, int M, int K, const f
 
 // ---- 16-bit baseline through cuBLASLt ----
 // w: device [N][K] in a.act's type. Plans are cached per (M, N, K, type, mode).
-// Non-invariant mode: the first call of a shape may run the GEMM several times (timing).
+// Non-invariant mode: the first call of a bucket of M may run the GEMM several times (timing; see BlasLt).
 Status RunBf16(BlasLt* blas, const void* w, int N, int K, const LinearArgs& a, cudaStream_t stream);
 // Resolves (and caches) the plan for a shape ahead of time: cold start, not request path.
-// Non-invariant plans get the heuristic's first algorithm here (M <= 256: timed by the first call).
+// Non-invariant plans get their bucket's timed choice here if it has one that runs at M, else the heuristic's first
+// algorithm (M <= 256: timed by the first call with operands).
 Status WarmBf16(BlasLt* blas, int M, int N, int K, ActType act, bool batch_invariant);
 // One row count per bucket of BlasLt's timed choices up to max_rows, ascending: calls at each (with operands) time
 // every bucket a non-invariant layer can reach.
