@@ -85,6 +85,19 @@ class Caller:
             self.results.append((t, code))
             time.sleep(0.01)
 
+    def wait_until_served(self, timeout_s):
+        """Seconds until a call through the name is answered. The name may resolve only a moment after `podman
+        network connect` returns, and gRPC fails calls fast until it does, so the phases are timed from here."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            try:
+                if self.client.is_server_ready(client_timeout=5):
+                    return time.monotonic() - t0
+            except InferenceServerException:
+                pass
+            time.sleep(0.25)
+        raise SystemExit(f"balancing: FAILED: {timeout_s} s without an answer through the headless name")
+
     def codes(self, since=0.0, until=float("inf")):
         out = {}
         for t, c in self.results:
@@ -103,6 +116,7 @@ def main():
     try:
         ip_a = start_replica(prefix, network, name, replicas["a"])
         caller = Caller(f"dns://{dns}:53/{name}:8001")
+        print(f"balancing: replica a answers through the name after {caller.wait_until_served(60):.1f} s")
         caller.thread.start()
         time.sleep(2)
         a0 = served(ip_a)
