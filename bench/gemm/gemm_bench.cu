@@ -225,6 +225,17 @@ void* ZeroedWorkspace(size_t bytes) {
   return p;
 }
 
+// W8A8 arguments over M rows already quantized into xq (E4M3) and xs (their scales), BF16 out into y.
+W8A8Args QuantizedArgs(void* xq, void* xs, void* y, int M, bool per_row) {
+  W8A8Args a;
+  a.x_fp8 = static_cast<uint8_t*>(xq);
+  a.x_scale = static_cast<float*>(xs);
+  a.per_row_act = per_row;
+  a.y = y;
+  a.M = M;
+  return a;
+}
+
 // A device copy of v rounded to BF16.
 void* DeviceBf16(const std::vector<float>& v) {
   std::vector<uint16_t> b(v.size());
@@ -327,11 +338,7 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
       LinearRefFp8W8A8<float>(xr.data(), M, w8, true, ref.data());
       OK(RunQuantizeActFp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), nullptr));
       CK(cudaMemset(y, 0xff, yh.size() * 2));
-      W8A8Args a8;
-      a8.x_fp8 = static_cast<uint8_t*>(xq);
-      a8.x_scale = static_cast<float*>(xs);
-      a8.y = y;
-      a8.M = M;
+      const W8A8Args a8 = QuantizedArgs(xq, xs, y, M, true);
       OK(RunW8A8(blas, *w8d[0], a8, nullptr));
       fetch();
       e88 = RelErr(got, ref);
@@ -387,13 +394,8 @@ void BenchShape(int K, int N, const std::vector<int>& Ms, BlasLt* blas) {
     OK(RunQuantizeActFp8(x, ActType::kBF16, M, K, true, static_cast<uint8_t*>(xq), static_cast<float*>(xs), g_stream));
     CK(cudaStreamSynchronize(g_stream));
     for (bool inv : {true, false}) {
-      W8A8Args a;
-      a.x_fp8 = static_cast<uint8_t*>(xq);
-      a.x_scale = static_cast<float*>(xs);
-      a.y = y;
-      a.M = M;
+      W8A8Args a = QuantizedArgs(xq, xs, y, M, true);
       a.batch_invariant = inv;
-      a.per_row_act = true;
       auto rw = [&](int i) { OK(RunW8A8(blas, *w8d[i % r8], a, g_stream)); };
       Record("w8a8_rowwise", K, N, M, inv, TimeUs(rw, EstimateUs(rw)), w8_bytes);
       a.per_row_act = false;
@@ -453,13 +455,7 @@ void ProfileW8A8(int K, int N, int M) {
   CK(cudaMalloc(&xq, size_t(M) * K));
   CK(cudaMalloc(&xs, size_t(M) * 4));
   OK(RunQuantizeActFp8(x, ActType::kBF16, M, K, false, static_cast<uint8_t*>(xq), static_cast<float*>(xs), nullptr));
-  W8A8Args a;
-  a.x_fp8 = static_cast<uint8_t*>(xq);
-  a.x_scale = static_cast<float*>(xs);
-  a.y = y;
-  a.M = M;
-  a.per_row_act = false;
-  for (int i = 0; i < 2; ++i) OK(RunW8A8Invariant(*d8, a, nullptr));
+  for (int i = 0; i < 2; ++i) OK(RunW8A8Invariant(*d8, QuantizedArgs(xq, xs, y, M, false), nullptr));
   CK(cudaDeviceSynchronize());
   std::printf("profile launches done\n");
 }

@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -331,20 +332,18 @@ struct BlasLt::Impl {
     Key bucket = k;
     bucket.M = Bucket(k.M);
     if (k.M <= kTimeMaxM) {  // another M of the bucket was timed: its choice, where it runs at this M
-      Choice c{};
-      bool found = false;
+      std::optional<Choice> c;
       {
         std::lock_guard<std::mutex> lock(mu);
-        auto it = choices.find(bucket);
-        if (it != choices.end()) c = it->second, found = true;
+        if (auto it = choices.find(bucket); it != choices.end()) c = it->second;
       }
-      if (found && Fits(k, k.M, c.algo, c.unscaled)) {
-        if (c.unscaled && p->mode != ScaleMode::kNone) {
+      if (c && Fits(k, k.M, c->algo, c->unscaled)) {
+        if (c->unscaled && p->mode != ScaleMode::kNone) {
           cublasLtMatmulDescDestroy(p->desc);
           p->desc = nullptr;
           FQ_RETURN_IF_ERROR(MakeDesc(p, ScaleMode::kNone));
         }
-        p->algo = c.algo;
+        p->algo = c->algo;
         p->chosen = p->timed = true;
         return Status::Ok();
       }

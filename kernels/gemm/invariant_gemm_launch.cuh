@@ -62,8 +62,9 @@ cudaError_t LaunchInvariantGemm(const InvariantGemmArgs& a, const GemmTuning& t,
   const int split_panel = InvariantSplitPanel(int64_t(a.K) * sizeof(In), a.N);
   const InvariantTile tile =
       t.invariant_tile.tokens > 0 ? t.invariant_tile : InvariantTileFor(a.M, a.N, split_panel > 0 ? 2 : 1, d.sms);
-#define FQ_TILE(tt, g, b, wn) \
-  if (tile == InvariantTile{tt, g, b, wn}) return LaunchInvariantTile<In, Out, tt, g, b, wn>(a, split_panel, t, d, stream);
+#define FQ_TILE(tt, g, b, wn)            \
+  if (tile == InvariantTile{tt, g, b, wn}) \
+    return LaunchInvariantTile<In, Out, tt, g, b, wn>(a, split_panel, t, d, stream);
   FQ_INVARIANT_TILES(FQ_TILE)
 #undef FQ_TILE
   return cudaErrorInvalidValue;
